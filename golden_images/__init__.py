@@ -1,0 +1,1 @@
+"""Fabric tasks that build golden desktop images and provision replica disks on KVM hosts."""

@@ -1,0 +1,222 @@
+"""Build a golden desktop image on a host: debootstrap -> packages -> desktop -> ext4 -> compressed qcow2.
+
+Everything is built under a temporary name beside the output and renamed into place at the end,
+manifest last: an image whose manifest exists is complete, so no half-built image is ever used.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from golden_images.host import Host
+from osfleet.config import GOLDEN_PREFIX, Settings
+from osfleet.recipe import BUILDER_VERSION, Recipe, load_recipe, recipe_hash
+
+DEFAULT_RECIPE = Path(str(resources.files("golden_images") / "recipes" / "desktop.yaml"))
+GUEST_FILES = ("init", "initrd-init", "shutdown", "xorg.conf", "xsession")
+KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=3"
+BUILD_TOOLS = ["debootstrap", "qemu-img", "mkfs.ext4", "busybox", "cpio", "gzip", "chroot", "sha256sum"]
+# rootfs (~1.3 GiB before trimming) + sparse ext4 image + compressed qcow2, with headroom.
+BUILD_DISK_BYTES = 4 * 2**30
+STEPS = 7
+
+
+@dataclass(frozen=True)
+class ImageFiles:
+    """Paths (on the host that holds them) of one golden image's files."""
+
+    directory: str
+    image_hash: str
+
+    @property
+    def stem(self) -> str:
+        return f"{self.directory}/{GOLDEN_PREFIX}{self.image_hash}"
+
+    @property
+    def disk(self) -> str:
+        return f"{self.stem}.qcow2"
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.stem}.vmlinuz"
+
+    @property
+    def initrd(self) -> str:
+        return f"{self.stem}.initrd"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.stem}.json"
+
+    def payload(self) -> list[str]:
+        """Files that make up the image, manifest excluded (it is written last)."""
+        return [self.disk, self.kernel, self.initrd]
+
+
+def guest_files() -> dict[str, str]:
+    base = resources.files("golden_images") / "guest"
+    return {name: (base / name).read_text() for name in GUEST_FILES}
+
+
+def image_hash_for(recipe: Recipe) -> str:
+    return recipe_hash(recipe, guest_files())
+
+
+def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = None) -> ImageFiles:
+    """Build (or find in the cache) the golden image of ``recipe_path`` on ``host``."""
+    recipe = load_recipe(recipe_path)
+    h = image_hash_for(recipe)
+    out = out_dir or str(Settings.from_env().build_dir)
+    files = ImageFiles(out, h)
+    if host.exists(files.manifest) and all(host.exists(p) for p in files.payload()):
+        host.say(f"golden image {GOLDEN_PREFIX}{h} is up to date (cache hit): {files.disk}")
+        return files
+
+    host.require_tools(BUILD_TOOLS)
+    host.run(f"mkdir -p {shlex.quote(out)}", what=f"creating {out}")
+    host.require_free(out, BUILD_DISK_BYTES, "an image build")
+    work = f"{out}/.tmp-{h}-{uuid.uuid4().hex[:8]}"
+    host.say(f"building golden image {GOLDEN_PREFIX}{h} from {recipe_path} on {host.name}")
+    started = time.monotonic()
+    try:
+        host.run(f"mkdir -p {work}/initrd/modules")
+        kernel_version = _build_in(host, recipe, work)
+        with host.step(7, STEPS, "publishing the build under its final name"):
+            manifest = _manifest(host, recipe, h, work, kernel_version, time.monotonic() - started)
+            for src, dst in (
+                (f"{work}/golden.qcow2", files.disk),
+                (f"{work}/vmlinuz", files.kernel),
+                (f"{work}/initrd.img", files.initrd),
+            ):
+                host.run(f"chmod 0444 {src} && mv -f {src} {dst}")
+            host.write_file(f"{work}/manifest.json", json.dumps(manifest, indent=2) + "\n", 0o444)
+            host.run(f"mv -f {work}/manifest.json {files.manifest}")
+    finally:
+        host.probe(f"umount -l {work}/rootfs/proc 2>/dev/null; rm -rf {work}")
+    host.say(f"built {files.disk} in {time.monotonic() - started:.0f} s")
+    return files
+
+
+def _build_in(host: Host, recipe: Recipe, work: str) -> str:
+    rootfs = f"{work}/rootfs"
+    chroot = f"chroot {rootfs} env DEBIAN_FRONTEND=noninteractive INITRD=No LC_ALL=C"
+    with host.step(1, STEPS, f"debootstrap {recipe.suite} (about 1 min)"):
+        host.run(
+            f"debootstrap --variant=minbase {recipe.suite} {rootfs} {shlex.quote(recipe.mirror)}",
+            what="debootstrap",
+        )
+    with host.step(2, STEPS, f"installing {len(recipe.packages)} packages and the kernel (about 1 min)"):
+        host.write_file(f"{rootfs}/usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
+        host.run(f"mount -t proc proc {rootfs}/proc")
+        try:
+            pkgs = " ".join(shlex.quote(p) for p in [recipe.kernel_package, *recipe.packages])
+            host.run(f"{chroot} apt-get install -y -q --no-install-recommends {pkgs}", what="apt-get install")
+        finally:
+            host.run(f"umount {rootfs}/proc")
+    kernel_version = host.run(f"ls {rootfs}/lib/modules").split()[0]
+    with host.step(3, STEPS, "configuring the desktop, user and init"):
+        _configure(host, recipe, rootfs, chroot)
+    with host.step(4, STEPS, "trimming modules, docs and caches"):
+        keep = _module_closure(host, chroot, kernel_version, recipe.kernel_modules)
+        host.write_file(f"{work}/keep-modules", "\n".join(k.lstrip("/") for k in keep) + "\n")
+        host.run(
+            f"cd {rootfs} && find lib/modules/{kernel_version} -name '*.ko*' | grep -vxF -f {work}/keep-modules"
+            f" | xargs -r rm -f && {chroot} depmod {kernel_version}",
+            what="trimming kernel modules",
+        )
+        host.run(
+            f"cd {rootfs} && rm -rf usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/*"
+            " var/cache/apt/* var/lib/apt/lists/* var/log/*.log usr/sbin/policy-rc.d"
+            " && find lib/modules -depth -type d -empty -delete",
+            what="trimming files",
+        )
+    with host.step(5, STEPS, "kernel and initrd"):
+        initrd_mods = _module_closure(host, chroot, kernel_version, recipe.initrd_modules)
+        for ko in initrd_mods:
+            host.run(f"cp {rootfs}{ko} {work}/initrd/modules/")
+        host.write_file(f"{work}/initrd/modules.list", "\n".join(Path(k).name for k in initrd_mods) + "\n")
+        host.write_file(f"{work}/initrd/init", guest_files()["initrd-init"], 0o755)
+        host.run(
+            f"mkdir -p {work}/initrd/bin && cp $(command -v busybox) {work}/initrd/bin/busybox"
+            f" && cd {work}/initrd && find . | cpio -o -H newc --quiet | gzip -9 > {work}/initrd.img",
+            what="making the initrd",
+        )
+        host.run(f"mv {rootfs}/boot/vmlinuz-{kernel_version} {work}/vmlinuz && rm -rf {rootfs}/boot/*")
+    size = f"{recipe.disk_size_gib}G"
+    with host.step(6, STEPS, f"ext4 filesystem ({size}) and compressed qcow2 (about 40 s)"):
+        host.run(f"mkfs.ext4 -q -F -L osfleet-root -d {rootfs} {work}/disk.raw {size}", what="mkfs.ext4")
+        host.run(f"rm -rf {rootfs}")
+        host.run(
+            f"qemu-img convert -c -f raw -O qcow2 {work}/disk.raw {work}/golden.qcow2",
+            what="qemu-img convert",
+        )
+        host.run(f"rm -f {work}/disk.raw")
+    return kernel_version
+
+
+def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
+    files = guest_files()
+    boot_modules = [m for m in recipe.kernel_modules if m not in recipe.initrd_modules]
+    env = {
+        "OSFLEET_HOSTNAME": recipe.hostname,
+        "OSFLEET_USER": recipe.user,
+        "OSFLEET_BACKGROUND": recipe.background,
+        "OSFLEET_WM": recipe.window_manager,
+        "OSFLEET_TERMINAL": recipe.terminal,
+        "OSFLEET_EDITOR": recipe.editor,
+        "OSFLEET_SCREEN": f"{recipe.screen.width}x{recipe.screen.height}",
+        "OSFLEET_MODULES": " ".join(boot_modules),
+    }
+    host.run(f"mkdir -p {rootfs}/etc/osfleet {rootfs}/etc/X11/xorg.conf.d")
+    host.write_file(f"{rootfs}/etc/osfleet/desktop.env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
+    host.write_file(f"{rootfs}/sbin/osfleet-init", files["init"], 0o755)
+    host.write_file(f"{rootfs}/etc/osfleet/xsession", files["xsession"], 0o755)
+    xorg = files["xorg.conf"].replace("@WIDTH@", str(recipe.screen.width))
+    host.write_file(f"{rootfs}/etc/X11/xorg.conf", xorg.replace("@HEIGHT@", str(recipe.screen.height)))
+    if not host.exists(f"{rootfs}/sbin/shutdown"):
+        host.write_file(f"{rootfs}/sbin/shutdown", files["shutdown"], 0o755)
+    host.write_file(f"{rootfs}/etc/hostname", recipe.hostname + "\n")
+    host.write_file(f"{rootfs}/etc/fstab", "/dev/vda / ext4 rw,relatime 0 1\n")
+    host.run(f"{chroot} useradd -m -u 1000 -s /bin/bash {recipe.user}", what="useradd")
+    # Clones get their own machine id at first boot of each replica (see the replica runtime).
+    host.run(f": > {rootfs}/etc/machine-id")
+
+
+def _module_closure(host: Host, chroot: str, kernel_version: str, modules: list[str]) -> list[str]:
+    """Module files (paths inside the rootfs) for ``modules`` and their dependencies, in load order."""
+    names = " ".join(shlex.quote(m) for m in modules)
+    out = host.run(f"{chroot} modprobe -S {kernel_version} --show-depends -a {names}", what="modprobe")
+    paths: list[str] = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "insmod" and parts[1] not in paths:
+            paths.append(parts[1])
+    return paths
+
+
+def _manifest(host: Host, recipe: Recipe, h: str, work: str, kernel_version: str, seconds: float) -> dict[str, Any]:
+    stat = host.run(f"stat -c '%s %b %B' {work}/golden.qcow2").split()
+    virtual = json.loads(host.run(f"qemu-img info --output=json {work}/golden.qcow2"))["virtual-size"]
+    sha = host.run(f"sha256sum {work}/golden.qcow2").split()[0]
+    return {
+        "image": f"{GOLDEN_PREFIX}{h}",
+        "recipe_hash": h,
+        "builder_version": BUILDER_VERSION,
+        "recipe": recipe.model_dump(),
+        "kernel_version": kernel_version,
+        "kernel_cmdline": KERNEL_CMDLINE,
+        "disk_sha256": sha,
+        "disk_apparent_bytes": int(stat[0]),
+        "disk_allocated_bytes": int(stat[1]) * int(stat[2]),
+        "disk_virtual_bytes": virtual,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": round(seconds, 1),
+        "built_on": host.name,
+    }

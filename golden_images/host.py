@@ -1,0 +1,154 @@
+"""One host to act on, local or over SSH: commands, file writes and error translation in one place.
+
+Tasks are written against this wrapper of an Invoke ``Context`` or a Fabric ``Connection`` so the same
+task builds an image on the local machine or on a remote KVM host.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import paramiko
+from fabric import Connection
+from invoke import Context
+from invoke.runners import Result
+
+from osfleet.errors import CommandFailedError, DiskFullError, HostUnreachableError, MissingToolError
+
+HEARTBEAT_SECONDS = 30.0
+
+# Tools each operation needs on the host, with the Debian package that provides them.
+TOOL_PACKAGES = {
+    "debootstrap": "debootstrap",
+    "qemu-img": "qemu-utils",
+    "mkfs.ext4": "e2fsprogs",
+    "busybox": "busybox-static",
+    "cpio": "cpio",
+    "gzip": "gzip",
+    "chroot": "coreutils",
+    "sha256sum": "coreutils",
+    "virsh": "libvirt-clients",
+    "qemu-system-x86_64": "qemu-system-x86",
+}
+
+
+class Host:
+    """A host reached through ``c``; every failure surfaces as an ``OsfleetError`` with one line."""
+
+    def __init__(self, c: Context | Connection, echo: bool = True) -> None:
+        self.c = c
+        self.echo = echo
+        self.name = f"{c.user}@{c.host}:{c.port}" if isinstance(c, Connection) else "localhost"
+        self.remote = isinstance(c, Connection)
+
+    def run(self, command: str, *, timeout: float | None = None, what: str | None = None) -> str:
+        """Run ``command``; return stdout, or raise with the command's own last error line."""
+        result = self._run(command, timeout=timeout)
+        if result.exited != 0:
+            text = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            last = text[-1] if text else f"exit status {result.exited}"
+            if "No space left on device" in result.stderr + result.stdout:
+                raise DiskFullError(f"{self.name}: disk full during {what or command.split()[0]}")
+            raise CommandFailedError(f"{self.name}: {what or command.split()[0]} failed: {last}")
+        return str(result.stdout)
+
+    def probe(self, command: str, timeout: float | None = None) -> bool:
+        """True when ``command`` succeeds; for checks that branch instead of failing."""
+        return self._run(command, timeout=timeout).exited == 0
+
+    def _run(self, command: str, timeout: float | None) -> Result:
+        try:
+            result = self.c.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except (
+            paramiko.ssh_exception.NoValidConnectionsError,
+            paramiko.AuthenticationException,
+            paramiko.SSHException,
+            socket.gaierror,
+            TimeoutError,
+            OSError,
+        ) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise HostUnreachableError(f"cannot reach host {self.name}: {reason}") from None
+        if result is None:
+            raise CommandFailedError(f"{self.name}: {command.split()[0]} did not run")
+        return result
+
+    def require_tools(self, tools: list[str]) -> None:
+        for tool in tools:
+            if not self.probe(f"command -v {shlex.quote(tool)} >/dev/null"):
+                raise MissingToolError(tool, TOOL_PACKAGES.get(tool), where=self.name)
+
+    def write_file(self, path: str, text: str, mode: int = 0o644) -> None:
+        """Write a small text file on the host (base64 in the command line: same path locally and over SSH)."""
+        data = base64.b64encode(text.encode()).decode()
+        q = shlex.quote(path)
+        self.run(f"echo {data} | base64 -d > {q} && chmod {mode:o} {q}", what=f"writing {path}")
+
+    def read_file(self, path: str) -> str:
+        return self.run(f"cat {shlex.quote(path)}", what=f"reading {path}")
+
+    def exists(self, path: str) -> bool:
+        return self.probe(f"test -e {shlex.quote(path)}")
+
+    def free_bytes(self, path: str) -> int:
+        """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
+        q = shlex.quote(path)
+        out = self.run(f'p={q}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -B1 --output=avail "$p"')
+        return int(out.split()[-1])
+
+    def require_free(self, path: str, needed: int, what: str) -> None:
+        free = self.free_bytes(path)
+        if free < needed:
+            raise DiskFullError(
+                f"{self.name}: not enough free disk for {what} at {path}: "
+                f"{free / 2**30:.2f} GiB free, {needed / 2**30:.2f} GiB needed"
+            )
+
+    def put(self, local: Path, remote: str) -> None:
+        """Copy a local file to the host (a plain copy when the host is this machine)."""
+        if self.remote:
+            try:
+                self.c.put(str(local), remote)
+            except OSError as exc:
+                if "No space left" in str(exc) or getattr(exc, "errno", None) == 28:
+                    raise DiskFullError(f"{self.name}: disk full while copying {local.name}") from None
+                raise CommandFailedError(f"{self.name}: copying {local} failed: {exc}") from None
+        else:
+            self.run(f"cp {shlex.quote(str(local))} {shlex.quote(remote)}", what=f"copying {local.name}")
+
+    def get(self, remote: str, local: Path) -> None:
+        if self.remote:
+            self.c.get(remote, str(local))
+        else:
+            self.run(f"cp {shlex.quote(remote)} {shlex.quote(str(local))}", what=f"copying {remote}")
+
+    def say(self, message: str) -> None:
+        if self.echo:
+            print(message, flush=True)
+
+    @contextmanager
+    def step(self, index: int, total: int, title: str) -> Iterator[None]:
+        """Announce a long step, print a heartbeat while it runs, and its duration when done."""
+        self.say(f"[{index}/{total}] {title} ...")
+        start = time.monotonic()
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_SECONDS):
+                self.say(f"      ... {title}: {time.monotonic() - start:.0f} s")
+
+        ticker = threading.Thread(target=beat, daemon=True)
+        if self.echo:
+            ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+        self.say(f"      done in {time.monotonic() - start:.1f} s")

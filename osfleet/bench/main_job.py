@@ -1,0 +1,85 @@
+"""The main job: golden image -> one replica booted and screenshotted -> disk bench -> report, in one run dir."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from osfleet.bench import disk as disk_bench
+from osfleet.bench.tables import disk_table
+from osfleet.config import Settings
+from osfleet.images import load
+from osfleet.machine import describe
+
+
+def _stage(n: int, total: int, title: str) -> float:
+    print(f"\n== [{n}/{total}] {title}", flush=True)
+    return time.monotonic()
+
+
+def run(runs_dir: Path, replicas: int) -> Path:
+    from fabric import Config  # noqa: F401  (Fabric is a hard dependency of the build)
+    from invoke import Context
+
+    from golden_images import builder
+    from golden_images.host import Host
+    from osfleet.report import render
+    from osfleet.verify import verify_image
+
+    settings = Settings.from_env()
+    run_dir = runs_dir / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_dir.mkdir(parents=True)
+    print(f"osfleet main job; results in {run_dir}", flush=True)
+    total = 4
+    timings: dict[str, float] = {}
+
+    t = _stage(1, total, "golden image (built once, then a cache hit)")
+    files = builder.build(Host(Context()), builder.DEFAULT_RECIPE, str(settings.build_dir))
+    image = load(Path(files.manifest))
+    timings["image_seconds"] = time.monotonic() - t
+
+    t = _stage(2, total, "boot one replica to a drawn desktop and save its screenshot")
+    boot = verify_image(image, run_dir / "screenshot.png", settings)
+    boot_doc: dict[str, Any] = {
+        "benchmark": "boot",
+        "image": image.name,
+        "accelerator": boot.accel,
+        "agent_seconds": boot.agent_seconds,
+        "desktop_seconds": boot.desktop_seconds,
+        "overlay_allocated_bytes_after_boot": boot.overlay_allocated_bytes,
+        "screenshot": "screenshot.png",
+        "machine": describe(boot.accel),
+    }
+    (run_dir / "boot.json").write_text(json.dumps(boot_doc, indent=2) + "\n")
+    print(
+        f"guest agent after {boot.agent_seconds:.1f} s, desktop drawn after {boot.desktop_seconds:.1f} s",
+        flush=True,
+    )
+    timings["boot_seconds"] = time.monotonic() - t
+
+    t = _stage(3, total, f"disk bench: {replicas} replicas by overlay, reflink and full copy")
+    result = disk_bench.run(image, replicas, settings)
+    result["machine"] = describe(boot.accel)
+    (run_dir / "disk.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(disk_table(result), flush=True)
+    timings["disk_bench_seconds"] = time.monotonic() - t
+
+    t = _stage(4, total, "report")
+    (run_dir / "run.json").write_text(
+        json.dumps(
+            {
+                "image": image.name,
+                "image_manifest": image.manifest,
+                "timings": timings,
+                "machine": describe(boot.accel),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    for path in render(run_dir):
+        print(path)
+    print(f"\ndone: {run_dir}", flush=True)
+    return run_dir

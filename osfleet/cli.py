@@ -1,0 +1,249 @@
+"""The ``osfleet`` command line. Every error a user can cause ends in one line on stderr and exit 1."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from osfleet import __version__
+from osfleet.config import Settings
+from osfleet.errors import OsfleetError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _friendly(fn: F) -> F:
+    """Turn osfleet errors and Ctrl-C into one readable line and a non-zero exit."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OsfleetError as exc:
+            click.echo(f"osfleet: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("osfleet: interrupted; everything this command created was removed", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _host(host: str | None, port: int, key: str | None) -> Any:
+    """The target of a Fabric-backed command: this machine, or ``user@host`` over SSH."""
+    from fabric import Connection
+    from invoke import Context
+
+    from golden_images.host import Host
+
+    if not host:
+        return Host(Context())
+    connect_kwargs = {"key_filename": key} if key else {}
+    return Host(Connection(host, port=port, connect_timeout=10, connect_kwargs=connect_kwargs))
+
+
+_host_options = [
+    click.option("--host", "host", default=None, help="run on user@host over SSH instead of this machine"),
+    click.option("--port", default=22, show_default=True, help="SSH port of --host"),
+    click.option("--key", default=None, help="SSH private key file for --host"),
+]
+
+
+def host_options(fn: F) -> F:
+    for opt in reversed(_host_options):
+        fn = opt(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="osfleet")
+def cli() -> None:
+    """osfleet: fleets of copy-on-write desktop VM replicas for computer-use agents."""
+
+
+# --- images ------------------------------------------------------------------------------------------------
+@cli.group()
+def image() -> None:
+    """Build, publish, list and verify golden desktop images."""
+
+
+@image.command("build")
+@click.option(
+    "--recipe",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="recipe YAML (default: the desktop recipe)",
+)
+@click.option("--out", default=None, help="output directory on the host (default: $OSFLEET_HOME/build)")
+@host_options
+@_friendly
+def image_build(recipe: Path | None, out: str | None, host: str | None, port: int, key: str | None) -> None:
+    """Build the golden image of a recipe; an unchanged recipe is a cache hit."""
+    from golden_images import builder
+
+    files = builder.build(_host(host, port, key), recipe or builder.DEFAULT_RECIPE, out)
+    click.echo(files.disk)
+
+
+@image.command("publish")
+@click.argument("image_ref", required=False)
+@click.option("--store", default=None, help="image store on the host (default: $OSFLEET_HOME/images)")
+@host_options
+@_friendly
+def image_publish(image_ref: str | None, store: str | None, host: str | None, port: int, key: str | None) -> None:
+    """Put a built image into a host's read-only image store (skipped when already there)."""
+    from golden_images import publisher
+    from osfleet.images import find_image
+
+    img = find_image(image_ref, Settings.from_env())
+    click.echo(publisher.publish(_host(host, port, key), img, store))
+
+
+@image.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@_friendly
+def image_ls(as_json: bool) -> None:
+    """List golden images on this machine (published first)."""
+    from osfleet.images import list_images
+
+    imgs = list_images(Settings.from_env())
+    if as_json:
+        click.echo(
+            json.dumps([{"name": i.name, "disk": str(i.disk), "published": i.published} for i in imgs], indent=2)
+        )
+        return
+    if not imgs:
+        click.echo("no golden images (run 'osfleet image build')")
+    for i in imgs:
+        m = i.manifest
+        click.echo(
+            f"{i.name}  {'published' if i.published else 'built    '}  {m['disk_allocated_bytes'] / 2**20:7.1f} MiB"
+            f"  built {m['built_at']}  {i.disk}"
+        )
+
+
+@image.command("verify")
+@click.argument("image_ref", required=False)
+@click.option("--screenshot", type=click.Path(path_type=Path), default=Path("verify.png"), show_default=True)
+@click.option("--timeout", default=180.0, show_default=True, help="seconds to wait for a drawn desktop")
+@_friendly
+def image_verify(image_ref: str | None, screenshot: Path, timeout: float) -> None:
+    """Boot a throwaway replica, wait for guest agent and drawn desktop, save its screenshot."""
+    from osfleet.images import find_image
+    from osfleet.verify import verify_image
+
+    settings = Settings.from_env()
+    res = verify_image(find_image(image_ref, settings), screenshot, settings, timeout)
+    accel = "KVM" if res.accel == "kvm" else "TCG"
+    click.echo(
+        f"ok: guest agent after {res.agent_seconds:.1f} s, desktop drawn after {res.desktop_seconds:.1f} s "
+        f"under {accel}; screenshot {screenshot}"
+    )
+
+
+# --- disks and accelerator ---------------------------------------------------------------------------------
+@cli.group()
+def disk() -> None:
+    """Replica disks from golden images."""
+
+
+@disk.command("provision")
+@click.argument("image_ref")
+@click.argument("dest_dir", type=click.Path(path_type=Path))
+@click.option("--strategy", type=click.Choice(["overlay", "reflink", "full"]), default="overlay", show_default=True)
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 10000))
+@_friendly
+def disk_provision(image_ref: str, dest_dir: Path, strategy: str, count: int) -> None:
+    """Create COUNT replica disks of an image in DEST_DIR; prints each path."""
+    from osfleet import disks
+    from osfleet.images import find_image
+
+    img = find_image(image_ref, Settings.from_env())
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    suffix = "qcow2" if strategy == "overlay" else "img"
+    existing = len(list(dest_dir.glob(f"replica-*.{suffix}")))
+    for i in range(existing, existing + count):
+        dest = dest_dir / f"replica-{i:04d}.{suffix}"
+        disks.provision(strategy, img.disk, dest)  # type: ignore[arg-type]
+        click.echo(dest)
+
+
+@cli.command("accel")
+@click.option("--image", "image_ref", default=None, help="image whose kernel the probe boots (default: newest)")
+@click.option("--refresh", is_flag=True, help="probe again instead of using the remembered answer")
+@_friendly
+def accel_cmd(image_ref: str | None, refresh: bool) -> None:
+    """Print the accelerator guests really run under here: kvm, or qemu (TCG)."""
+    from osfleet.accel import cached_reason, detect_accelerator
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    accel = detect_accelerator(find_image(image_ref, settings).kernel, settings, refresh=refresh)
+    click.echo(f"{accel}  ({cached_reason(settings)})")
+
+
+# --- benchmarks --------------------------------------------------------------------------------------------
+@cli.group()
+def bench() -> None:
+    """Benchmarks; each writes machine-readable results and prints only measured numbers."""
+
+
+@bench.command("disk")
+@click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option(
+    "--boot",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="also boot this many overlay replicas once and measure their disk use after boot",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a table")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, out: Path | None) -> None:
+    """Provision N replica disks by overlay, reflink and full copy, side by side, in one run."""
+    from osfleet.bench import disk as disk_bench
+    from osfleet.bench.tables import disk_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = disk_bench.run(find_image(image_ref, settings), replicas, settings, boot=boot, say=say)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(json.dumps(result, indent=2) if as_json else disk_table(result))
+
+
+@bench.command("all")
+@click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000), help="disk bench size")
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
+@_friendly
+def bench_all(replicas: int, runs_dir: Path) -> None:
+    """The main job: golden image (cached) -> boot one replica + screenshot -> disk bench -> run directory."""
+    from osfleet.bench import main_job
+
+    main_job.run(runs_dir, replicas)
+
+
+# --- reports -----------------------------------------------------------------------------------------------
+@cli.command("report")
+@click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@_friendly
+def report_cmd(run_dir: Path) -> None:
+    """Render a run directory into report.md, report.html and PNG figures."""
+    from osfleet.report import render
+
+    for path in render(run_dir):
+        click.echo(path)
+
+
+def main() -> None:
+    cli(prog_name="osfleet")

@@ -1,0 +1,54 @@
+"""The one configuration model of osfleet: where things live on a host and how to reach libvirt.
+
+Defaults are named constants; every value can be overridden by an ``OSFLEET_*`` environment variable
+so the same code serves a developer machine, CI and a bare-metal host.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = Path("/var/lib/osfleet")
+DEFAULT_LIBVIRT_URI = "qemu:///system"
+NAME_PREFIX = "osfleet-"
+GOLDEN_PREFIX = "golden-"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Paths and endpoints of one host; ``home`` holds every file osfleet creates there."""
+
+    home: Path = DEFAULT_HOME
+    libvirt_uri: str = DEFAULT_LIBVIRT_URI
+
+    @property
+    def build_dir(self) -> Path:
+        """Golden images as built, before publishing (the build cache)."""
+        return self.home / "build"
+
+    @property
+    def image_store(self) -> Path:
+        """Published, read-only golden images that replicas are backed by."""
+        return self.home / "images"
+
+    @property
+    def replicas_dir(self) -> Path:
+        return self.home / "replicas"
+
+    @property
+    def scratch_dir(self) -> Path:
+        """Short-lived work: benchmark disks, throwaway verify replicas."""
+        return self.home / "scratch"
+
+    @property
+    def accel_cache(self) -> Path:
+        return self.home / "accel.json"
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            home=Path(os.environ.get("OSFLEET_HOME", str(DEFAULT_HOME))),
+            libvirt_uri=os.environ.get("OSFLEET_LIBVIRT_URI", DEFAULT_LIBVIRT_URI),
+        )

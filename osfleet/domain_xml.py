@@ -1,0 +1,115 @@
+"""Libvirt domain XML from small typed objects; the only place domain XML is written."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+METADATA_NS = "https://osfleet.dev/xmlns/replica/1"
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+ET.register_namespace("osfleet", METADATA_NS)
+ET.register_namespace("qemu", QEMU_NS)
+
+Accel = Literal["kvm", "qemu"]
+
+
+@dataclass(frozen=True)
+class DiskSpec:
+    """A virtio disk backed by a file; ``relabel=False`` leaves ownership alone (shared golden images)."""
+
+    path: Path
+    target: str = "vda"
+    fmt: str = "qcow2"
+    readonly: bool = False
+    # The read-only golden image under the overlay: declared so libvirt neither probes its format nor
+    # chowns it (it is shared by every replica on the host).
+    backing: Path | None = None
+    backing_fmt: str = "qcow2"
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """Everything that distinguishes one replica's domain; the rest is osfleet's fixed device model.
+
+    Fixed on purpose: no network interface (replicas reach nothing), no TCP display listener (screens
+    and input go through libvirt/QMP), an absolute virtio tablet, a guest agent channel.
+    """
+
+    name: str
+    kernel: Path
+    initrd: Path
+    cmdline: str
+    disks: tuple[DiskSpec, ...]
+    accel: Accel = "qemu"
+    uuid: str | None = None
+    memory_mib: int = 512
+    vcpus: int = 1
+    tb_cache_mib: int = 64
+    serial_log: Path | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    qemu_args: tuple[str, ...] = ()
+
+    def to_xml(self) -> str:
+        dom = ET.Element("domain", type=self.accel)
+        ET.SubElement(dom, "name").text = self.name
+        if self.uuid:
+            ET.SubElement(dom, "uuid").text = self.uuid
+        if self.metadata:
+            meta = ET.SubElement(dom, "metadata")
+            rep = ET.SubElement(meta, f"{{{METADATA_NS}}}replica")
+            for key, value in sorted(self.metadata.items()):
+                rep.set(key, value)
+        ET.SubElement(dom, "memory", unit="MiB").text = str(self.memory_mib)
+        ET.SubElement(dom, "vcpu").text = str(self.vcpus)
+        os_ = ET.SubElement(dom, "os")
+        ET.SubElement(os_, "type", arch="x86_64", machine="pc").text = "hvm"
+        ET.SubElement(os_, "kernel").text = str(self.kernel)
+        ET.SubElement(os_, "initrd").text = str(self.initrd)
+        ET.SubElement(os_, "cmdline").text = self.cmdline
+        features = ET.SubElement(dom, "features")
+        ET.SubElement(features, "acpi")
+        if self.accel == "qemu":
+            tcg = ET.SubElement(features, "tcg")
+            ET.SubElement(tcg, "tb-cache", unit="MiB").text = str(self.tb_cache_mib)
+        else:
+            ET.SubElement(dom, "cpu", mode="host-passthrough")
+        ET.SubElement(dom, "clock", offset="utc")
+        ET.SubElement(dom, "on_poweroff").text = "destroy"
+        ET.SubElement(dom, "on_reboot").text = "restart"
+        ET.SubElement(dom, "on_crash").text = "destroy"
+        devices = ET.SubElement(dom, "devices")
+        for disk in self.disks:
+            d = ET.SubElement(devices, "disk", type="file", device="disk")
+            ET.SubElement(d, "driver", name="qemu", type=disk.fmt, cache="writeback")
+            ET.SubElement(d, "source", file=str(disk.path))
+            if disk.backing is not None:
+                store = ET.SubElement(d, "backingStore", type="file")
+                ET.SubElement(store, "format", type=disk.backing_fmt)
+                src = ET.SubElement(store, "source", file=str(disk.backing))
+                ET.SubElement(src, "seclabel", model="dac", relabel="no")
+                ET.SubElement(store, "backingStore")
+            ET.SubElement(d, "target", dev=disk.target, bus="virtio")
+            if disk.readonly:
+                ET.SubElement(d, "readonly")
+        ET.SubElement(devices, "controller", type="usb", model="none")
+        ET.SubElement(devices, "input", type="tablet", bus="virtio")
+        ET.SubElement(devices, "input", type="keyboard", bus="ps2")
+        video = ET.SubElement(devices, "video")
+        ET.SubElement(video, "model", type="vga", vram="16384", heads="1")
+        channel = ET.SubElement(devices, "channel", type="unix")
+        ET.SubElement(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
+        if self.serial_log is not None:
+            serial = ET.SubElement(devices, "serial", type="file")
+            ET.SubElement(serial, "source", path=str(self.serial_log))
+            ET.SubElement(serial, "target", port="0")
+        rng = ET.SubElement(devices, "rng", model="virtio")
+        ET.SubElement(rng, "backend", model="random").text = "/dev/urandom"
+        ET.SubElement(devices, "memballoon", model="none")
+        if self.qemu_args:
+            cmd = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
+            for arg in self.qemu_args:
+                ET.SubElement(cmd, f"{{{QEMU_NS}}}arg", value=arg)
+        ET.indent(dom)
+        return ET.tostring(dom, encoding="unicode")

@@ -1,0 +1,100 @@
+"""Golden images on this host: find them by name, hash prefix or path; read their manifests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from osfleet.config import GOLDEN_PREFIX, Settings
+from osfleet.errors import ImageNotFoundError
+
+
+@dataclass(frozen=True)
+class GoldenImage:
+    """A complete golden image: its manifest exists, so all its files were renamed into place."""
+
+    manifest_path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["image"])
+
+    @property
+    def disk(self) -> Path:
+        return self.manifest_path.with_suffix(".qcow2")
+
+    @property
+    def kernel(self) -> Path:
+        return self.manifest_path.with_suffix(".vmlinuz")
+
+    @property
+    def initrd(self) -> Path:
+        return self.manifest_path.with_suffix(".initrd")
+
+    @property
+    def cmdline(self) -> str:
+        return str(self.manifest["kernel_cmdline"])
+
+    @property
+    def screen(self) -> tuple[int, int]:
+        s = self.manifest["recipe"]["screen"]
+        return int(s["width"]), int(s["height"])
+
+    @property
+    def background(self) -> tuple[int, int, int]:
+        v = str(self.manifest["recipe"]["background"])
+        return int(v[1:3], 16), int(v[3:5], 16), int(v[5:7], 16)
+
+    @property
+    def published(self) -> bool:
+        return "published_at" in self.manifest
+
+
+def load(manifest_path: Path) -> GoldenImage:
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        raise ImageNotFoundError(f"no golden image at {manifest_path}") from None
+    except (OSError, ValueError) as exc:
+        raise ImageNotFoundError(f"unreadable image manifest {manifest_path}: {exc}") from None
+    image = GoldenImage(manifest_path, manifest)
+    missing = [p.name for p in (image.disk, image.kernel, image.initrd) if not p.exists()]
+    if missing:
+        raise ImageNotFoundError(f"golden image {image.name} is incomplete: missing {', '.join(missing)}")
+    return image
+
+
+def list_images(settings: Settings) -> list[GoldenImage]:
+    """Published images first, then built-but-unpublished ones; newest first within each."""
+    found: list[GoldenImage] = []
+    for directory in (settings.image_store, settings.build_dir):
+        manifests = sorted(directory.glob(f"{GOLDEN_PREFIX}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for m in manifests:
+            try:
+                found.append(load(m))
+            except ImageNotFoundError:
+                continue
+    return found
+
+
+def find_image(ref: str | None, settings: Settings) -> GoldenImage:
+    """Resolve ``ref`` (a path, ``golden-<hash>``, a hash prefix, or None for the newest image)."""
+    if ref:
+        path = Path(ref)
+        if path.suffix in (".qcow2", ".json") and (path.exists() or "/" in ref):
+            return load(path.with_suffix(".json"))
+    images = list_images(settings)
+    if not ref:
+        if not images:
+            raise ImageNotFoundError(
+                f"no golden image in {settings.image_store} or {settings.build_dir}: run 'osfleet image build'"
+            )
+        return images[0]
+    wanted = ref.removeprefix(GOLDEN_PREFIX)
+    for image in images:
+        if image.manifest["recipe_hash"].startswith(wanted):
+            return image
+    raise ImageNotFoundError(f"no golden image matches {ref!r} (see 'osfleet image ls')")

@@ -1,0 +1,104 @@
+"""Golden-image recipes: what goes into a desktop image, and the hash that names the result.
+
+The hash covers the recipe's values, the guest files shipped beside it and the builder's version, so an
+unchanged recipe is a cache hit and any change to what ends up in the image gives a new name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from osfleet.errors import BadRecipeError
+
+# Bump when the build steps change in a way that changes the image for the same recipe.
+BUILDER_VERSION = "3"
+HASH_LENGTH = 16
+
+_PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
+_COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
+
+
+class Screen(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    width: int = Field(1280, ge=640, le=3840)
+    height: int = Field(800, ge=480, le=2160)
+
+
+class Recipe(BaseModel):
+    """A desktop image recipe; the YAML file's keys map one to one onto these fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    suite: str = "bookworm"
+    mirror: str = Field("http://deb.debian.org/debian", pattern=r"^https?://\S+$")
+    kernel_package: str = "linux-image-amd64"
+    packages: list[str]
+    screen: Screen = Field(default_factory=lambda: Screen(width=1280, height=800))
+    user: str = Field("user", pattern=r"^[a-z_][a-z0-9_-]{0,30}$")
+    hostname: str = Field("osfleet", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    window_manager: str = "twm"
+    terminal: str = "xterm"
+    editor: str = "xedit"
+    background: str = "#2f5f8f"
+    disk_size_gib: int = Field(2, ge=1, le=64)
+    # Kernel modules kept in the image; everything else is dropped to keep the image small.
+    kernel_modules: list[str]
+    # Kernel modules the initrd loads to find and mount the root disk.
+    initrd_modules: list[str]
+
+    @field_validator("packages", "kernel_modules", "initrd_modules")
+    @classmethod
+    def _names(cls, values: list[str]) -> list[str]:
+        bad = [v for v in values if not _PACKAGE_NAME.match(v.replace("_", "-"))]
+        if bad:
+            raise ValueError(f"invalid names: {', '.join(bad)}")
+        return values
+
+    @field_validator("background")
+    @classmethod
+    def _color(cls, value: str) -> str:
+        if not _COLOR.match(value):
+            raise ValueError("must be a colour like #2f5f8f")
+        return value.lower()
+
+    @property
+    def background_rgb(self) -> tuple[int, int, int]:
+        v = self.background
+        return int(v[1:3], 16), int(v[3:5], 16), int(v[5:7], 16)
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and validate a recipe file, turning every problem into one readable line."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise BadRecipeError(f"recipe not found: {path}") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise BadRecipeError(f"recipe {path} is not readable YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise BadRecipeError(f"recipe {path} must be a mapping of keys to values")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "recipe"
+        raise BadRecipeError(f"bad recipe {path}: {where}: {first['msg']}") from None
+
+
+def recipe_hash(recipe: Recipe, guest_files: dict[str, str]) -> str:
+    """Content hash naming the image built from ``recipe`` with these guest file contents."""
+    h = hashlib.sha256()
+    h.update(f"builder={BUILDER_VERSION}\n".encode())
+    h.update(json.dumps(recipe.model_dump(), sort_keys=True).encode())
+    for name in sorted(guest_files):
+        h.update(f"\n--- {name}\n".encode())
+        h.update(guest_files[name].encode())
+    return h.hexdigest()[:HASH_LENGTH]

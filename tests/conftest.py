@@ -1,0 +1,119 @@
+"""Shared fixtures: a real sshd on loopback for Fabric tasks, and the golden image built through it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fabric import Connection
+
+from osfleet.config import NAME_PREFIX, Settings
+from osfleet.images import GoldenImage, load
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Sshd:
+    """An sshd of the test's own on 127.0.0.1 with throwaway host and client keys."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.port = free_port()
+        self.client_key = directory / "client_key"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        host_key = self.dir / "host_key"
+        for key in (host_key, self.client_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        auth = self.dir / "authorized_keys"
+        auth.write_text(Path(f"{self.client_key}.pub").read_text())
+        auth.chmod(0o600)
+        config = self.dir / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {auth}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nStrictModes no\nPidFile none\nSubsystem sftp internal-sftp\n"
+            "SetEnv OSFLEET_TEST_SSH=1\n"
+        )
+        Path("/run/sshd").mkdir(exist_ok=True)
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        self.proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("test sshd did not start")
+
+    def connection(self) -> Connection:
+        return Connection(
+            "127.0.0.1",
+            user="root",
+            port=self.port,
+            connect_timeout=10,
+            connect_kwargs={
+                "key_filename": str(self.client_key),
+                "look_for_keys": False,
+                "allow_agent": False,
+            },
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+def golden(sshd: Sshd, settings: Settings) -> GoldenImage:
+    """The default golden image, built over SSH by the Fabric task (a cache hit once built on this machine)."""
+    from golden_images import builder
+    from golden_images.host import Host
+
+    with sshd.connection() as c:
+        files = builder.build(Host(c), builder.DEFAULT_RECIPE, str(settings.build_dir))
+    return load(Path(files.manifest))
+
+
+@pytest.fixture
+def no_leftovers(settings: Settings) -> Iterator[None]:
+    """Fail the test if it leaves an osfleet domain or scratch file behind."""
+    from osfleet.virt import Virt
+
+    def state() -> tuple[list[str], list[str]]:
+        with Virt(settings.libvirt_uri) as v:
+            names = v.names(NAME_PREFIX)
+        scratch = sorted(p.name for p in settings.scratch_dir.glob("*")) if settings.scratch_dir.exists() else []
+        return names, scratch
+
+    before = state()
+    yield
+    assert state() == before, "the test left domains or scratch files behind"

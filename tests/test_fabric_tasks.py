@@ -1,0 +1,222 @@
+"""Fabric tasks for real over SSH (the test's own sshd on 127.0.0.1), and their error cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from golden_images import builder, publisher
+from golden_images.host import Host
+from osfleet import qcow2
+from osfleet.config import Settings
+from osfleet.errors import DiskFullError, HostUnreachableError, ImageInUseError
+from osfleet.images import GoldenImage, find_image, load
+from tests.conftest import REPO, VENV_BIN, Sshd, free_port
+
+
+def fab(sshd: Sshd, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        str(VENV_BIN / "fab"),
+        "-r",
+        str(REPO / "golden_images"),
+        "-H",
+        f"root@127.0.0.1:{sshd.port}",
+        "-i",
+        str(sshd.client_key),
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def osfleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(VENV_BIN / "osfleet"), *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def other_recipe(tmp_path: Path) -> Path:
+    """The default recipe with another hostname: a different image name, so never a cache hit."""
+    text = builder.DEFAULT_RECIPE.read_text().replace("hostname: osfleet", "hostname: osfleet-test")
+    path = tmp_path / "other.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_build_over_ssh_is_a_cache_hit_for_an_unchanged_recipe(sshd: Sshd, golden: GoldenImage) -> None:
+    proc = fab(sshd, "build")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{golden.name} is up to date (cache hit)" in proc.stdout
+
+
+def test_publish_over_ssh_once_then_skip(sshd: Sshd, golden: GoldenImage, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    proc = fab(sshd, "publish", "--image", golden.name, "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    published = load(store / f"{golden.name}.json")
+    assert published.manifest["disk_sha256"] == golden.manifest["disk_sha256"]
+    assert published.manifest["published_to"].startswith("root@127.0.0.1")
+    for f in (published.disk, published.kernel, published.initrd, published.manifest_path):
+        assert f.stat().st_mode & 0o777 == 0o444
+    assert not list(store.glob(".*part*"))
+    again = fab(sshd, "publish", "--image", golden.name, "--store", str(store))
+    assert again.returncode == 0 and "already published" in again.stdout
+
+
+def test_overlay_task_over_ssh_makes_real_backing_chains(
+    sshd: Sshd, golden: GoldenImage, settings: Settings, tmp_path: Path
+) -> None:
+    dest = tmp_path / "replicas"
+    proc = fab(
+        sshd,
+        "overlay",
+        "--image",
+        golden.name,
+        "--dest",
+        str(dest),
+        "--count",
+        "3",
+        "--osfleet",
+        str(VENV_BIN / "osfleet"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    made = sorted(dest.glob("replica-*.qcow2"))
+    assert len(made) == 3
+    on_host = find_image(golden.name, settings)  # the published copy when there is one
+    for ov in made:
+        chain = qcow2.info(ov, backing_chain=True)
+        assert [layer["filename"] for layer in chain] == [str(ov), str(on_host.disk)]
+    full = fab(
+        sshd,
+        "overlay",
+        "--image",
+        golden.name,
+        "--dest",
+        str(dest),
+        "--strategy",
+        "full",
+        "--osfleet",
+        str(VENV_BIN / "osfleet"),
+    )
+    assert full.returncode == 0 and (dest / "replica-0000.img").stat().st_size == on_host.disk.stat().st_size
+
+
+def test_unreachable_host_is_one_clear_line(tmp_path: Path) -> None:
+    proc = osfleet("image", "build", "--host", "root@127.0.0.1", "--port", str(free_port()))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("osfleet: error: cannot reach host root@127.0.0.1")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    with pytest.raises(HostUnreachableError):
+        from fabric import Connection
+
+        Host(Connection("127.0.0.1", port=free_port(), connect_timeout=5)).run("true")
+
+
+def test_unreachable_host_through_fab(tmp_path: Path) -> None:
+    cmd = [
+        str(VENV_BIN / "fab"),
+        "-r",
+        str(REPO / "golden_images"),
+        "-H",
+        f"root@127.0.0.1:{free_port()}",
+        "build",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 1 and "error: cannot reach host" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_missing_tool_is_named_with_its_package(tmp_path: Path) -> None:
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = {**os.environ, "PATH": str(empty_bin)}
+    proc = osfleet("image", "build", "--recipe", str(other_recipe(tmp_path)), "--out", str(tmp_path / "o"), env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "osfleet: error: missing tool on localhost: debootstrap (apt-get install debootstrap)"
+
+
+def test_bad_recipe_through_fab(sshd: Sshd, tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("name: desktop\npackages: []\nkernel_modules: []\ninitrd_modules: []\nbackground: pink\n")
+    proc = fab(sshd, "build", "--recipe", str(recipe))
+    assert proc.returncode == 1 and "error: bad recipe" in proc.stderr and "background" in proc.stderr
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_disk_is_refused_before_building(sshd: Sshd, small_fs: Path, tmp_path: Path) -> None:
+    proc = fab(sshd, "build", "--recipe", str(other_recipe(tmp_path)), "--out", str(small_fs / "out"))
+    assert proc.returncode == 1
+    assert "not enough free disk for an image build" in proc.stderr
+    assert [p.name for p in (small_fs / "out").iterdir()] == []
+
+
+def test_publish_to_a_full_disk_is_refused(sshd: Sshd, golden: GoldenImage, small_fs: Path) -> None:
+    with sshd.connection() as c, pytest.raises(DiskFullError, match="not enough free disk"):
+        publisher.publish(Host(c, echo=False), golden, str(small_fs / "store"))
+
+
+def test_an_image_in_use_is_never_replaced(sshd: Sshd, golden: GoldenImage, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with sshd.connection() as c:
+        host = Host(c, echo=False)
+        disk = Path(publisher.publish(host, golden, str(store)))
+        # The published copy no longer matches the build (as after a non-reproducible rebuild) ...
+        disk.chmod(0o644)
+        with open(disk, "r+b") as f:
+            f.seek(disk.stat().st_size - 1)
+            f.write(b"\x01")
+        changed = disk.read_bytes()[-16:]
+        # ... and a process (as a replica's QEMU would) holds it open.
+        with open(disk, "rb") as held:
+            holder = subprocess.Popen(["sleep", "60"], stdin=held)
+        try:
+            with pytest.raises(ImageInUseError, match=f"in use by pid.*{holder.pid}"):
+                publisher.publish(host, golden, str(store))
+            assert disk.read_bytes()[-16:] == changed  # untouched
+        finally:
+            holder.kill()
+            holder.wait()
+        publisher.publish(host, golden, str(store))  # no longer in use: replaced by the good build
+        meta = json.loads((store / f"{golden.name}.json").read_text())
+        assert (
+            subprocess.run(["sha256sum", str(disk)], capture_output=True, text=True).stdout.split()[0]
+            == meta["disk_sha256"]
+        )
+
+
+def test_an_interrupted_build_leaves_nothing_behind(sshd: Sshd, tmp_path: Path) -> None:
+    """A build killed part-way (Ctrl-C) removes its temporary tree; no half-built image appears."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            str(VENV_BIN / "osfleet"),
+            "image",
+            "build",
+            "--recipe",
+            str(other_recipe(tmp_path)),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("[1/7]"):
+            break
+    proc.send_signal(2)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert list(out.iterdir()) == []
+    assert shutil.which("debootstrap")

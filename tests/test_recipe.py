@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from golden_images import builder
+from osfleet.errors import BadRecipeError
+from osfleet.recipe import load_recipe, recipe_hash
+
+
+def test_default_recipe_is_valid_and_hash_is_stable() -> None:
+    r = load_recipe(builder.DEFAULT_RECIPE)
+    assert (r.screen.width, r.screen.height) == (1280, 800)
+    assert r.user == "user"
+    assert builder.image_hash_for(r) == builder.image_hash_for(load_recipe(builder.DEFAULT_RECIPE))
+
+
+def test_hash_changes_with_recipe_and_guest_files() -> None:
+    r = load_recipe(builder.DEFAULT_RECIPE)
+    files = builder.guest_files()
+    h = recipe_hash(r, files)
+    assert recipe_hash(r.model_copy(update={"hostname": "other"}), files) != h
+    assert recipe_hash(r, {**files, "init": files["init"] + "\n# changed"}) != h
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\npackages: []\nkernel_modules: []\ninitrd_modules: []\ncolour: red\n", "colour"),
+        ("name: x\npackages: []\nkernel_modules: []\n", "initrd_modules"),
+        ("name: x\npackages: ['bad name']\nkernel_modules: []\ninitrd_modules: []\n", "packages"),
+        ("name: x\npackages: []\nkernel_modules: []\ninitrd_modules: []\nbackground: blue\n", "background"),
+        (
+            "name: x\npackages: []\nkernel_modules: []\ninitrd_modules: []\nscreen: {width: 10}\n",
+            "screen.width",
+        ),
+        ("- just\n- a list\n", "mapping"),
+        ("name: [unclosed\n", "not readable YAML"),
+    ],
+)
+def test_bad_recipes_give_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(BadRecipeError, match=message) as info:
+        load_recipe(path)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_recipe(tmp_path: Path) -> None:
+    with pytest.raises(BadRecipeError, match="recipe not found"):
+        load_recipe(tmp_path / "nope.yaml")
