@@ -17,6 +17,15 @@ GOLDEN_PREFIX = "golden-"
 
 
 @dataclass(frozen=True)
+class ReplicaShape:
+    """The virtual hardware of a replica. A saved running state only restores into the same shape."""
+
+    memory_mib: int = 512
+    vcpus: int = 1
+    tb_cache_mib: int = 64
+
+
+@dataclass(frozen=True)
 class Settings:
     """Paths and endpoints of one host; ``home`` holds every file osfleet creates there."""
 
@@ -41,6 +50,11 @@ class Settings:
     def scratch_dir(self) -> Path:
         """Short-lived work: benchmark disks, throwaway verify replicas."""
         return self.home / "scratch"
+
+    @property
+    def states_dir(self) -> Path:
+        """Saved running states (memory + frozen disk layer) that replicas are restored from."""
+        return self.home / "states"
 
     @property
     def accel_cache(self) -> Path:

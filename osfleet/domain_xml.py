@@ -23,9 +23,9 @@ class DiskSpec:
     target: str = "vda"
     fmt: str = "qcow2"
     readonly: bool = False
-    # The read-only golden image under the overlay: declared so libvirt neither probes its format nor
-    # chowns it (it is shared by every replica on the host).
-    backing: Path | None = None
+    # The read-only layers under the overlay, nearest first (e.g. a saved-state layer, then the golden
+    # image): declared so libvirt neither probes their formats nor chowns them (they are shared).
+    backing: tuple[Path, ...] = ()
     backing_fmt: str = "qcow2"
 
 
@@ -84,12 +84,14 @@ class DomainSpec:
             d = ET.SubElement(devices, "disk", type="file", device="disk")
             ET.SubElement(d, "driver", name="qemu", type=disk.fmt, cache="writeback")
             ET.SubElement(d, "source", file=str(disk.path))
-            if disk.backing is not None:
-                store = ET.SubElement(d, "backingStore", type="file")
-                ET.SubElement(store, "format", type=disk.backing_fmt)
-                src = ET.SubElement(store, "source", file=str(disk.backing))
-                ET.SubElement(src, "seclabel", model="dac", relabel="no")
-                ET.SubElement(store, "backingStore")
+            if disk.backing:
+                parent = d
+                for layer in disk.backing:
+                    parent = ET.SubElement(parent, "backingStore", type="file")
+                    ET.SubElement(parent, "format", type=disk.backing_fmt)
+                    src = ET.SubElement(parent, "source", file=str(layer))
+                    ET.SubElement(src, "seclabel", model="dac", relabel="no")
+                ET.SubElement(parent, "backingStore")  # the chain ends here
             ET.SubElement(d, "target", dev=disk.target, bus="virtio")
             if disk.readonly:
                 ET.SubElement(d, "readonly")

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
-
-from osfleet import qcow2, screen
+from osfleet import qcow2
 from osfleet.accel import detect_accelerator
 from osfleet.config import NAME_PREFIX, Settings
 from osfleet.domain_xml import Accel, DiskSpec, DomainSpec
-from osfleet.errors import GuestTimeoutError
 from osfleet.images import GoldenImage
-from osfleet.virt import GuestAgentUnavailableError, Virt, VirtError
+from osfleet.readiness import wait_until_ready
+from osfleet.virt import Virt
 
 BOOT_TIMEOUT_SECONDS = 180.0
-POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,7 @@ def boot_overlay(
         kernel=image.kernel,
         initrd=image.initrd,
         cmdline=image.cmdline,
-        disks=(DiskSpec(overlay, backing=image.disk),),
+        disks=(DiskSpec(overlay, backing=(image.disk,)),),
         accel=accel,
         metadata={"role": "verify", "image": image.name},
     )
@@ -78,50 +74,9 @@ def boot_overlay(
         try:
             start = time.monotonic()
             virt.start_transient(spec)
-            agent_at, desktop_at, last = _wait_ready(virt, image, name, start, timeout, progress)
+            agent_at, desktop_at, last = wait_until_ready(virt, image, name, start, timeout, progress)
         finally:
             virt.destroy(name)
     if screenshot is not None:
         last.save(screenshot)
     return BootResult(accel, agent_at, desktop_at, qcow2.allocated_bytes(overlay), screenshot)
-
-
-def _wait_ready(
-    virt: Virt, image: GoldenImage, name: str, start: float, timeout: float, progress: bool
-) -> tuple[float, float, Image.Image]:
-    agent_at: float | None = None
-    desktop_at: float | None = None
-    last: Image.Image | None = None
-    next_note = 15.0
-    while time.monotonic() - start < timeout:
-        elapsed = time.monotonic() - start
-        if agent_at is None:
-            try:
-                virt.agent(name, "guest-ping", timeout=1)
-                agent_at = time.monotonic() - start
-                if progress:
-                    print(f"  guest agent answered after {agent_at:.1f} s", flush=True)
-            except GuestAgentUnavailableError:
-                pass
-            except VirtError:
-                if not virt.is_running(name):
-                    raise
-        if desktop_at is None:
-            last = virt.screenshot(name)
-            if screen.desktop_drawn(last, image.background, image.screen):
-                desktop_at = time.monotonic() - start
-                if progress:
-                    print(f"  desktop drawn after {desktop_at:.1f} s", flush=True)
-        if agent_at is not None and desktop_at is not None and last is not None:
-            return agent_at, desktop_at, last
-        if progress and elapsed >= next_note:
-            print(f"  ... waiting ({elapsed:.0f} s)", flush=True)
-            next_note += 15.0
-        time.sleep(POLL_SECONDS)
-    hint = ""
-    if last is not None:
-        failure_shot = Path(tempfile.gettempdir()) / f"{name}-timeout.png"
-        last.save(failure_shot)
-        hint = f"; last screen saved to {failure_shot}"
-    what = "guest agent" if agent_at is None else "desktop"
-    raise GuestTimeoutError(f"{name}: {what} not ready within {timeout:.0f} s{hint}")

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import libvirt
@@ -174,7 +175,8 @@ class Virt:
             if status.get("exited"):
                 out = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
                 err = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
-                return int(status.get("exitcode", -1)), out, err
+                code = 128 + int(status["signal"]) if "signal" in status else int(status.get("exitcode", -1))
+                return code, out, err
         raise GuestTimeoutError(f"{name}: {argv[0]} did not finish within {timeout:.0f} s")
 
     def qmp(self, name: str, command: str, arguments: dict[str, Any] | None = None) -> Any:
@@ -186,10 +188,47 @@ class Virt:
             raise translate(exc, name, f"QMP {command} on") from None
         return json.loads(out).get("return")
 
-    def wait_for_agent(self, name: str, timeout: float) -> float:
-        """Poll guest-ping until the agent answers; returns the seconds waited."""
+    def qmp_with_files(self, name: str, command: str, arguments: dict[str, Any], files: list[int]) -> Any:
+        """A QMP command that passes open file descriptors to QEMU (``getfd``): QEMU reads or writes them
+        with its own sandbox intact, unlike ``exec:`` migration URIs which the sandbox forbids."""
+        payload = json.dumps({"execute": command, "arguments": arguments})
+        try:
+            out = libvirt_qemu.qemuMonitorCommandWithFiles(self.domain(name), payload, files, 0)
+        except libvirt.libvirtError as exc:
+            raise translate(exc, name, f"QMP {command} on") from None
+        text = out[0] if isinstance(out, tuple) else out
+        return json.loads(text).get("return")
+
+    def qemu_pid(self, name: str) -> int | None:
+        """PID of the domain's QEMU process (from libvirt's pid file), or None when it is not running."""
+        pidfile = Path("/run/libvirt/qemu") / f"{name}.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if Path(f"/proc/{pid}").exists() else None
+
+    def rss_bytes(self, name: str) -> int | None:
+        """Resident memory of the domain's QEMU process."""
+        pid = self.qemu_pid(name)
+        if pid is None:
+            return None
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def wait_for_agent(self, name: str, timeout: float, interval: float = 0.05) -> float:
+        """Poll guest-ping until the agent answers; returns the seconds waited.
+
+        After a restore, libvirt learns that the guest's agent port is open only a moment after resume,
+        so callers wait here instead of failing on the first "not connected".
+        """
         start = time.monotonic()
-        for _ in _until(timeout, 0.25):
+        for _ in _until(timeout, interval):
             if not self.is_running(name):
                 raise DomainNotRunningError(f"domain {name} stopped while waiting for its guest agent")
             try:

@@ -16,7 +16,7 @@ from osfleet.accel import detect_accelerator
 from osfleet.config import NAME_PREFIX, Settings
 from osfleet.domain_xml import DiskSpec, DomainSpec
 from osfleet.images import GoldenImage
-from osfleet.verify import _wait_ready
+from osfleet.readiness import wait_until_ready
 from osfleet.virt import Virt
 from tests.conftest import REPO, VENV_BIN, Sshd
 
@@ -67,13 +67,13 @@ def test_guest_runs_the_recipe_desktop_as_user_with_no_network(golden: GoldenIma
         kernel=golden.kernel,
         initrd=golden.initrd,
         cmdline=golden.cmdline,
-        disks=(DiskSpec(overlay, backing=golden.disk),),
+        disks=(DiskSpec(overlay, backing=(golden.disk,)),),
         accel=detect_accelerator(golden.kernel, settings),
     )
     with Virt(settings.libvirt_uri) as virt:
         try:
             virt.start_transient(spec)
-            _wait_ready(virt, golden, name, time.monotonic(), 180, progress=False)
+            wait_until_ready(virt, golden, name, time.monotonic(), 180, progress=False)
             code, out, _ = virt.guest_exec(
                 name, ["/bin/sh", "-c", "ps -o user= -C xterm; ps -o user= -C Xorg; hostname"]
             )

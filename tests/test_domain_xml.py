@@ -18,7 +18,7 @@ def spec(**kw: object) -> DomainSpec:
         kernel=Path("/boot/k"),
         initrd=Path("/boot/i"),
         cmdline="console=ttyS0",
-        disks=(DiskSpec(Path("/srv/ov.qcow2"), backing=Path("/srv/golden.qcow2")),),
+        disks=(DiskSpec(Path("/srv/ov.qcow2"), backing=(Path("/srv/golden.qcow2"),)),),
         metadata={"role": "test"},
     )
     base.update(kw)

@@ -1,0 +1,197 @@
+"""Actions on a replica, typed and validated before anything reaches the guest.
+
+Pointer and keyboard actions go through QEMU input events; ``shell`` and ``read_file`` through the guest
+agent with a timeout. A failed action is an error *result* (the replica stays usable), never an exception
+that loses the rest of the step.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from osfleet.errors import GuestTimeoutError, OsfleetError
+from osfleet.replicas.input import Input
+from osfleet.virt import Virt
+
+MAX_READ_BYTES = 8 * 2**20
+GUEST_USER = "user"
+GUEST_TIMEOUT_SLACK_SECONDS = 5.0
+KILLED_BY_TIMEOUT = 137  # 128 + SIGKILL, as coreutils timeout -s KILL reports it
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Click(_Action):
+    type: Literal["click"]
+    x: int
+    y: int
+    button: Literal["left", "right", "middle"] = "left"
+
+
+class DoubleClick(_Action):
+    type: Literal["double_click"]
+    x: int
+    y: int
+
+
+class RightClick(_Action):
+    type: Literal["right_click"]
+    x: int
+    y: int
+
+
+class Move(_Action):
+    type: Literal["move"]
+    x: int
+    y: int
+
+
+class Drag(_Action):
+    type: Literal["drag"]
+    x1: int
+    y1: int
+    x2: int
+    y2: int
+
+
+class Scroll(_Action):
+    type: Literal["scroll"]
+    x: int
+    y: int
+    clicks: int = Field(description="positive scrolls down, negative up", ge=-50, le=50)
+
+
+class TypeText(_Action):
+    type: Literal["type"]
+    text: str = Field(max_length=10000)
+
+
+class Hotkey(_Action):
+    type: Literal["hotkey"]
+    keys: list[str] = Field(min_length=1, max_length=6)
+
+
+class Wait(_Action):
+    type: Literal["wait"]
+    seconds: float = Field(1.0, ge=0, le=60)
+
+
+class Shell(_Action):
+    type: Literal["shell"]
+    command: str = Field(min_length=1, max_length=100000)
+    timeout: float = Field(30.0, gt=0, le=600)
+    as_root: bool = False
+
+
+class ReadFile(_Action):
+    type: Literal["read_file"]
+    path: str = Field(pattern=r"^/[^\x00]*$", max_length=4096)
+    max_bytes: int = Field(1 << 20, gt=0, le=MAX_READ_BYTES)
+
+
+Action = Annotated[
+    Click | DoubleClick | RightClick | Move | Drag | Scroll | TypeText | Hotkey | Wait | Shell | ReadFile,
+    Field(discriminator="type"),
+]
+ACTIONS: TypeAdapter[list[Action]] = TypeAdapter(list[Action])
+
+
+class ActionResult(BaseModel):
+    type: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+    exit_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    content_base64: str | None = None
+
+
+def run_actions(virt: Virt, domain: str, size: tuple[int, int], actions: list[Action]) -> list[ActionResult]:
+    """Run a batch in order; every action gets a result, failed or not."""
+    pointer = Input(virt, domain, size)
+    results = []
+    for action in actions:
+        start = time.monotonic()
+        try:
+            extra = _run_one(virt, domain, pointer, action)
+            results.append(ActionResult(type=action.type, ok=True, seconds=time.monotonic() - start, **extra))
+        except OsfleetError as exc:
+            results.append(ActionResult(type=action.type, ok=False, seconds=time.monotonic() - start, error=str(exc)))
+    return results
+
+
+def _run_one(virt: Virt, domain: str, pointer: Input, action: Action) -> dict[str, Any]:
+    match action:
+        case Click(x=x, y=y, button=button):
+            pointer.click(x, y, button)
+        case DoubleClick(x=x, y=y):
+            pointer.click(x, y, "left", count=2)
+        case RightClick(x=x, y=y):
+            pointer.click(x, y, "right")
+        case Move(x=x, y=y):
+            pointer.move(x, y)
+        case Drag(x1=x1, y1=y1, x2=x2, y2=y2):
+            pointer.drag(x1, y1, x2, y2)
+        case Scroll(x=x, y=y, clicks=clicks):
+            pointer.scroll(x, y, clicks)
+        case TypeText(text=text):
+            pointer.type_text(text)
+        case Hotkey(keys=keys):
+            pointer.hotkey(keys)
+        case Wait(seconds=seconds):
+            time.sleep(seconds)
+        case Shell():
+            return shell(virt, domain, action.command, action.timeout, action.as_root)
+        case ReadFile(path=path, max_bytes=max_bytes):
+            return {"content_base64": base64.b64encode(read_file(virt, domain, path, max_bytes)).decode()}
+    return {}
+
+
+def shell(virt: Virt, domain: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+    """Run ``command`` with sh in the guest, as the desktop user on its display unless ``as_root``.
+
+    The guest's own ``timeout -s KILL`` ends the command's whole process group when time is up, so a
+    runaway command never leaves the replica busy; the host waits a little longer than that.
+    """
+    inner = ["/bin/sh", "-c", command]
+    if not as_root:
+        inner = [
+            "/usr/sbin/runuser",
+            "-u",
+            GUEST_USER,
+            "--",
+            "/usr/bin/env",
+            "DISPLAY=:0",
+            f"HOME=/home/{GUEST_USER}",
+            "/bin/sh",
+            "-c",
+            f"cd ~ && {command}",
+        ]
+    argv = ["/usr/bin/timeout", "-s", "KILL", f"{timeout:.3f}", *inner]
+    code, out, err = virt.guest_exec(domain, argv, timeout + GUEST_TIMEOUT_SLACK_SECONDS)
+    if code == KILLED_BY_TIMEOUT:
+        raise GuestTimeoutError(f"command timed out after {timeout:g} s and was killed")
+    return {"exit_code": code, "stdout": out, "stderr": err}
+
+
+def read_file(virt: Virt, domain: str, path: str, max_bytes: int) -> bytes:
+    handle = virt.agent(domain, "guest-file-open", {"path": path, "mode": "r"})
+    try:
+        data = b""
+        while len(data) < max_bytes:
+            chunk = virt.agent(
+                domain, "guest-file-read", {"handle": handle, "count": min(1 << 20, max_bytes - len(data))}
+            )
+            data += base64.b64decode(chunk.get("buf-b64", ""))
+            if chunk.get("eof"):
+                break
+        return data
+    finally:
+        virt.agent(domain, "guest-file-close", {"handle": handle})

@@ -1,0 +1,192 @@
+"""Mouse and keyboard at the hypervisor: QEMU ``input-send-event`` on the virtio tablet and PS/2 keyboard.
+
+The tablet is absolute: QEMU scales 0..32767 over the screen, so a pixel maps exactly whatever the
+guest's pointer acceleration. Text is typed as key presses (US layout); a character that has no key
+there is refused with an error naming it rather than typed wrongly.
+"""
+
+from __future__ import annotations
+
+import string
+import time
+from typing import Any
+
+from osfleet.errors import OsfleetError
+from osfleet.virt import Virt
+
+ABS_MAX = 32767
+KEY_GAP_SECONDS = 0.008
+CLICK_GAP_SECONDS = 0.05
+
+_SHIFTED = {
+    "!": "1",
+    "@": "2",
+    "#": "3",
+    "$": "4",
+    "%": "5",
+    "^": "6",
+    "&": "7",
+    "*": "8",
+    "(": "9",
+    ")": "0",
+    "_": "minus",
+    "+": "equal",
+    "{": "bracket_left",
+    "}": "bracket_right",
+    "|": "backslash",
+    ":": "semicolon",
+    '"': "apostrophe",
+    "~": "grave_accent",
+    "<": "comma",
+    ">": "dot",
+    "?": "slash",
+}
+_PLAIN = {
+    " ": "spc",
+    "\n": "ret",
+    "\t": "tab",
+    "-": "minus",
+    "=": "equal",
+    "[": "bracket_left",
+    "]": "bracket_right",
+    "\\": "backslash",
+    ";": "semicolon",
+    "'": "apostrophe",
+    "`": "grave_accent",
+    ",": "comma",
+    ".": "dot",
+    "/": "slash",
+}
+KEY_NAMES = {
+    "ctrl": "ctrl",
+    "control": "ctrl",
+    "alt": "alt",
+    "shift": "shift",
+    "super": "meta_l",
+    "win": "meta_l",
+    "meta": "meta_l",
+    "cmd": "meta_l",
+    "enter": "ret",
+    "return": "ret",
+    "esc": "esc",
+    "escape": "esc",
+    "backspace": "backspace",
+    "tab": "tab",
+    "space": "spc",
+    "delete": "delete",
+    "del": "delete",
+    "insert": "insert",
+    "home": "home",
+    "end": "end",
+    "pageup": "pgup",
+    "pgup": "pgup",
+    "pagedown": "pgdn",
+    "pgdn": "pgdn",
+    "up": "up",
+    "down": "down",
+    "left": "left",
+    "right": "right",
+    "capslock": "caps_lock",
+    **{f"f{i}": f"f{i}" for i in range(1, 13)},
+    **{c: c for c in string.ascii_lowercase + string.digits},
+    **{k: v for k, v in _PLAIN.items() if k.strip()},
+}
+BUTTONS = {"left": "left", "right": "right", "middle": "middle"}
+
+
+class InputError(OsfleetError):
+    """An input action cannot be expressed as key or pointer events (unknown key, bad coordinates)."""
+
+
+def key_for_char(ch: str) -> tuple[str, bool]:
+    """(qcode, needs shift) for one character of text."""
+    if ch in string.ascii_lowercase or ch in string.digits:
+        return ch, False
+    if ch in string.ascii_uppercase:
+        return ch.lower(), True
+    if ch in _PLAIN:
+        return _PLAIN[ch], False
+    if ch in _SHIFTED:
+        return _SHIFTED[ch], True
+    raise InputError(f"cannot type {ch!r}: no key for it on the guest's US keyboard")
+
+
+def qcode(name: str) -> str:
+    key = KEY_NAMES.get(name.strip().lower())
+    if key is None:
+        raise InputError(f"unknown key {name!r}")
+    return key
+
+
+def _key(code: str, down: bool) -> dict[str, Any]:
+    return {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": code}}}
+
+
+def _btn(button: str, down: bool) -> dict[str, Any]:
+    return {"type": "btn", "data": {"down": down, "button": button}}
+
+
+class Input:
+    """Input for one domain whose screen is ``size`` pixels."""
+
+    def __init__(self, virt: Virt, domain: str, size: tuple[int, int]) -> None:
+        self.virt, self.domain, self.size = virt, domain, size
+
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        self.virt.qmp(self.domain, "input-send-event", {"events": events})
+
+    def _abs(self, x: int, y: int) -> list[dict[str, Any]]:
+        w, h = self.size
+        if not (0 <= x < w and 0 <= y < h):
+            raise InputError(f"coordinates ({x}, {y}) are off the {w}x{h} screen")
+        return [
+            {"type": "abs", "data": {"axis": "x", "value": round(x * ABS_MAX / max(1, w - 1))}},
+            {"type": "abs", "data": {"axis": "y", "value": round(y * ABS_MAX / max(1, h - 1))}},
+        ]
+
+    def move(self, x: int, y: int) -> None:
+        self._send(self._abs(x, y))
+
+    def click(self, x: int, y: int, button: str = "left", count: int = 1) -> None:
+        if button not in BUTTONS:
+            raise InputError(f"unknown mouse button {button!r} (left, right, middle)")
+        self.move(x, y)
+        for i in range(count):
+            if i:
+                time.sleep(CLICK_GAP_SECONDS)
+            self._send([_btn(BUTTONS[button], True)])
+            self._send([_btn(BUTTONS[button], False)])
+
+    def drag(self, x1: int, y1: int, x2: int, y2: int, steps: int = 8) -> None:
+        self.move(x1, y1)
+        self._abs(x2, y2)  # validate before pressing
+        self._send([_btn("left", True)])
+        for i in range(1, steps + 1):
+            self.move(round(x1 + (x2 - x1) * i / steps), round(y1 + (y2 - y1) * i / steps))
+            time.sleep(0.01)
+        self._send([_btn("left", False)])
+
+    def scroll(self, x: int, y: int, clicks: int) -> None:
+        """Positive ``clicks`` scroll down, negative up."""
+        self.move(x, y)
+        button = "wheel-down" if clicks > 0 else "wheel-up"
+        for _ in range(abs(clicks)):
+            self._send([_btn(button, True)])
+            self._send([_btn(button, False)])
+
+    def type_text(self, text: str) -> None:
+        keys = [key_for_char(ch) for ch in text]  # refuse the whole text before typing any of it
+        for code, shift in keys:
+            events = [_key(code, True), _key(code, False)]
+            if shift:
+                events = [_key("shift", True), *events, _key("shift", False)]
+            self._send(events)
+            time.sleep(KEY_GAP_SECONDS)
+
+    def hotkey(self, keys: list[str]) -> None:
+        """Press ``keys`` together (e.g. ["ctrl", "s"]) and release them in reverse order."""
+        if not keys:
+            raise InputError("a hotkey needs at least one key")
+        codes = [qcode(k) for k in keys]
+        self._send([_key(c, True) for c in codes])
+        self._send([_key(c, False) for c in reversed(codes)])

@@ -1,0 +1,172 @@
+"""One saved running state per image and replica shape, restored into any number of replicas.
+
+Saving: a template replica boots to a ready desktop, is paused, and QEMU's migration stream is written
+to a file through a file descriptor handed over with ``getfd``; the template's overlay is then frozen as
+the state's disk layer. Restoring: a new domain with its own name, UUID and overlay on that frozen layer
+starts paused with ``-incoming defer`` and reads the stream the same way, then resumes. This uses only
+QEMU's documented migration commands: libvirt's save files are tied to one domain UUID and their format
+is never touched. libvirt marks such domains "tainted" (custom monitor commands and argv); that is
+expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from osfleet import qcow2
+from osfleet.config import NAME_PREFIX, ReplicaShape, Settings
+from osfleet.domain_xml import Accel
+from osfleet.errors import GuestTimeoutError, OsfleetError
+from osfleet.images import GoldenImage
+from osfleet.readiness import wait_until_ready
+from osfleet.replicas.spec import replica_spec
+from osfleet.virt import Virt
+
+STATE_FORMAT = "2"
+MIGRATION_TIMEOUT_SECONDS = 120.0
+FD_NAME = "osfleet-state"
+
+
+@dataclass(frozen=True)
+class SavedState:
+    directory: Path
+    meta: dict[str, Any]
+
+    @property
+    def disk(self) -> Path:
+        """The template's overlay as it was at save time; read-only from then on."""
+        return self.directory / "disk.qcow2"
+
+    @property
+    def memory(self) -> Path:
+        return self.directory / "memory.bin"
+
+
+def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape) -> str:
+    raw = json.dumps([STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib])
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+def ensure_saved_state(
+    virt: Virt, image: GoldenImage, accel: Accel, shape: ReplicaShape, settings: Settings, say: Any = None
+) -> SavedState:
+    """The saved state for this image and shape, made once (about one cold boot) and reused after."""
+    key = state_key(image, accel, shape)
+    final = settings.states_dir / f"{image.name}-{key}"
+    if (final / "meta.json").exists():
+        return SavedState(final, json.loads((final / "meta.json").read_text()))
+    settings.states_dir.mkdir(parents=True, exist_ok=True)
+    work = settings.states_dir / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    work.chmod(0o755)
+    name = f"{NAME_PREFIX}template-{uuid.uuid4().hex[:8]}"
+    try:
+        if say:
+            say(f"saving a ready running state of {image.name} (one cold boot, done once per image)")
+        qcow2.create_overlay(work / "disk.qcow2", image.disk)
+        spec = replica_spec(
+            image, name, work / "disk.qcow2", (image.disk,), accel, shape, metadata={"role": "template"}
+        )
+        start = time.monotonic()
+        virt.start_transient(spec)
+        agent_s, desktop_s, _ = wait_until_ready(virt, image, name, start, 300)
+        # Clean page cache is free to drop: fewer pages in the stream make every restore faster.
+        virt.guest_exec(name, ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
+        started = time.monotonic()
+        virt.domain(name).suspend()
+        fd = os.open(work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            virt.qmp_with_files(name, "getfd", {"fdname": FD_NAME}, [fd])
+        finally:
+            os.close(fd)
+        virt.qmp(name, "migrate", {"uri": f"fd:{FD_NAME}"})
+        _wait_migration(virt, name)
+        save_seconds = time.monotonic() - started
+        virt.destroy(name)
+        meta = {
+            "image": image.name,
+            "key": key,
+            "accel": accel,
+            "shape": shape.__dict__,
+            "memory_bytes": (work / "memory.bin").stat().st_size,
+            "boot_to_agent_seconds": agent_s,
+            "boot_to_desktop_seconds": desktop_s,
+            "save_seconds": save_seconds,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (work / "disk.qcow2").chmod(0o444)
+        (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            work.rename(final)
+        except OSError:  # another process saved the same state first: use theirs
+            shutil.rmtree(work, ignore_errors=True)
+            return SavedState(final, json.loads((final / "meta.json").read_text()))
+        return SavedState(final, meta)
+    finally:
+        virt.destroy(name)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def start_incoming(
+    virt: Virt,
+    state: SavedState,
+    image: GoldenImage,
+    name: str,
+    overlay: Path,
+    shape: ReplicaShape,
+    metadata: dict[str, str],
+) -> None:
+    """Create ``overlay`` on the state's disk and start domain ``name`` paused, waiting for the saved memory.
+
+    Split from ``load_memory`` so a host can start the next generation ahead of time (a standby).
+    """
+    overlay.unlink(missing_ok=True)  # a standby made before a crash may have left this generation's file
+    qcow2.create_overlay(overlay, state.disk)
+    spec = replica_spec(
+        image, name, overlay, (state.disk, image.disk), state.meta["accel"], shape, incoming=True, metadata=metadata
+    )
+    virt.start_transient(spec, paused=True)
+
+
+def load_memory(virt: Virt, state: SavedState, name: str) -> None:
+    """Feed the saved memory into a domain made by ``start_incoming`` and let it run."""
+    fd = os.open(state.memory, os.O_RDONLY)
+    try:
+        virt.qmp_with_files(name, "getfd", {"fdname": FD_NAME}, [fd])
+    finally:
+        os.close(fd)
+    virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
+    _wait_migration(virt, name)
+    virt.domain(name).resume()
+
+
+def _wait_migration(virt: Virt, name: str) -> None:
+    deadline = time.monotonic() + MIGRATION_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        status = virt.qmp(name, "query-migrate") or {}
+        state = status.get("status")
+        if state == "completed":
+            return
+        if state in ("failed", "cancelled"):
+            raise OsfleetError(f"{name}: migration stream {state}: {status.get('error-desc', 'no reason given')}")
+        time.sleep(0.02)
+    raise GuestTimeoutError(f"{name}: migration stream did not complete within {MIGRATION_TIMEOUT_SECONDS:.0f} s")
+
+
+def remove_saved_states(settings: Settings) -> int:
+    """Delete every saved state (e.g. after the image changed); returns how many were removed."""
+    if not settings.states_dir.exists():
+        return 0
+    n = 0
+    for d in settings.states_dir.iterdir():
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
