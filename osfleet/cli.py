@@ -224,13 +224,180 @@ def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, o
 
 @bench.command("all")
 @click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000), help="disk bench size")
+@click.option("--reset-replicas", default=2, show_default=True, type=click.IntRange(1, 256), help="reset bench size")
+@click.option(
+    "--resets", default=2, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
+)
 @click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
 @_friendly
-def bench_all(replicas: int, runs_dir: Path) -> None:
-    """The main job: golden image (cached) -> boot one replica + screenshot -> disk bench -> run directory."""
+def bench_all(replicas: int, reset_replicas: int, resets: int, runs_dir: Path) -> None:
+    """The main job: golden image (cached) -> one replica + screenshot -> disk bench -> reset bench -> report."""
     from osfleet.bench import main_job
 
-    main_job.run(runs_dir, replicas)
+    main_job.run(runs_dir, replicas, reset_replicas, resets)
+
+
+@bench.command("reset")
+@click.option("--replicas", default=2, show_default=True, type=click.IntRange(1, 256))
+@click.option(
+    "--resets", default=3, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--hold", is_flag=True, help="also bring up as many snapshot replicas as fit and count them")
+@click.option("--hold-max", default=64, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_reset(
+    replicas: int, resets: int, image_ref: str | None, hold: bool, hold_max: int, as_json: bool, out: Path | None
+) -> None:
+    """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica."""
+    from osfleet.bench import reset as reset_bench
+    from osfleet.bench.tables import reset_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = reset_bench.run(find_image(image_ref, settings), replicas, resets, hold, hold_max, settings, say)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(json.dumps(result, indent=2) if as_json else reset_table(result))
+
+
+# --- replicas ----------------------------------------------------------------------------------------------
+@cli.group()
+def replicas() -> None:
+    """Replicas on this host: bring up, list, screenshot, reset, tear down."""
+
+
+def _replica_host(image_ref: str | None, mode: str = "snapshot") -> Any:
+    from osfleet.images import find_image
+    from osfleet.replicas.manager import ReplicaHost
+
+    settings = Settings.from_env()
+    return ReplicaHost(find_image(image_ref, settings), settings, mode=mode, say=lambda m: click.echo(m, err=True))  # type: ignore[arg-type]
+
+
+@replicas.command("up")
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 4096))
+@click.option(
+    "--mode",
+    type=click.Choice(["snapshot", "cold"]),
+    default="snapshot",
+    show_default=True,
+    help="snapshot: restore a saved running desktop; cold: boot",
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@_friendly
+def replicas_up(count: int, mode: str, image_ref: str | None) -> None:
+    """Bring up COUNT replicas and leave them running (adopting any left by an earlier run)."""
+    with _replica_host(image_ref, mode) as host:
+        report = host.adopt()
+        if report.cleaned or report.orphan_domains:
+            click.echo(
+                f"cleaned up {len(report.cleaned)} half-made replica(s), {len(report.orphan_domains)} orphan domain(s)"
+            )
+        for i in range(count):
+            t = host.create()
+            click.echo(f"{t.replica}  ready in {t.seconds:.2f} s  ({i + 1}/{count}, {mode})")
+
+
+@replicas.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@_friendly
+def replicas_ls(as_json: bool) -> None:
+    """List this host's replicas from their records, with whether their domain is running."""
+    from osfleet.replicas.records import RecordStore
+    from osfleet.virt import Virt
+
+    settings = Settings.from_env()
+    records, _ = RecordStore(settings.replicas_dir).load_all()
+    with Virt(settings.libvirt_uri) as virt:
+        rows = [(r, virt.is_running(r.domain)) for r in records]
+    if as_json:
+        click.echo(json.dumps([{**r.model_dump(mode="json"), "running": up} for r, up in rows], indent=2))
+        return
+    if not rows:
+        click.echo("no replicas (osfleet replicas up)")
+    for r, up in rows:
+        click.echo(
+            f"{r.id}  {r.state:<10} {'running' if up else 'stopped':<8} gen {r.generation:<4} {r.mode:<8} "
+            f"{r.hostname}  {r.image}{'  ' + r.error if r.error else ''}"
+        )
+
+
+@replicas.command("screenshot")
+@click.argument("replica_id")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="file to write (default: ID.png)")
+@click.option("--jpeg", is_flag=True, help="JPEG instead of PNG")
+@_friendly
+def replicas_screenshot(replica_id: str, out: Path | None, jpeg: bool) -> None:
+    """Save a replica's screen (taken from the hypervisor's framebuffer)."""
+    from osfleet.replicas.records import RecordStore
+
+    settings = Settings.from_env()
+    records, _ = RecordStore(settings.replicas_dir).load_all()
+    rec = next((r for r in records if r.id == replica_id), None)
+    if rec is None:
+        raise OsfleetError(f"no replica {replica_id} (see 'osfleet replicas ls')")
+    with _replica_host(rec.image) as host:
+        host.adopt()
+        data = host.screenshot(replica_id, "jpeg" if jpeg else "png")
+    path = out or Path(f"{replica_id}.{'jpg' if jpeg else 'png'}")
+    path.write_bytes(data)
+    click.echo(path)
+
+
+@replicas.command("reset")
+@click.argument("replica_id")
+@click.option("--mode", type=click.Choice(["snapshot", "cold"]), default=None, help="default: the replica's own mode")
+@_friendly
+def replicas_reset(replica_id: str, mode: str | None) -> None:
+    """Reset a replica to its exact initial state."""
+    from osfleet.replicas.records import RecordStore
+
+    settings = Settings.from_env()
+    records, _ = RecordStore(settings.replicas_dir).load_all()
+    rec = next((r for r in records if r.id == replica_id), None)
+    if rec is None:
+        raise OsfleetError(f"no replica {replica_id} (see 'osfleet replicas ls')")
+    with _replica_host(rec.image, mode or rec.mode) as host:
+        host.adopt()
+        t = host.reset(replica_id)
+    click.echo(f"{replica_id}  reset ({t.mode}) in {t.seconds:.2f} s")
+
+
+@replicas.command("down")
+@click.argument("replica_ids", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="every replica on this host, whatever its image")
+@click.option("--states", is_flag=True, help="with --all: also delete the saved running states")
+@_friendly
+def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool) -> None:
+    """Tear replicas down in parallel: their domains, overlays and records, and nothing else."""
+    from osfleet.replicas.manager import teardown_all
+    from osfleet.replicas.records import RecordStore
+
+    settings = Settings.from_env()
+    if everything:
+        n_domains, n_records = teardown_all(settings, states)
+        click.echo(f"destroyed {n_domains} domain(s), removed {n_records} replica record(s)")
+        return
+    if not replica_ids:
+        raise OsfleetError("name the replicas to tear down, or pass --all")
+    records, _ = RecordStore(settings.replicas_dir).load_all()
+    known = {r.id: r for r in records}
+    missing = [i for i in replica_ids if i not in known]
+    if missing:
+        raise OsfleetError(f"no replica {', '.join(missing)} (see 'osfleet replicas ls')")
+    by_image: dict[str, list[str]] = {}
+    for i in replica_ids:
+        by_image.setdefault(known[i].image, []).append(i)
+    for image_name, ids in by_image.items():
+        with _replica_host(image_name) as host:
+            host.adopt()
+            host.down(ids)
+    click.echo(f"removed {len(replica_ids)} replica(s)")
 
 
 # --- reports -----------------------------------------------------------------------------------------------

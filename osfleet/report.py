@@ -45,8 +45,11 @@ def render(run_dir: Path) -> list[Path]:
 
     disk = _load(run_dir, "disk.json")
     boot = _load(run_dir, "boot.json")
-    if disk is None and boot is None:
-        raise OsfleetError(f"{run_dir} holds no results (disk.json, boot.json): run 'osfleet bench all' first")
+    resets = _load(run_dir, "reset.json")
+    if disk is None and boot is None and resets is None:
+        raise OsfleetError(
+            f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
+        )
     figures: list[tuple[str, str]] = []
     md: list[str] = ["# osfleet run report", "", f"Run directory: `{run_dir}`", ""]
     rows: list[tuple[str, str, str]] = []
@@ -138,6 +141,41 @@ def render(run_dir: Path) -> list[Path]:
             md += [f"![replica screenshot]({boot['screenshot']})", ""]
         rows.append(("cold boot to desktop", f"{boot['desktop_seconds']:.1f} s", "measured here"))
 
+    if resets is not None:
+        figures += _reset_figures(plt, run_dir, resets)
+        caption = _caption(resets.get("machine", {}))
+        md += [
+            "## Resets",
+            "",
+            f"{resets['replicas']} replicas, {resets['resets_per_replica']} resets each per mode; "
+            f"{caption}. Between resets: {resets['between_resets']}.",
+            "",
+            "| mode | reset p50 | reset p95 | bring-up p50 | RSS per replica | source |",
+            "|---|---|---|---|---|---|",
+        ]
+        for mode in ("cold", "snapshot"):
+            m = resets[mode]
+            md.append(
+                f"| {mode} | {seconds(m['p50'])} | {seconds(m['p95'])} | {seconds(m['bringup_seconds']['p50'])} | "
+                f"{human_bytes(m['rss_bytes_per_replica'])} | measured here |"
+            )
+        md.append("")
+        rows += [
+            (
+                "reset p50 / p95, snapshot",
+                f"{seconds(resets['snapshot']['p50'])} / {seconds(resets['snapshot']['p95'])}",
+                "measured here",
+            ),
+            (
+                "reset p50 / p95, cold",
+                f"{seconds(resets['cold']['p50'])} / {seconds(resets['cold']['p95'])}",
+                "measured here",
+            ),
+            ("snapshot vs cold reset (p50)", f"{resets['speedup_snapshot_vs_cold']:.1f}x", "measured here"),
+        ]
+        for name, d in resets.get("latency", {}).items():
+            rows.append((name.removesuffix("_seconds").replace("_", " ") + " p50", seconds(d["p50"]), "measured here"))
+
     md += ["## Key figures", "", "| figure | value | source |", "|---|---|---|"]
     md += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     md += ["", "## Figures", ""] + [f"![{t}]({f})" for f, t in figures] + [""]
@@ -181,3 +219,56 @@ def _html(md_lines: list[str]) -> str:
         out.append("</table>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _reset_figures(plt: Any, run_dir: Path, r: dict[str, Any]) -> list[tuple[str, str]]:
+    caption = _caption(r.get("machine", {}))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for mode, colour in (("cold", "#bf4f3f"), ("snapshot", "#2f7f4f")):
+        xs = sorted(r[mode]["samples"])
+        ax.step(
+            xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"{mode} (n={len(xs)})", color=colour
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("reset latency, seconds (log)")
+    ax.set_ylabel("share of resets")
+    ax.set_title("Reset latency CDF: cold boot vs saved-state restore")
+    ax.legend()
+    fig.text(0.01, 0.01, caption, fontsize=6)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(run_dir / "reset_cdf.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    modes = ["cold", "snapshot"]
+    ax.bar(modes, [r[m]["bringup_seconds"]["p50"] for m in modes], color=["#bf4f3f", "#2f7f4f"], label="p50")
+    ax.scatter(
+        modes, [r[m]["bringup_seconds"]["p95"] for m in modes], color="black", marker="_", s=400, label="p95", zorder=3
+    )
+    ax.set_ylabel("seconds to a ready replica")
+    ax.set_title("Bring-up time per replica by mode")
+    ax.legend()
+    fig.text(0.01, 0.01, caption, fontsize=6)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(run_dir / "bringup.png", dpi=110)
+    plt.close(fig)
+    out = [("reset_cdf.png", "Reset latency CDF"), ("bringup.png", "Bring-up time per replica")]
+
+    lat = r.get("latency", {})
+    if lat:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        names = list(lat)
+        labels = [n.removesuffix("_seconds").replace("_", " ") for n in names]
+        ax.barh(labels, [lat[n]["p50"] * 1000 for n in names], color="#3f6fbf", label="p50")
+        ax.scatter(
+            [lat[n]["p95"] * 1000 for n in names], labels, color="black", marker="|", s=300, label="p95", zorder=3
+        )
+        ax.set_xlabel("milliseconds")
+        ax.set_title("Observe / act latency on a ready replica")
+        ax.legend()
+        fig.text(0.01, 0.01, caption, fontsize=6)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+        fig.savefig(run_dir / "latency.png", dpi=110)
+        plt.close(fig)
+        out.append(("latency.png", "Observe / act latency"))
+    return out

@@ -1,4 +1,5 @@
-"""The main job: golden image -> one replica booted and screenshotted -> disk bench -> report, in one run dir."""
+"""The main job: golden image -> one replica booted and screenshotted -> disk bench -> reset bench -> report,
+all in one run directory."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _stage(n: int, total: int, title: str) -> float:
     return time.monotonic()
 
 
-def run(runs_dir: Path, replicas: int) -> Path:
+def run(runs_dir: Path, replicas: int, reset_replicas: int = 2, resets: int = 2) -> Path:
     from fabric import Config  # noqa: F401  (Fabric is a hard dependency of the build)
     from invoke import Context
 
@@ -32,7 +33,7 @@ def run(runs_dir: Path, replicas: int) -> Path:
     run_dir = runs_dir / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     run_dir.mkdir(parents=True)
     print(f"osfleet main job; results in {run_dir}", flush=True)
-    total = 4
+    total = 5
     timings: dict[str, float] = {}
 
     t = _stage(1, total, "golden image (built once, then a cache hit)")
@@ -66,7 +67,16 @@ def run(runs_dir: Path, replicas: int) -> Path:
     print(disk_table(result), flush=True)
     timings["disk_bench_seconds"] = time.monotonic() - t
 
-    t = _stage(4, total, "report")
+    t = _stage(4, total, f"reset bench: {reset_replicas} replicas, {resets} cold and {resets} snapshot resets each")
+    from osfleet.bench import reset as reset_bench
+    from osfleet.bench.tables import reset_table
+
+    resets_doc = reset_bench.run(image, reset_replicas, resets, settings=settings)
+    (run_dir / "reset.json").write_text(json.dumps(resets_doc, indent=2) + "\n")
+    print(reset_table(resets_doc), flush=True)
+    timings["reset_bench_seconds"] = time.monotonic() - t
+
+    t = _stage(5, total, "report")
     (run_dir / "run.json").write_text(
         json.dumps(
             {

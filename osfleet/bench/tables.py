@@ -52,3 +52,30 @@ def disk_table(r: dict[str, Any]) -> str:
             f"savings {b.get('savings_overlay_after_boot', 0) * 100:.1f}%"
         )
     return "\n".join(lines)
+
+
+def reset_table(r: dict[str, Any]) -> str:
+    accel = {"kvm": "KVM", "qemu": "TCG"}.get(r.get("accelerator", ""), "?")
+    size = f"{r['replicas']} replicas x {r['resets_per_replica']} resets per mode"
+    lines = [
+        f"reset bench: {size}, {r['image']} under {accel}",
+        f"{'mode':<9} {'reset p50':>10} {'reset p95':>10} {'bring-up p50':>13} {'RSS/replica':>12}",
+    ]
+    for mode in ("cold", "snapshot"):
+        m = r[mode]
+        lines.append(
+            f"{mode:<9} {seconds(m['p50']):>10} {seconds(m['p95']):>10} {seconds(m['bringup_seconds']['p50']):>13} "
+            f"{human_bytes(m['rss_bytes_per_replica']):>12}"
+        )
+    lines.append(f"snapshot reset is {r['speedup_snapshot_vs_cold']:.1f}x faster than cold (p50)")
+    lat = r.get("latency", {})
+    parts = [f"{k.removesuffix('_seconds').replace('_', ' ')} p50 {seconds(v['p50'])}" for k, v in lat.items()]
+    if parts:
+        lines.append("latency: " + ", ".join(parts))
+    if "hold" in r:
+        h = r["hold"]
+        lines.append(
+            f"held {h['held_ready']} replicas ready at once ({h['stop_reason']}); "
+            f"{human_bytes(h['memory_bytes_per_replica'])} host memory per replica"
+        )
+    return "\n".join(lines)

@@ -577,3 +577,21 @@ class ReplicaHost:
                 except OsfleetError as exc:
                     self.say(f"warm pool: {exc}")
                     self._stop.wait(5)
+
+
+def teardown_all(settings: Settings, states: bool = False) -> tuple[int, int]:
+    """Remove every replica domain and file osfleet made on this host, whatever image it came from.
+
+    Found by name prefix and in osfleet's own directories only. Returns (domains destroyed, records removed).
+    """
+    with Virt(settings.libvirt_uri) as virt:
+        names = virt.names(REPLICA_PREFIX) + virt.names(f"{NAME_PREFIX}template-")
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(virt.destroy, names))
+    records = 0
+    if settings.replicas_dir.exists():
+        records = len(list(settings.replicas_dir.glob("*.json")))
+        shutil.rmtree(settings.replicas_dir)
+    if states:
+        saved_state.remove_saved_states(settings)
+    return len(names), records

@@ -1,0 +1,196 @@
+"""``osfleet bench reset``: cold and snapshot resets on N replicas, side by side in one run.
+
+Between two measured resets the host is allowed to finish its background work (tearing down the old
+generation, starting the standby), as it would during an agent's episode; the JSON says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from PIL import ImageChops
+
+from osfleet.config import ReplicaShape, Settings
+from osfleet.errors import OsfleetError
+from osfleet.images import GoldenImage
+from osfleet.machine import describe
+from osfleet.replicas import saved_state
+from osfleet.replicas.input import Input
+from osfleet.replicas.manager import MODES, Mode, ReplicaHost
+from osfleet.stats import percentile
+
+LATENCY_SAMPLES = 20
+KEY_SAMPLES = 8
+HOLD_MEMORY_RESERVE_BYTES = 2 * 2**30
+HOLD_MAX_BRINGUP_SECONDS = 20.0
+
+Say = Callable[[str], None]
+
+
+def _dist(samples: list[float]) -> dict[str, Any]:
+    return {
+        "p50": percentile(samples, 50),
+        "p95": percentile(samples, 95),
+        "n": len(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "samples": samples,
+    }
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OsfleetError("cannot read MemAvailable from /proc/meminfo")
+
+
+def _latencies(host: ReplicaHost, rid: str) -> dict[str, Any]:
+    """Screenshot, input-event and key-to-screen latency on one ready replica."""
+    shots, events, keys = [], [], []
+    for _ in range(LATENCY_SAMPLES):
+        t = time.perf_counter()
+        host.screenshot(rid)
+        shots.append(time.perf_counter() - t)
+    rec = host.get(rid)
+    pointer = Input(host.virt, rec.domain, host.image.screen)
+    for i in range(LATENCY_SAMPLES):
+        t = time.perf_counter()
+        pointer.move(300 + i, 300)
+        events.append(time.perf_counter() - t)
+    pointer.move(200, 200)  # over the terminal: twm gives it focus
+    time.sleep(0.5)
+    for _ in range(KEY_SAMPLES):
+        before = host.virt.screenshot(rec.domain)
+        t = time.perf_counter()
+        pointer.type_text("x")
+        while time.perf_counter() - t < 5:
+            if ImageChops.difference(before, host.virt.screenshot(rec.domain)).getbbox():
+                keys.append(time.perf_counter() - t)
+                break
+        time.sleep(0.2)
+    out = {"screenshot_seconds": _dist(shots), "input_event_seconds": _dist(events)}
+    if keys:
+        out["key_to_screen_seconds"] = _dist(keys)
+    return out
+
+
+def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Say) -> tuple[dict[str, Any], list[str]]:
+    made: list[str] = []
+    bringup: list[float] = []
+    for i in range(replicas):
+        t = host.create(mode)
+        made.append(t.replica)
+        bringup.append(t.seconds)
+        say(f"  {mode}: replica {i + 1}/{replicas} ready in {t.seconds:.2f} s")
+    host.settle()
+    rss = [host.rss_bytes(r) or 0 for r in made]
+    samples: list[float] = []
+    for r in range(resets):
+        for rid in made:
+            host.settle()
+            t = host.reset(rid, mode)
+            samples.append(t.seconds)
+        say(f"  {mode}: reset round {r + 1}/{resets}: {', '.join(f'{s:.2f} s' for s in samples[-replicas:])}")
+    host.settle()
+    result = _dist(samples)
+    result["bringup_seconds"] = _dist(bringup)
+    result["rss_bytes_per_replica"] = sum(rss) / len(rss)
+    return result, made
+
+
+def _hold(host: ReplicaHost, hold_max: int, say: Say) -> dict[str, Any]:
+    """Bring up snapshot replicas until memory (with a reserve) or --hold-max runs out; all must answer."""
+    before = _mem_available()
+    made: list[str] = []
+    times: list[float] = []
+    stop_reason = f"reached --hold-max {hold_max}"
+    try:
+        while len(made) < hold_max:
+            if _mem_available() < HOLD_MEMORY_RESERVE_BYTES:
+                stop_reason = f"less than {HOLD_MEMORY_RESERVE_BYTES >> 30} GiB of memory left"
+                break
+            t = host.create("snapshot")
+            made.append(t.replica)
+            times.append(t.seconds)
+            if len(made) % 4 == 0:
+                say(f"  hold: {len(made)} replicas ready (last bring-up {t.seconds:.2f} s)")
+            if t.seconds > HOLD_MAX_BRINGUP_SECONDS:
+                stop_reason = f"bring-up slower than {HOLD_MAX_BRINGUP_SECONDS:.0f} s"
+                break
+        host.settle()
+        time.sleep(5)
+        answering = 0
+        for rid in made:
+            try:
+                host.virt.agent(host.get(rid).domain, "guest-ping", timeout=10)
+                answering += 1
+            except OsfleetError:
+                pass
+        used = before - _mem_available()
+        return {
+            "held_ready": answering,
+            "made": len(made),
+            "stop_reason": stop_reason,
+            "host_memory_used_bytes": used,
+            "memory_bytes_per_replica": used / max(1, len(made)),
+            "bringup_seconds": _dist(times) if times else None,
+        }
+    finally:
+        say(f"  hold: tearing down {len(made)} replicas in parallel")
+        host.down(made)
+
+
+def run(
+    image: GoldenImage,
+    replicas: int,
+    resets: int = 3,
+    hold: bool = False,
+    hold_max: int = 64,
+    settings: Settings | None = None,
+    say: Say = print,
+) -> dict[str, Any]:
+    if replicas < 1 or resets < 1:
+        raise OsfleetError("--replicas and --resets must be at least 1")
+    settings = settings or Settings.from_env()
+    host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
+    mine: list[str] = []
+    try:
+        key = saved_state.state_key(image, host.accel, host.shape)
+        existed = (settings.states_dir / f"{image.name}-{key}" / "meta.json").exists()
+        state = host.saved()
+        result: dict[str, Any] = {
+            "benchmark": "reset",
+            "image": image.name,
+            "accelerator": host.accel,
+            "replicas": replicas,
+            "resets_per_replica": resets,
+            "between_resets": "background teardown and standby start allowed to finish (as during an episode)",
+        }
+        for mode in MODES:
+            say(f"{mode} mode: {replicas} replicas, {resets} resets each")
+            result[mode], made = _mode_run(host, mode, replicas, resets, say)
+            mine += made
+            if mode == "snapshot":
+                result["latency"] = _latencies(host, made[0])
+            host.down(made)
+        result["saved_state"] = {
+            "memory_bytes": state.meta["memory_bytes"],
+            "save_seconds": state.meta["save_seconds"],
+            "made_in_this_run": not existed,
+            "saved_at": state.meta["saved_at"],
+        }
+        result["speedup_snapshot_vs_cold"] = result["cold"]["p50"] / result["snapshot"]["p50"]
+        if hold:
+            say(f"hold: as many snapshot replicas as fit (at most {hold_max})")
+            result["hold"] = _hold(host, hold_max, say)
+        result["machine"] = describe(host.accel)
+        return result
+    finally:
+        leftover = [r.id for r in host.replicas() if r.id in mine]
+        if leftover:
+            host.down(leftover)
+        host.close()
