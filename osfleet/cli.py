@@ -400,6 +400,141 @@ def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool) 
     click.echo(f"removed {len(replica_ids)} replica(s)")
 
 
+# --- host agent ---------------------------------------------------------------------------------------------
+@cli.group()
+def host() -> None:
+    """The host agent: an authenticated HTTP API over this host's replicas."""
+
+
+@host.command("serve")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--mode", type=click.Choice(["snapshot", "cold"]), default="snapshot", show_default=True)
+@click.option("--warm", default=1, show_default=True, type=click.IntRange(0, 4096), help="replicas kept ready")
+@click.option("--lease-seconds", default=900.0, show_default=True, help="default lease length")
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="bearer token file (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/api-token, made if missing)",
+)
+@click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
+@_friendly
+def host_serve(
+    bind: str,
+    port: int,
+    image_ref: str | None,
+    mode: str,
+    warm: int,
+    lease_seconds: float,
+    token_file: Path | None,
+    osgym_allow: tuple[str, ...],
+) -> None:
+    """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
+    import os
+
+    import uvicorn
+
+    from osfleet.api.app import create_app
+    from osfleet.api.auth import load_or_create_token
+    from osfleet.config import AgentConfig
+    from osfleet.images import find_image
+    from osfleet.replicas.manager import ReplicaHost
+
+    settings = Settings.from_env()
+    image = find_image(image_ref, settings)
+    if token_file is not None:
+        if not token_file.exists():
+            raise OsfleetError(f"token file not found: {token_file}")
+        token = token_file.read_text().strip()
+    else:
+        token = os.environ.get("OSFLEET_API_TOKEN") or load_or_create_token(settings.token_file)
+        if "OSFLEET_API_TOKEN" not in os.environ:
+            click.echo(f"bearer token in {settings.token_file}", err=True)
+    config = AgentConfig(
+        token=token, image=image.name, mode=mode, warm=warm, lease_seconds=lease_seconds, osgym_allowed_ips=osgym_allow
+    )
+    app = create_app(
+        config,
+        lambda: ReplicaHost(
+            image,
+            settings,
+            mode=mode,  # type: ignore[arg-type]
+            warm=warm,
+            say=lambda m: click.echo(m, err=True),
+        ),
+    )
+    click.echo(f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm)", err=True)
+    uvicorn.run(app, host=bind, port=port, log_level="warning")
+
+
+# --- tasks ----------------------------------------------------------------------------------------------------
+@cli.group()
+def tasks() -> None:
+    """Built-in and custom tasks: list them, validate them on a real replica."""
+
+
+@tasks.command("ls")
+@_friendly
+def tasks_ls() -> None:
+    """List the built-in tasks."""
+    from osfleet.tasks.model import builtin_tasks
+
+    for t in builtin_tasks():
+        click.echo(f"{t.id:<24} {t.kind:<6} {t.instruction}")
+
+
+@tasks.command("validate")
+@click.option("--task", "task_ids", multiple=True, help="built-in task id (default: all built-in tasks)")
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="a task file (osfleet YAML/JSON or OSWorld JSON)",
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@_friendly
+def tasks_validate(task_ids: tuple[str, ...], files: tuple[Path, ...], image_ref: str | None) -> None:
+    """Check each task on a real replica: verifier 0 on the initial state, 1 after the oracle, 0 after a reset."""
+    from osfleet.images import find_image
+    from osfleet.replicas.manager import ReplicaHost
+    from osfleet.tasks import runner
+    from osfleet.tasks.model import builtin_tasks, find_task, load_task_file
+
+    chosen = [find_task(t) for t in task_ids] + [load_task_file(f) for f in files]
+    if not chosen:
+        chosen = builtin_tasks()
+    missing_oracle = [t.id for t in chosen if not t.oracle]
+    if missing_oracle:
+        raise OsfleetError(f"no oracle to validate with: {', '.join(missing_oracle)}")
+    settings = Settings.from_env()
+    failures = 0
+    with ReplicaHost(
+        find_image(image_ref, settings),
+        settings,
+        mode="snapshot",
+        auto_recover=False,
+        say=lambda m: click.echo(m, err=True),
+    ) as h:
+        rid = h.create().replica
+        try:
+            for t in chosen:
+                v = runner.validate(h, rid, t)
+                rewards = " -> ".join(f"{r:g}" for r in v.rewards)
+                if v.ok:
+                    click.echo(f"PASS  {t.id:<24} rewards {rewards}  ({v.seconds:.1f} s)")
+                else:
+                    failures += 1
+                    click.echo(f"FAIL  {t.id:<24} {v.problem}  ({v.seconds:.1f} s)")
+        finally:
+            h.down([rid])
+    click.echo(f"{len(chosen) - failures} passed, {failures} failed")
+    if failures:
+        sys.exit(1)
+
+
 # --- reports -----------------------------------------------------------------------------------------------
 @cli.command("report")
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))

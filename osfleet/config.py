@@ -26,6 +26,18 @@ class ReplicaShape:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """How one host agent serves its replicas."""
+
+    token: str
+    image: str | None = None  # golden image name or hash prefix; None: the newest
+    mode: str = "snapshot"
+    warm: int = 1
+    lease_seconds: float = 900.0
+    osgym_allowed_ips: tuple[str, ...] = ()  # OSGym clients send no token; they may be allowed by address
+
+
+@dataclass(frozen=True)
 class Settings:
     """Paths and endpoints of one host; ``home`` holds every file osfleet creates there."""
 
@@ -55,6 +67,11 @@ class Settings:
     def states_dir(self) -> Path:
         """Saved running states (memory + frozen disk layer) that replicas are restored from."""
         return self.home / "states"
+
+    @property
+    def token_file(self) -> Path:
+        """The host agent's bearer token when none is given (made once, readable by root only)."""
+        return self.home / "api-token"
 
     @property
     def accel_cache(self) -> Path:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from osfleet.errors import GuestTimeoutError, OsfleetError
-from osfleet.replicas.input import Input
+from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.virt import Virt
 
 MAX_READ_BYTES = 8 * 2**20
@@ -89,6 +89,21 @@ class Shell(_Action):
     as_root: bool = False
 
 
+class CliCommand(_Action):
+    """A shell command as the desktop user (the name OSGym and MAI-Gym style agents use)."""
+
+    type: Literal["cli_command"]
+    command: str = Field(min_length=1, max_length=100000)
+    timeout: float = Field(30.0, gt=0, le=600)
+
+
+class Terminate(_Action):
+    """The agent declares the episode over; nothing happens in the guest."""
+
+    type: Literal["terminate"]
+    status: Literal["success", "failure"] = "success"
+
+
 class ReadFile(_Action):
     type: Literal["read_file"]
     path: str = Field(pattern=r"^/[^\x00]*$", max_length=4096)
@@ -96,7 +111,19 @@ class ReadFile(_Action):
 
 
 Action = Annotated[
-    Click | DoubleClick | RightClick | Move | Drag | Scroll | TypeText | Hotkey | Wait | Shell | ReadFile,
+    Click
+    | DoubleClick
+    | RightClick
+    | Move
+    | Drag
+    | Scroll
+    | TypeText
+    | Hotkey
+    | Wait
+    | Shell
+    | CliCommand
+    | Terminate
+    | ReadFile,
     Field(discriminator="type"),
 ]
 ACTIONS: TypeAdapter[list[Action]] = TypeAdapter(list[Action])
@@ -113,8 +140,28 @@ class ActionResult(BaseModel):
     content_base64: str | None = None
 
 
+def check_actions(actions: list[Action], size: tuple[int, int]) -> None:
+    """Refuse a batch that cannot be carried out as given (off-screen, untypable text, unknown key), before
+    any of it reaches the guest."""
+    w, h = size
+    for a in actions:
+        points = [(a.x, a.y)] if isinstance(a, Click | DoubleClick | RightClick | Move | Scroll) else []
+        if isinstance(a, Drag):
+            points = [(a.x1, a.y1), (a.x2, a.y2)]
+        for x, y in points:
+            if not (0 <= x < w and 0 <= y < h):
+                raise InputError(f"{a.type}: coordinates ({x}, {y}) are off the {w}x{h} screen")
+        if isinstance(a, TypeText):
+            for ch in a.text:
+                key_for_char(ch)
+        if isinstance(a, Hotkey):
+            for k in a.keys:
+                qcode(k)
+
+
 def run_actions(virt: Virt, domain: str, size: tuple[int, int], actions: list[Action]) -> list[ActionResult]:
-    """Run a batch in order; every action gets a result, failed or not."""
+    """Run a batch in order; every action gets a result, failed or not. Invalid batches raise first."""
+    check_actions(actions, size)
     pointer = Input(virt, domain, size)
     results = []
     for action in actions:
@@ -149,6 +196,10 @@ def _run_one(virt: Virt, domain: str, pointer: Input, action: Action) -> dict[st
             time.sleep(seconds)
         case Shell():
             return shell(virt, domain, action.command, action.timeout, action.as_root)
+        case CliCommand():
+            return shell(virt, domain, action.command, action.timeout)
+        case Terminate():
+            pass
         case ReadFile(path=path, max_bytes=max_bytes):
             return {"content_base64": base64.b64encode(read_file(virt, domain, path, max_bytes)).decode()}
     return {}

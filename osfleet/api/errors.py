@@ -1,0 +1,82 @@
+"""Errors -> HTTP, in one place: each error kind has a precise status and a JSON reason.
+
+Client mistakes are 4xx; failures of the infrastructure (a replica's QEMU or guest agent, a set-up that
+cannot run) are 503 with ``"kind": "infrastructure"``, so a trainer never mistakes them for reward 0.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from osfleet.api.osgym_actions import ActionStringError
+from osfleet.errors import GuestTimeoutError, ImageNotFoundError, OsfleetError, VirtError
+from osfleet.replicas.input import InputError
+from osfleet.replicas.manager import LeaseError, NoReplicaAvailableError, ReplicaBusyError, ReplicaNotFoundError
+from osfleet.replicas.records import InvalidTransitionError
+from osfleet.tasks.model import TaskError
+from osfleet.tasks.runner import TaskSetupError, VerifierError
+
+STATUS: list[tuple[type[Exception], int, str]] = [
+    (ReplicaNotFoundError, 404, "not_found"),
+    (ImageNotFoundError, 404, "not_found"),
+    (LeaseError, 409, "lease"),
+    (ReplicaBusyError, 409, "busy"),
+    (InvalidTransitionError, 409, "busy"),
+    (InputError, 422, "invalid_action"),
+    (ActionStringError, 422, "invalid_action"),
+    (TaskError, 422, "invalid_task"),
+    (NoReplicaAvailableError, 503, "capacity"),
+    (TaskSetupError, 503, "infrastructure"),
+    (VerifierError, 503, "infrastructure"),
+    (GuestTimeoutError, 503, "infrastructure"),
+    (VirtError, 503, "infrastructure"),
+]
+
+
+class NotFound(OsfleetError):
+    """A resource of the API (an OSGym vm id, an unknown task) does not exist for this caller."""
+
+
+class Conflict(OsfleetError):
+    """The request does not fit the replica's episode (e.g. evaluate before a task was set)."""
+
+
+STATUS = [(NotFound, 404, "not_found"), (Conflict, 409, "conflict"), *STATUS]
+
+
+def classify(exc: Exception) -> tuple[int, str]:
+    for kind, code, name in STATUS:
+        if isinstance(exc, kind):
+            return code, name
+    return 503, "infrastructure"
+
+
+def install(app: FastAPI, on_error: object = None) -> None:
+    @app.exception_handler(OsfleetError)
+    async def _osfleet(request: Request, exc: OsfleetError) -> JSONResponse:
+        code, kind = classify(exc)
+        if callable(on_error):
+            on_error(kind)
+        headers = {"Retry-After": "2"} if code == 503 else None
+        return JSONResponse(status_code=code, content={"error": str(exc), "kind": kind}, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return JSONResponse(
+            status_code=422,
+            content={
+                "error": f"{where}: {first.get('msg')}" if where else str(first.get("msg")),
+                "kind": "invalid_request",
+                "detail": jsonable(exc.errors()),
+            },
+        )
+
+
+def jsonable(errors: object) -> object:
+    from fastapi.encoders import jsonable_encoder
+
+    return jsonable_encoder(errors, custom_encoder={Exception: str})

@@ -1,0 +1,1 @@
+"""Tasks: initial state (set-up), instruction, verifier criteria checked in the guest, oracle actions."""

@@ -1,0 +1,186 @@
+"""The task model and its reward arithmetic.
+
+A verifier is a list of criteria, each a check run in the guest (code, not a model) with a weight and a
+required flag: reward = weighted share of criteria met, success = every required criterion met. A check
+that cannot run (the guest agent is gone, a timeout) is an infrastructure failure and raises: it is never
+scored as an unmet criterion.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from osfleet.errors import OsfleetError
+from osfleet.replicas.actions import Action
+
+
+class TaskError(OsfleetError):
+    """A task file is invalid."""
+
+
+class UnsupportedTaskError(TaskError):
+    """A task uses a set-up step, getter or metric that osfleet does not run; the message names it."""
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Run(_M):
+    """Run a shell command as the desktop user (or root) and wait for it."""
+
+    type: Literal["run"]
+    command: str
+    as_root: bool = False
+    timeout: float = Field(30.0, gt=0, le=600)
+
+
+class Launch(_M):
+    """Start a program in the background on the desktop (it keeps running)."""
+
+    type: Literal["launch"]
+    command: str
+
+
+class Sleep(_M):
+    type: Literal["sleep"]
+    seconds: float = Field(ge=0, le=120)
+
+
+SetupStep = Annotated[Run | Launch | Sleep, Field(discriminator="type")]
+
+
+class Match(_M):
+    """How a text is compared: exactly (after stripping trailing whitespace), by inclusion, or by regex."""
+
+    equals: str | None = None
+    include: list[str] = []
+    exclude: list[str] = []
+    regex: str | None = None
+
+    def check(self, text: str) -> bool:
+        if self.equals is not None and text.rstrip() != self.equals.rstrip():
+            return False
+        if any(s not in text for s in self.include) or any(s in text for s in self.exclude):
+            return False
+        return not (self.regex is not None and re.search(self.regex, text, re.MULTILINE) is None)
+
+    @model_validator(mode="after")
+    def _something(self) -> Match:
+        if self.equals is None and not self.include and not self.exclude and self.regex is None:
+            raise ValueError("a match needs equals, include, exclude or regex")
+        if self.regex is not None:
+            re.compile(self.regex)
+        return self
+
+
+class CommandOutput(_M):
+    """A command's standard output (and optionally its exit code) in the guest."""
+
+    type: Literal["command_output"]
+    command: str
+    as_root: bool = False
+    match: Match | None = None
+    exit_code: int | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> CommandOutput:
+        if self.match is None and self.exit_code is None:
+            raise ValueError("command_output needs match or exit_code")
+        return self
+
+
+class FileContent(_M):
+    """A file in the guest: it must exist and match, or (``absent``) must not exist."""
+
+    type: Literal["file_content"]
+    path: str = Field(pattern=r"^/[^\x00]*$")
+    match: Match | None = None
+    absent: bool = False
+
+
+Check = Annotated[CommandOutput | FileContent, Field(discriminator="type")]
+
+
+class Criterion(_M):
+    name: str
+    check: Check
+    weight: float = Field(1.0, gt=0)
+    required: bool = True
+
+
+class Task(_M):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,80}$")
+    instruction: str = Field(min_length=1)
+    kind: Literal["gui", "cli", "mixed"] = "mixed"
+    setup: list[SetupStep] = []
+    criteria: list[Criterion] = Field(min_length=1)
+    oracle: list[Action] = []
+    source: str = "osfleet"
+
+
+class CriterionResult(BaseModel):
+    name: str
+    met: bool
+    weight: float
+    required: bool
+    detail: str = ""
+
+
+class Evaluation(BaseModel):
+    reward: float
+    success: bool
+    criteria: list[CriterionResult]
+
+
+def score(results: list[CriterionResult]) -> Evaluation:
+    total = sum(r.weight for r in results)
+    met = sum(r.weight for r in results if r.met)
+    return Evaluation(
+        reward=met / total if total else 0.0,
+        success=all(r.met for r in results if r.required),
+        criteria=results,
+    )
+
+
+def parse_task(data: object, origin: str = "task") -> Task:
+    """A task from osfleet's own format or OSWorld's (recognised by its ``config``/``evaluator`` keys)."""
+    from osfleet.tasks.osworld import from_osworld
+
+    if isinstance(data, dict) and ("evaluator" in data or "config" in data):
+        return from_osworld(data)
+    try:
+        return Task.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "task"
+        raise TaskError(f"bad task {origin}: {where}: {first['msg']}") from None
+
+
+def load_task_file(path: Path) -> Task:
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise TaskError(f"cannot read task {path}: {str(exc).splitlines()[0]}") from None
+    return parse_task(data, str(path))
+
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+
+
+def builtin_tasks() -> list[Task]:
+    return [load_task_file(p) for p in sorted(BUILTIN_DIR.glob("*.yaml"))]
+
+
+def find_task(task_id: str) -> Task:
+    for task in builtin_tasks():
+        if task.id == task_id:
+            return task
+    raise TaskError(f"no built-in task {task_id!r} (see 'osfleet tasks ls')")
