@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ COLD_BOOT_TIMEOUT_SECONDS = 300.0
 MONITOR_INTERVAL_SECONDS = 1.0
 DEFAULT_LEASE_SECONDS = 600.0
 AGENT_TIMEOUT_SECONDS = 60.0
+EXPIRED_LEASES_REMEMBERED = 10000
 
 
 class ReplicaNotFoundError(OsfleetError):
@@ -126,6 +128,8 @@ class ReplicaHost:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.counters = {"failures_detected": 0, "recoveries": 0, "resets": 0}
+        # Leases ended by expiry, so a late caller hears "expired" rather than "unknown lease".
+        self._expired: OrderedDict[str, str] = OrderedDict()
 
     # --- lifecycle of the host object ------------------------------------------------------------------
     def close(self) -> None:
@@ -511,6 +515,8 @@ class ReplicaHost:
 
     def check_lease(self, replica_id: str, lease_id: str) -> ReplicaRecord:
         rec = self.get(replica_id)
+        if self._expired.get(lease_id) == replica_id:
+            raise LeaseError(f"lease {lease_id} on replica {replica_id} has expired")
         if rec.lease is None or rec.lease.id != lease_id:
             raise LeaseError(f"lease {lease_id} does not hold replica {replica_id}")
         if rec.lease.expired():
@@ -564,6 +570,9 @@ class ReplicaHost:
                         self.recover(rid)
                 for rec in self.replicas():
                     if rec.state == State.LEASED and rec.lease is not None and rec.lease.expired():
+                        self._expired[rec.lease.id] = rec.id
+                        while len(self._expired) > EXPIRED_LEASES_REMEMBERED:
+                            self._expired.popitem(last=False)
                         self.release(rec.id, rec.lease.id)
             except OsfleetError as exc:
                 self.say(f"monitor: {exc}")

@@ -74,7 +74,10 @@ def _match(func: str, expected: dict[str, Any]) -> Match:
 
 
 def from_osworld(data: dict[str, Any]) -> Task:
+    setup = [_setup(s) for s in data.get("config") or []]
     evaluator = data.get("evaluator") or {}
+    if not evaluator.get("func"):
+        raise TaskError("OSWorld task has no evaluator func")
     funcs = _as_list(evaluator.get("func"))
     for f in funcs:
         if f not in METRICS:
@@ -105,7 +108,7 @@ def from_osworld(data: dict[str, Any]) -> Task:
     return Task(
         id=task_id[:80] if task_id[:1].isalnum() else f"t{task_id[:79]}",
         instruction=str(data.get("instruction", "")),
-        setup=[_setup(s) for s in data.get("config") or []],
+        setup=setup,
         criteria=criteria,
         source="osworld",
     )

@@ -1,0 +1,190 @@
+"""The host agent on real replicas (TCG here): native contract, OSGym clients, bad input, infrastructure faults."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from osfleet.api.app import create_app
+from osfleet.config import AgentConfig, Settings
+from osfleet.images import GoldenImage
+from osfleet.replicas.manager import ReplicaHost
+
+pytestmark = pytest.mark.vm
+TOKEN = "api-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def api(golden: GoldenImage, settings: Settings, no_leftovers: None) -> Iterator[tuple[TestClient, ReplicaHost]]:
+    hosts: list[ReplicaHost] = []
+
+    def factory() -> ReplicaHost:
+        hosts.append(ReplicaHost(golden, settings, warm=1, auto_recover=False))
+        return hosts[0]
+
+    app = create_app(AgentConfig(token=TOKEN, warm=1, osgym_allowed_ips=("testclient",)), factory)
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not any(r.state == "ready" for r in hosts[0].replicas()):
+            time.sleep(0.2)
+        try:
+            yield client, hosts[0]
+        finally:
+            hosts[0].stop_background()
+            hosts[0].down()
+
+
+def lease(client: TestClient, ttl: float | None = None) -> tuple[str, str]:
+    r = client.post("/v1/leases", json={"holder": "test", **({"ttl_seconds": ttl} if ttl else {})}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return r.json()["replica_id"], r.json()["lease_id"]
+
+
+def post(client: TestClient, rid: str, what: str, body: dict[str, object]) -> dict[str, object]:
+    r = client.post(f"/v1/replicas/{rid}/{what}", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_oracle_scores_1_noop_scores_0_and_a_retried_step_applies_once(api: tuple[TestClient, ReplicaHost]) -> None:
+    client, _ = api
+    rid, lid = lease(client)
+    reset = post(client, rid, "reset", {"lease_id": lid, "task_id": "cli-write-note"})
+    assert reset["instruction"] and reset["observation"]["width"] == 1280  # type: ignore[index]
+    assert post(client, rid, "evaluate", {"lease_id": lid})["reward"] == 0.0
+    post(client, rid, "step", {"lease_id": lid, "action_id": "noop", "actions": [{"type": "wait", "seconds": 0.2}]})
+    assert post(client, rid, "evaluate", {"lease_id": lid})["reward"] == 0.0
+
+    oracle = [
+        {"type": "cli_command", "command": "mkdir -p ~/notes && echo 'buy milk' > ~/notes/todo.txt"},
+        {"type": "cli_command", "command": "echo once >> ~/applied"},
+    ]
+    first = post(client, rid, "step", {"lease_id": lid, "action_id": "a1", "actions": oracle, "observe": False})
+    again = post(client, rid, "step", {"lease_id": lid, "action_id": "a1", "actions": oracle, "observe": False})
+    assert not first["replayed"] and again["replayed"] and again["results"] == first["results"]
+    ev = post(client, rid, "evaluate", {"lease_id": lid})
+    assert ev["reward"] == 1.0 and ev["success"] is True
+    (check,) = post(
+        client,
+        rid,
+        "step",
+        {
+            "lease_id": lid,
+            "action_id": "c",
+            "observe": False,
+            "actions": [{"type": "shell", "command": "cat ~/applied"}],
+        },
+    )["results"]  # type: ignore[misc]
+    assert check["stdout"] == "once\n"
+    obs = client.get(f"/v1/replicas/{rid}/observation", params={"lease_id": lid, "format": "jpeg"}, headers=AUTH)
+    assert Image.open(io.BytesIO(base64.b64decode(obs.json()["screenshot"]))).size == (1280, 800)
+    assert post(client, rid, "release", {"lease_id": lid})["released"] is True
+
+
+def test_bad_input_gets_precise_errors_and_loses_nothing(api: tuple[TestClient, ReplicaHost]) -> None:
+    client, host = api
+    rid, lid = lease(client)
+    post(client, rid, "reset", {"lease_id": lid, "task_id": "cli-write-note", "observe": False})
+
+    def step(actions: list[dict[str, object]], lease_id: str = lid, action_id: str = "x") -> object:
+        return client.post(
+            f"/v1/replicas/{rid}/step",
+            json={"lease_id": lease_id, "action_id": action_id, "actions": actions},
+            headers=AUTH,
+        )
+
+    r = step([{"type": "click", "x": 5000, "y": 10}])
+    assert r.status_code == 422 and "off the 1280x800 screen" in r.json()["error"]  # type: ignore[attr-defined]
+    r = step([{"type": "type", "text": "naïve"}])
+    assert r.status_code == 422 and "cannot type 'ï'" in r.json()["error"]  # type: ignore[attr-defined]
+    r = step([{"type": "hotkey", "keys": ["ctrl", "hyper"]}])
+    assert r.status_code == 422 and "unknown key 'hyper'" in r.json()["error"]  # type: ignore[attr-defined]
+    r = step([{"type": "wait"}], lease_id="someone-else")
+    assert r.status_code == 409 and r.json()["kind"] == "lease"  # type: ignore[attr-defined]
+    r = client.post(
+        f"/v1/replicas/{rid}/reset",
+        json={
+            "lease_id": lid,
+            "task": {
+                "id": "t",
+                "instruction": "i",
+                "config": [{"type": "googledrive", "parameters": {}}],
+                "evaluator": {},
+            },
+        },
+        headers=AUTH,
+    )
+    assert r.status_code == 422 and "'googledrive'" in r.json()["error"]
+    r = client.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task_id": "no-such-task"}, headers=AUTH)
+    assert r.status_code == 404
+    # A guest command that times out is an error result; the replica survives.
+    r = step([{"type": "shell", "command": "sleep 60", "timeout": 1}], action_id="slow")
+    assert r.status_code == 200 and "timed out" in r.json()["results"][0]["error"]  # type: ignore[attr-defined]
+    r = step([{"type": "shell", "command": "echo alive"}], action_id="after")
+    assert r.json()["results"][0]["stdout"] == "alive\n"  # type: ignore[attr-defined]
+    # An expired lease cannot act.
+    rid2, lid2 = rid, lid
+    post(client, rid2, "release", {"lease_id": lid2})
+    rid3, lid3 = lease(client, ttl=0.5)
+    time.sleep(1.0)
+    r = client.post(f"/v1/replicas/{rid3}/evaluate", json={"lease_id": lid3}, headers=AUTH)
+    assert r.status_code == 409 and "expired" in r.json()["error"]
+    assert all(rec.state != "failed" for rec in host.replicas())
+
+
+def test_an_infrastructure_failure_is_never_a_reward_of_0(api: tuple[TestClient, ReplicaHost]) -> None:
+    client, host = api
+    rid, lid = lease(client)
+    post(client, rid, "reset", {"lease_id": lid, "task_id": "cli-write-note", "observe": False})
+    pid = host.virt.qemu_pid(host.get(rid).domain)
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(1)
+    r = client.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH)
+    assert r.status_code == 503 and r.json()["kind"] == "infrastructure" and "reward" not in r.json()
+    metrics = client.get("/metrics", headers=AUTH).text
+    assert 'osfleet_failures_total{kind="infrastructure"}' in metrics
+
+
+def test_an_osgym_client_runs_reset_steps_finish(api: tuple[TestClient, ReplicaHost]) -> None:
+    client, _ = api
+    task = {
+        "id": "osgym-echo",
+        "instruction": "Write osgym into ~/osgym.txt from the terminal.",
+        "config": [{"type": "execute", "parameters": {"command": ["rm", "-f", "/home/user/osgym.txt"]}}],
+        "evaluator": {
+            "func": "check_include_exclude",
+            "result": {"type": "vm_command_line", "command": "cat /home/user/osgym.txt"},
+            "expected": {"type": "rule", "rules": {"include": ["osgym"], "exclude": ["No such file"]}},
+        },
+    }
+    # OSGym clients send no token: the allow-listed address is enough.
+    r = client.post("/reset", json={"task_config": task, "timeout": 600})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"screenshot", "problem", "vm_id"} and isinstance(body["vm_id"], int)
+    assert Image.open(io.BytesIO(base64.b64decode(body["screenshot"]))).size == (1280, 800)
+    vm = body["vm_id"]
+    shot = client.get("/screenshot", params={"vmId": vm}).json()
+    assert shot["vm_id"] == vm and shot["screenshot"]
+    r = client.post("/step", json={"action": "click(200,200)&type(echo osgym > ~/osgym.txt\n)&wait()", "vm_id": vm})
+    assert r.status_code == 200 and r.json()["is_finish"] is False and r.json()["reward"] == 0
+    r = client.post("/step", json={"action": "click(99999,5)", "vm_id": vm})
+    assert r.status_code == 422 and "off the" in r.json()["error"]
+    # Another client's shutdown("all") does not touch this client's vm.
+    other = client.post("/shutdown", json={"vm_id": "all"}, headers=AUTH)
+    assert other.status_code == 200
+    r = client.post("/step", json={"action": "finish()", "vm_id": vm})
+    assert r.status_code == 200, r.text
+    assert r.json()["is_finish"] is True and r.json()["reward"] == 1.0
+    # finish() released the vm
+    assert client.post("/step", json={"action": "wait()", "vm_id": vm}).status_code == 404
