@@ -228,13 +228,27 @@ def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, o
 @click.option(
     "--resets", default=2, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
 )
+@click.option("--bringup-replicas", default=4, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--users", default=2, show_default=True, type=click.IntRange(1, 10000), help="Locust agents")
+@click.option("--duration", default="90s", show_default=True, help="trajectories run time (Locust -t syntax)")
+@click.option("--policy", type=click.Choice(["oracle", "random"]), default="oracle", show_default=True)
 @click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
 @_friendly
-def bench_all(replicas: int, reset_replicas: int, resets: int, runs_dir: Path) -> None:
-    """The main job: golden image (cached) -> one replica + screenshot -> disk bench -> reset bench -> report."""
+def bench_all(
+    replicas: int,
+    reset_replicas: int,
+    resets: int,
+    bringup_replicas: int,
+    users: int,
+    duration: str,
+    policy: str,
+    runs_dir: Path,
+) -> None:
+    """The main job: image -> replica + screenshot -> disk and reset benches -> Locust bring-up and trajectories
+    against a local host agent -> report, in runs/<timestamp>/."""
     from osfleet.bench import main_job
 
-    main_job.run(runs_dir, replicas, reset_replicas, resets)
+    main_job.run(runs_dir, replicas, reset_replicas, resets, bringup_replicas, users, duration, policy)
 
 
 @bench.command("reset")

@@ -46,7 +46,8 @@ def render(run_dir: Path) -> list[Path]:
     disk = _load(run_dir, "disk.json")
     boot = _load(run_dir, "boot.json")
     resets = _load(run_dir, "reset.json")
-    if disk is None and boot is None and resets is None:
+    load = load_results(run_dir)
+    if disk is None and boot is None and resets is None and not load["trajectories"]:
         raise OsfleetError(
             f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
         )
@@ -176,7 +177,44 @@ def render(run_dir: Path) -> list[Path]:
         for name, d in resets.get("latency", {}).items():
             rows.append((name.removesuffix("_seconds").replace("_", " ") + " p50", seconds(d["p50"]), "measured here"))
 
-    md += ["## Key figures", "", "| figure | value | source |", "|---|---|---|"]
+    if load["trajectories"] or load["stats"]:
+        figures += _load_figures(plt, run_dir, load)
+        md += _load_markdown(load, rows)
+    cost_rows = _cost(run_dir, resets, load)
+    if cost_rows:
+        figures += _cost_figure(plt, run_dir, cost_rows, load)
+        md += [
+            "## Cost per replica-day",
+            "",
+            f"Footprint per replica measured here: {cost_rows[0]['footprint']}.",
+            "Prices from reports/prices.yaml (each with its source and date).",
+            "",
+            "| host type | replicas per host | binding resource | USD per replica-day | source |",
+            "|---|---|---|---|---|",
+        ]
+        for c in cost_rows:
+            md.append(
+                f"| {c['host']} | {c['replicas_per_host']} | {c['binding_resource']} | "
+                f"{c['usd_per_replica_day']:.3f} | computed here from measured footprint + price table |"
+            )
+        md.append("")
+        best = min(cost_rows, key=lambda c: c["usd_per_replica_day"] or 1e9)
+        rows.append(
+            (
+                f"cost per replica-day ({best['host']})",
+                f"{best['usd_per_replica_day']:.3f} USD, binding {best['binding_resource']}",
+                "measured here (footprint) + price table",
+            )
+        )
+
+    md += [
+        "## Compared with published systems",
+        "",
+        "| figure | osfleet (this run) | OSGym | MAI-Gym |",
+        "|---|---|---|---|",
+    ]
+    md += _comparison(disk, resets, load)
+    md += ["", "## Key figures", "", "| figure | value | source |", "|---|---|---|"]
     md += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     md += ["", "## Figures", ""] + [f"![{t}]({f})" for f, t in figures] + [""]
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
@@ -272,3 +310,221 @@ def _reset_figures(plt: Any, run_dir: Path, r: dict[str, Any]) -> list[tuple[str
         plt.close(fig)
         out.append(("latency.png", "Observe / act latency"))
     return out
+
+
+# --- load test results ---------------------------------------------------------------------------------------
+def load_results(run_dir: Path) -> dict[str, Any]:
+    import csv
+
+    traj = [
+        json.loads(line)
+        for f in sorted(run_dir.glob("trajectories-*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
+    samples = []
+    if (run_dir / "samples.jsonl").exists():
+        samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines() if x.strip()]
+    stats: list[dict[str, str]] = []
+    if (run_dir / "trajectories_stats.csv").exists():
+        with open(run_dir / "trajectories_stats.csv") as f:
+            stats = list(csv.DictReader(f))
+    bringup = []
+    if (run_dir / "bringup.jsonl").exists():
+        bringup = [json.loads(x) for x in (run_dir / "bringup.jsonl").read_text().splitlines() if x.strip()]
+    return {
+        "trajectories": traj,
+        "samples": [s for s in samples if "error" not in s],
+        "stats": stats,
+        "bringup": bringup,
+    }
+
+
+def trajectory_summary(traj: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = [t for t in traj if t["status"] == "scored"]
+    aborted = [t for t in traj if t["status"] == "aborted"]
+    errors = [t for t in traj if t["status"] == "error"]
+    span_min = (max(t["t_end"] for t in traj) - min(t["t_start"] for t in traj)) / 60 if traj else 0
+    return {
+        "scored": len(scored),
+        "successful": sum(bool(t.get("success")) for t in scored),
+        "aborted": len(aborted),
+        "errors": len(errors),
+        "per_minute": len(scored) / span_min if span_min else 0.0,
+        "abort_share": len(aborted) / len(traj) if traj else 0.0,
+        "mean_reward": sum(t["reward"] for t in scored) / len(scored) if scored else 0.0,
+    }
+
+
+def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    traj = load["trajectories"]
+    machine = "" if not load["samples"] else f"{load['samples'][-1].get('cpus')} CPUs"
+    if traj:
+        t0 = min(t["t_start"] for t in traj)
+        ends = sorted(t["t_end"] - t0 for t in traj if t["status"] == "scored")
+        width = 30.0
+        bins = int(max(ends or [0]) // width) + 1
+        counts = [0] * bins
+        for e in ends:
+            counts[int(e // width)] += 1
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.step([i * width / 60 for i in range(bins)], [c * 60 / width for c in counts], where="post", color="#2f7f4f")
+        ax.set_xlabel("minutes into the run")
+        ax.set_ylabel("scored trajectories per minute")
+        ax.set_title(f"Trajectories per minute over time ({machine}, {width:.0f} s bins)")
+        fig.tight_layout()
+        fig.savefig(run_dir / "trajectories_per_minute.png", dpi=110)
+        plt.close(fig)
+        out.append(("trajectories_per_minute.png", "Trajectories per minute over time"))
+    stats = [r for r in load["stats"] if r.get("Name") in ("lease", "reset", "step", "evaluate", "release")]
+    if stats:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        names = [r["Name"] for r in stats]
+        for q, colour in (("50%", "#3f6fbf"), ("95%", "#bf8f3f"), ("99%", "#bf4f3f")):
+            ax.scatter(names, [float(r[q]) / 1000 for r in stats], label=f"p{q[:-1]}", color=colour, s=60)
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds (log)")
+        ax.set_title("Request latency through the host agent API (Locust)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / "request_latency.png", dpi=110)
+        plt.close(fig)
+        out.append(("request_latency.png", "Step, reset and evaluate latency percentiles"))
+    summary = trajectory_summary(traj) if traj else {}
+    counters = load["samples"][-1].get("counters", {}) if load["samples"] else {}
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = ["scored", "successful", "unscored aborts", "errors", "failures detected", "recoveries"]
+    values = [
+        summary.get("scored", 0),
+        summary.get("successful", 0),
+        summary.get("aborted", 0),
+        summary.get("errors", 0),
+        counters.get("failures_detected", 0),
+        counters.get("recoveries", 0),
+    ]
+    ax.barh(labels, values, color=["#2f7f4f", "#5faf6f", "#bf4f3f", "#bf8f3f", "#7f7f7f", "#3f6fbf"])
+    ax.set_xlabel("count in this run")
+    ax.set_title("Episodes, aborts and recoveries")
+    fig.tight_layout()
+    fig.savefig(run_dir / "aborts_recoveries.png", dpi=110)
+    plt.close(fig)
+    out.append(("aborts_recoveries.png", "Aborts and recoveries"))
+    if load["samples"]:
+        t0 = load["samples"][0]["time"]
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        xs = [(x["time"] - t0) / 60 for x in load["samples"]]
+        ax.plot(xs, [x["disk_allocated_bytes"]["overlays"] / 2**20 for x in load["samples"]], label="overlays (MiB)")
+        ax2 = ax.twinx()
+        ax2.plot(
+            xs,
+            [x["replicas"].get("ready", 0) + x["replicas"].get("leased", 0) for x in load["samples"]],
+            color="#bf4f3f",
+            label="replicas ready or leased",
+        )
+        ax.set_xlabel("minutes into the run")
+        ax.set_ylabel("overlay MiB (allocated)")
+        ax2.set_ylabel("replicas")
+        ax.set_title("Disk use and replicas under load (sampled from the host agent)")
+        fig.tight_layout()
+        fig.savefig(run_dir / "disk_under_load.png", dpi=110)
+        plt.close(fig)
+        out.append(("disk_under_load.png", "Disk use and replicas under load"))
+    return out
+
+
+def _load_markdown(load: dict[str, Any], rows: list[tuple[str, str, str]]) -> list[str]:
+    md = ["## Load test (Locust)", ""]
+    if load["bringup"]:
+        b = load["bringup"][-1]
+        md.append(
+            f"Bring-up: {b['ready']}/{b['requested']} replicas requested at once were ready"
+            + (f", all after {b['all_ready_seconds']:.1f} s (measured here)." if b["all_ready_seconds"] else ".")
+        )
+        if b["all_ready_seconds"]:
+            rows.append(
+                (f"bring-up of {b['requested']} replicas at once", f"{b['all_ready_seconds']:.1f} s", "measured here")
+            )
+    if load["trajectories"]:
+        s = trajectory_summary(load["trajectories"])
+        md.append(
+            f"Trajectories: {s['scored']} scored ({s['successful']} successful, mean reward {s['mean_reward']:.2f}), "
+            f"{s['aborted']} unscored aborts, {s['errors']} errors; {s['per_minute']:.1f} per minute (measured here)."
+        )
+        rows += [
+            ("trajectories per minute", f"{s['per_minute']:.1f}", "measured here"),
+            ("unscored aborts", f"{s['abort_share'] * 100:.1f}%", "measured here"),
+        ]
+    for r in load["stats"]:
+        if r.get("Name") in ("reset", "step", "evaluate"):
+            rows.append(
+                (
+                    f"API {r['Name']} p50 / p95",
+                    f"{float(r['50%']) / 1000:.2f} s / {float(r['95%']) / 1000:.2f} s",
+                    "measured here",
+                )
+            )
+    md.append("")
+    return md
+
+
+def _cost(run_dir: Path, resets: dict[str, Any] | None, load: dict[str, Any]) -> list[dict[str, Any]]:
+    from osfleet.cost import Footprint, cost_table, load_prices
+
+    samples = [x for x in load["samples"] if x.get("cpu_busy_share") is not None]
+    active = [x["replicas"].get("ready", 0) + x["replicas"].get("leased", 0) for x in samples]
+    if not samples or not resets or not any(active):
+        return []
+    cpu = sum(x["cpu_busy_share"] * x["cpus"] for x in samples) / sum(active)
+    memory = (resets.get("hold") or {}).get("memory_bytes_per_replica") or resets["snapshot"]["rss_bytes_per_replica"]
+    disk = sum(x["disk_allocated_bytes"]["overlays"] for x in samples) / sum(active)
+    fp = Footprint(cpu_cores=cpu, memory_bytes=memory, disk_bytes=disk)
+    _, hosts = load_prices()
+    rows = cost_table(hosts, fp)
+    text = f"{cpu:.2f} CPU cores (under the load test), {memory / 2**20:.0f} MiB RAM, {disk / 2**20:.1f} MiB disk"
+    for r in rows:
+        r["footprint"] = text
+    (run_dir / "cost.json").write_text(json.dumps({"footprint": fp.__dict__, "rows": rows}, indent=2) + "\n")
+    return rows
+
+
+def _cost_figure(plt: Any, run_dir: Path, rows: list[dict[str, Any]], load: dict[str, Any]) -> list[tuple[str, str]]:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [r["host"] for r in rows]
+    values = [r["usd_per_replica_day"] or 0 for r in rows]
+    bars = ax.barh(names, values, color="#3f6fbf")
+    for bar, r in zip(bars, rows, strict=True):
+        ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {r['replicas_per_host']}/host, {r['binding_resource']}-bound",
+            va="center",
+            fontsize=8,
+        )
+    ax.axvspan(0.2, 0.3, color="#bf8f3f", alpha=0.2, label="OSGym, published: 0.2-0.3 USD")
+    ax.set_xlabel("USD per replica-day")
+    ax.set_title("Cost per replica-day by host type (measured footprint, listed prices)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(run_dir / "cost_per_replica_day.png", dpi=110)
+    plt.close(fig)
+    return [("cost_per_replica_day.png", "Cost per replica-day by host type")]
+
+
+def _comparison(disk: dict[str, Any] | None, resets: dict[str, Any] | None, load: dict[str, Any]) -> list[str]:
+    def here(value: str | None) -> str:
+        return f"{value} (measured here)" if value else "not measured in this run"
+
+    s = trajectory_summary(load["trajectories"]) if load["trajectories"] else None
+    saving = f"{disk['savings_overlay'] * 100:.1f}%" if disk else None
+    speedup = f"{disk['speedup_overlay_vs_full']:.0f}x" if disk else None
+    reset = f"{seconds(resets['snapshot']['p50'])} (snapshot)" if resets else None
+    per_min = f"{s['per_minute']:.1f} on this 2-core host" if s else None
+    aborts = f"{s['abort_share'] * 100:.1f}%" if s else None
+    return [
+        f"| disk saving vs full copies | {here(saving)} | 88% (published) | - |",
+        f"| provisioning speed-up vs full copy | {here(speedup)} | 37x (published) | - |",
+        f"| reset p50 | {here(reset)} | cold boot per reset (published code) | 37.2 s (published) |",
+        f"| trajectories per minute | {here(per_min)} | 1420 at 1024 replicas (published) | - |",
+        f"| unscored aborts | {here(aborts)} | - | 1.9% (published) |",
+    ]

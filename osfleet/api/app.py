@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from osfleet import __version__
 from osfleet.api import auth, errors
 from osfleet.api.errors import Conflict, NotFound
-from osfleet.api.metrics import Metrics
+from osfleet.api.metrics import Metrics, host_usage
 from osfleet.api.osgym_actions import parse as parse_osgym
 from osfleet.config import AgentConfig
 from osfleet.errors import VirtError
@@ -74,6 +74,11 @@ class AgentState:
 class LeaseRequest(BaseModel):
     holder: str = Field("anonymous", max_length=200)
     ttl_seconds: float | None = Field(None, gt=0, le=86400)
+
+
+class ScaleRequest(BaseModel):
+    count: int = Field(ge=1, le=1024)
+    mode: Literal["snapshot", "cold"] | None = None
 
 
 class LeaseResponse(BaseModel):
@@ -159,9 +164,28 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 "mode": x.mode,
                 "image": x.image,
                 "leased": x.lease is not None,
+                "created_at": x.created_at,
+                "ready_at": x.ready_at,
             }
             for x in state().host.replicas()
         ]
+
+    @r.post("/replicas", status_code=202)
+    def scale_up(req: ScaleRequest) -> dict[str, Any]:
+        """Bring up more replicas in the background; watch them with GET /v1/replicas."""
+        state().host.up_async(req.count, req.mode)
+        return {"requested": req.count, "mode": req.mode or state().host.mode}
+
+    @r.delete("/replicas/{rid}")
+    def retire(rid: str) -> dict[str, Any]:
+        state().host.retire(rid)
+        return {"replica_id": rid, "retired": True}
+
+    @r.get("/host")
+    def host_sample() -> dict[str, Any]:
+        """A sample of this host for load tests: replicas by state, disk bytes, CPU and memory."""
+        s = state()
+        return {"time": time.time(), **s.metrics.sample(s.host), **host_usage()}
 
     @r.post("/replicas/{rid}/reset")
     def reset(rid: str, req: ResetRequest) -> ResetResponse:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -30,18 +32,53 @@ class Metrics:
     def failure(self, kind: str) -> None:
         self.failures.labels(kind=kind).inc()
 
-    def render(self, host: ReplicaHost) -> bytes:
+    def sample(self, host: ReplicaHost) -> dict[str, Any]:
+        """Replicas by state and allocated disk bytes; also sets the gauges."""
         counts = {s.value: 0 for s in State}
         for rec in host.replicas():
             counts[rec.state.value] += 1
         for state, n in counts.items():
             self.replicas.labels(state=state).set(n)
-        self.disk.labels(kind="golden").set(qcow2.allocated_bytes(host.image.disk))
-        overlays = sum(qcow2.allocated_bytes(p) for p in host.settings.replicas_dir.glob("r-*/*.qcow2"))
-        self.disk.labels(kind="overlays").set(overlays)
-        self.disk.labels(kind="saved_states").set(_tree_bytes(host.settings.states_dir))
+        disk = {
+            "golden": qcow2.allocated_bytes(host.image.disk),
+            "overlays": sum(qcow2.allocated_bytes(p) for p in host.settings.replicas_dir.glob("r-*/*.qcow2")),
+            "saved_states": _tree_bytes(host.settings.states_dir),
+        }
+        for kind, n in disk.items():
+            self.disk.labels(kind=kind).set(n)
+        return {"replicas": counts, "disk_allocated_bytes": disk, "counters": dict(host.counters)}
+
+    def render(self, host: ReplicaHost) -> bytes:
+        self.sample(host)
         return bytes(generate_latest(self.registry))
 
 
 def _tree_bytes(root: Path) -> int:
     return sum(qcow2.allocated_bytes(p) for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+_last_cpu: list[tuple[float, float]] = []
+
+
+def host_usage() -> dict[str, Any]:
+    """Host CPU busy share since the previous call, and memory in use (from /proc)."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    idle, total = fields[3] + fields[4], sum(fields)
+    busy = None
+    if _last_cpu:
+        d_idle, d_total = idle - _last_cpu[0][0], total - _last_cpu[0][1]
+        busy = 1.0 - d_idle / d_total if d_total > 0 else None
+        _last_cpu.clear()
+    _last_cpu.append((idle, total))
+    mem: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            mem[key] = int(value.split()[0]) * 1024
+    return {
+        "cpu_busy_share": busy,
+        "cpus": os.cpu_count(),
+        "memory_total_bytes": mem["MemTotal"],
+        "memory_used_bytes": mem["MemTotal"] - mem["MemAvailable"],
+    }

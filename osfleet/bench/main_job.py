@@ -1,5 +1,6 @@
-"""The main job: golden image -> one replica booted and screenshotted -> disk bench -> reset bench -> report,
-all in one run directory."""
+"""The main job: golden image -> one replica booted and screenshotted -> disk bench -> reset bench -> a local
+host agent -> Locust bring-up and trajectories -> report, all in one run directory. Ctrl-C at any point
+stops Locust and the agent and retires the agent's replicas (context managers all the way down)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,16 @@ def _stage(n: int, total: int, title: str) -> float:
     return time.monotonic()
 
 
-def run(runs_dir: Path, replicas: int, reset_replicas: int = 2, resets: int = 2) -> Path:
+def run(
+    runs_dir: Path,
+    replicas: int,
+    reset_replicas: int = 2,
+    resets: int = 2,
+    bringup_replicas: int = 4,
+    users: int = 2,
+    duration: str = "90s",
+    policy: str = "oracle",
+) -> Path:
     from fabric import Config  # noqa: F401  (Fabric is a hard dependency of the build)
     from invoke import Context
 
@@ -33,7 +43,7 @@ def run(runs_dir: Path, replicas: int, reset_replicas: int = 2, resets: int = 2)
     run_dir = runs_dir / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     run_dir.mkdir(parents=True)
     print(f"osfleet main job; results in {run_dir}", flush=True)
-    total = 5
+    total = 7
     timings: dict[str, float] = {}
 
     t = _stage(1, total, "golden image (built once, then a cache hit)")
@@ -76,7 +86,22 @@ def run(runs_dir: Path, replicas: int, reset_replicas: int = 2, resets: int = 2)
     print(reset_table(resets_doc), flush=True)
     timings["reset_bench_seconds"] = time.monotonic() - t
 
-    t = _stage(5, total, "report")
+    from osfleet.bench.load import local_agent, run_locust
+
+    t = _stage(5, total, f"host agent on loopback; Locust bring-up of {bringup_replicas} replicas at once")
+    with local_agent(warm=users, log=run_dir / "agent.log", image=image.name) as agent:
+        run_locust("bringup", agent.url, agent.token, run_dir, 1, "15m", ["--replicas", str(bringup_replicas)])
+        timings["bringup_seconds"] = time.monotonic() - t
+        print(_bringup_line(run_dir), flush=True)
+
+        t = _stage(6, total, f"Locust trajectories: {users} agent(s), {policy} policy, {duration}")
+        agent.wait_ready(min(users, 1), 300)
+        run_locust("trajectories", agent.url, agent.token, run_dir, users, duration, ["--policy", policy])
+        timings["trajectories_seconds"] = time.monotonic() - t
+        print(_trajectory_line(run_dir), flush=True)
+        print("stopping the host agent and retiring the replicas it made", flush=True)
+
+    t = _stage(7, total, "report")
     (run_dir / "run.json").write_text(
         json.dumps(
             {
@@ -93,3 +118,28 @@ def run(runs_dir: Path, replicas: int, reset_replicas: int = 2, resets: int = 2)
         print(path)
     print(f"\ndone: {run_dir}", flush=True)
     return run_dir
+
+
+def _bringup_line(run_dir: Path) -> str:
+    lines = (run_dir / "bringup.jsonl").read_text().splitlines() if (run_dir / "bringup.jsonl").exists() else []
+    if not lines:
+        return "bring-up: no result"
+    doc = json.loads(lines[-1])
+    total = doc["all_ready_seconds"]
+    return f"bring-up: {doc['ready']}/{doc['requested']} replicas ready" + (
+        f", all after {total:.1f} s" if total else ""
+    )
+
+
+def _trajectory_line(run_dir: Path) -> str:
+    rows = [json.loads(x) for f in run_dir.glob("trajectories-*.jsonl") for x in f.read_text().splitlines()]
+    scored = [r for r in rows if r["status"] == "scored"]
+    aborted = sum(r["status"] == "aborted" for r in rows)
+    if not rows:
+        return "trajectories: none finished"
+    span = (max(r["t_end"] for r in rows) - min(r["t_start"] for r in rows)) / 60
+    ok = sum(bool(r.get("success")) for r in scored)
+    return (
+        f"trajectories: {len(scored)} scored ({ok} successful), {aborted} unscored aborts, "
+        f"{len(scored) / span:.1f} per minute"
+    )

@@ -125,6 +125,7 @@ class ReplicaHost:
         self._pending: list[Future[None]] = []
         self._standby: dict[str, Future[str | None]] = {}
         self._standby_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-standby")
+        self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-provision")
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.counters = {"failures_detected": 0, "recoveries": 0, "resets": 0}
@@ -134,6 +135,7 @@ class ReplicaHost:
     # --- lifecycle of the host object ------------------------------------------------------------------
     def close(self) -> None:
         self.stop_background()
+        self._provisioner.shutdown(wait=True, cancel_futures=True)
         for rid in list(self._standby):
             self._drop_standby(rid)
         self._standby_pool.shutdown(wait=True)
@@ -251,6 +253,17 @@ class ReplicaHost:
 
     def up(self, count: int, mode: Mode | None = None) -> list[Timed]:
         return [self.create(mode) for _ in range(count)]
+
+    def up_async(self, count: int, mode: Mode | None = None) -> None:
+        """Bring up ``count`` replicas in the background (one at a time: bring-ups compete for CPU)."""
+        for _ in range(count):
+            self._provisioner.submit(self._create_quietly, mode)
+
+    def _create_quietly(self, mode: Mode | None) -> None:
+        try:
+            self.create(mode)
+        except OsfleetError as exc:
+            self.say(f"bring-up failed: {exc}")
 
     def _bring_up(self, rec: ReplicaRecord, mode: Mode) -> None:
         """Make generation ``rec.generation + 1`` of the replica and wait until it is ready."""

@@ -72,6 +72,7 @@ class ReplicaRecord(BaseModel):
     machine_id: str = ""
     error: str | None = None
     created_at: float = 0.0
+    ready_at: float | None = None  # first time the replica was ready: created_at..ready_at is its bring-up
     updated_at: float = 0.0
 
     def move(self, to: State, error: str | None = None) -> None:
@@ -80,6 +81,8 @@ class ReplicaRecord(BaseModel):
         self.state = to
         self.error = error if to in (State.FAILED, State.RECOVERING) else None
         self.updated_at = time.time()
+        if to == State.READY and self.ready_at is None:
+            self.ready_at = self.updated_at
 
 
 class RecordStore:

@@ -1,0 +1,5 @@
+"""``python -m osfleet`` is the ``osfleet`` command."""
+
+from osfleet.cli import main
+
+main()

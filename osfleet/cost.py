@@ -1,0 +1,85 @@
+"""Cost per replica-day from measured per-replica footprint and a versioned price table.
+
+Replicas per host = the smallest of (usable CPU / CPU per replica, usable memory / memory per replica,
+usable disk / disk per replica); the resource that gives the smallest is the binding one, as in OSGym's
+hardware-aware orchestration. Reserves keep room for the host itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from osfleet.errors import OsfleetError
+
+PRICES = Path(__file__).resolve().parent.parent / "reports" / "prices.yaml"
+CPU_RESERVE_CORES = 1.0
+MEMORY_RESERVE_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class HostType:
+    name: str
+    vcpus: int
+    memory_gib: float
+    usd_per_hour: float
+    source: str
+    disk_gib: float | None = None
+    description: str = ""
+    source_note: str = ""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one replica costs the host, as measured in a run."""
+
+    cpu_cores: float
+    memory_bytes: float
+    disk_bytes: float
+
+
+def load_prices(path: Path = PRICES) -> tuple[dict[str, Any], list[HostType]]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise OsfleetError(f"cannot read price table {path}: {exc}") from None
+    fields = set(HostType.__dataclass_fields__)
+    hosts = []
+    for h in doc.get("hosts", []):
+        if not h.get("source"):
+            raise OsfleetError(f"price table {path}: host {h.get('name')} has no source")
+        hosts.append(HostType(**{k: v for k, v in h.items() if k in fields}))
+    return {k: v for k, v in doc.items() if k != "hosts"}, hosts
+
+
+def replicas_per_host(host: HostType, fp: Footprint) -> tuple[int, str]:
+    limits = {
+        "CPU": (host.vcpus - CPU_RESERVE_CORES) / fp.cpu_cores if fp.cpu_cores > 0 else math.inf,
+        "RAM": (host.memory_gib - MEMORY_RESERVE_GIB) * 2**30 / fp.memory_bytes if fp.memory_bytes > 0 else math.inf,
+        "disk": host.disk_gib * 2**30 / fp.disk_bytes if host.disk_gib and fp.disk_bytes > 0 else math.inf,
+    }
+    binding = min(limits, key=lambda k: limits[k])
+    if math.isinf(limits[binding]):
+        raise OsfleetError("the footprint limits no resource: nothing to compute a density from")
+    return max(0, math.floor(limits[binding])), binding
+
+
+def cost_table(hosts: list[HostType], fp: Footprint) -> list[dict[str, Any]]:
+    rows = []
+    for h in hosts:
+        n, binding = replicas_per_host(h, fp)
+        rows.append(
+            {
+                "host": h.name,
+                "replicas_per_host": n,
+                "binding_resource": binding,
+                "usd_per_hour": h.usd_per_hour,
+                "usd_per_replica_day": h.usd_per_hour * 24 / n if n else None,
+                "source": h.source,
+            }
+        )
+    return rows
