@@ -270,6 +270,7 @@ def _reset_figures(plt: Any, run_dir: Path, r: dict[str, Any]) -> list[tuple[str
     ax.set_xscale("log")
     ax.set_xlabel("reset latency, seconds (log)")
     ax.set_ylabel("share of resets")
+    ax.set_ylim(0, 1.02)
     ax.set_title("Reset latency CDF: cold boot vs saved-state restore")
     ax.legend()
     fig.text(0.01, 0.01, caption, fontsize=6)
@@ -332,11 +333,18 @@ def load_results(run_dir: Path) -> dict[str, Any]:
     bringup = []
     if (run_dir / "bringup.jsonl").exists():
         bringup = [json.loads(x) for x in (run_dir / "bringup.jsonl").read_text().splitlines() if x.strip()]
+    machine: dict[str, Any] = {}
+    for name in ("run.json", "reset.json", "boot.json", "disk.json"):
+        doc = _load(run_dir, name)
+        if doc and doc.get("machine"):
+            machine = doc["machine"]
+            break
     return {
         "trajectories": traj,
         "samples": [s for s in samples if "error" not in s],
         "stats": stats,
         "bringup": bringup,
+        "caption": _caption(machine) if machine else "machine not recorded in this run directory",
     }
 
 
@@ -359,21 +367,26 @@ def trajectory_summary(traj: list[dict[str, Any]]) -> dict[str, Any]:
 def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     traj = load["trajectories"]
-    machine = "" if not load["samples"] else f"{load['samples'][-1].get('cpus')} CPUs"
+    caption = load["caption"]
     if traj:
         t0 = min(t["t_start"] for t in traj)
         ends = sorted(t["t_end"] - t0 for t in traj if t["status"] == "scored")
+        span = max(t["t_end"] for t in traj) - t0
         width = 30.0
-        bins = int(max(ends or [0]) // width) + 1
+        bins = max(1, int(span // width) + (1 if span % width else 0))
         counts = [0] * bins
         for e in ends:
-            counts[int(e // width)] += 1
+            counts[min(bins - 1, int(e // width))] += 1
+        widths = [min(width, span - i * width) for i in range(bins)]  # the last bin may be partial
+        rates = [c * 60 / w if w > 0 else 0 for c, w in zip(counts, widths, strict=True)]
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.step([i * width / 60 for i in range(bins)], [c * 60 / width for c in counts], where="post", color="#2f7f4f")
+        ax.step([i * width / 60 for i in range(bins)] + [span / 60], rates + rates[-1:], where="post", color="#2f7f4f")
         ax.set_xlabel("minutes into the run")
         ax.set_ylabel("scored trajectories per minute")
-        ax.set_title(f"Trajectories per minute over time ({machine}, {width:.0f} s bins)")
-        fig.tight_layout()
+        ax.set_title(f"Scored trajectories per minute over time ({width:.0f} s bins)")
+        ax.set_ylim(bottom=0)
+        fig.text(0.01, 0.01, caption, fontsize=6)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
         fig.savefig(run_dir / "trajectories_per_minute.png", dpi=110)
         plt.close(fig)
         out.append(("trajectories_per_minute.png", "Trajectories per minute over time"))
@@ -387,7 +400,8 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
         ax.set_ylabel("seconds (log)")
         ax.set_title("Request latency through the host agent API (Locust)")
         ax.legend()
-        fig.tight_layout()
+        fig.text(0.01, 0.01, caption, fontsize=6)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
         fig.savefig(run_dir / "request_latency.png", dpi=110)
         plt.close(fig)
         out.append(("request_latency.png", "Step, reset and evaluate latency percentiles"))
@@ -406,7 +420,8 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
     ax.barh(labels, values, color=["#2f7f4f", "#5faf6f", "#bf4f3f", "#bf8f3f", "#7f7f7f", "#3f6fbf"])
     ax.set_xlabel("count in this run")
     ax.set_title("Episodes, aborts and recoveries")
-    fig.tight_layout()
+    fig.text(0.01, 0.01, caption, fontsize=6)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(run_dir / "aborts_recoveries.png", dpi=110)
     plt.close(fig)
     out.append(("aborts_recoveries.png", "Aborts and recoveries"))
@@ -426,7 +441,8 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
         ax.set_ylabel("overlay MiB (allocated)")
         ax2.set_ylabel("replicas")
         ax.set_title("Disk use and replicas under load (sampled from the host agent)")
-        fig.tight_layout()
+        fig.text(0.01, 0.01, caption, fontsize=6)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
         fig.savefig(run_dir / "disk_under_load.png", dpi=110)
         plt.close(fig)
         out.append(("disk_under_load.png", "Disk use and replicas under load"))
@@ -502,10 +518,14 @@ def _cost_figure(plt: Any, run_dir: Path, rows: list[dict[str, Any]], load: dict
             fontsize=8,
         )
     ax.axvspan(0.2, 0.3, color="#bf8f3f", alpha=0.2, label="OSGym, published: 0.2-0.3 USD")
+    ax.set_xlim(0, max(values + [0.3]) * 1.7)
     ax.set_xlabel("USD per replica-day")
-    ax.set_title("Cost per replica-day by host type (measured footprint, listed prices)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_title(
+        "Cost per replica-day by host type\n(footprint measured here, prices from reports/prices.yaml)", fontsize=10
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    fig.text(0.01, 0.01, load["caption"], fontsize=6)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(run_dir / "cost_per_replica_day.png", dpi=110)
     plt.close(fig)
     return [("cost_per_replica_day.png", "Cost per replica-day by host type")]
