@@ -293,6 +293,14 @@ def _replica_host(image_ref: str | None, mode: str = "snapshot") -> Any:
     return ReplicaHost(find_image(image_ref, settings), settings, mode=mode, say=lambda m: click.echo(m, err=True))  # type: ignore[arg-type]
 
 
+def _refuse_foreign(report: Any, ids: list[str]) -> None:
+    foreign = [i for i in ids if i in report.foreign]
+    if foreign:
+        raise OsfleetError(
+            f"replica {', '.join(foreign)} is managed by another running process (a host agent?): use its API"
+        )
+
+
 @replicas.command("up")
 @click.option("--count", default=1, show_default=True, type=click.IntRange(1, 4096))
 @click.option(
@@ -355,9 +363,16 @@ def replicas_screenshot(replica_id: str, out: Path | None, jpeg: bool) -> None:
     rec = next((r for r in records if r.id == replica_id), None)
     if rec is None:
         raise OsfleetError(f"no replica {replica_id} (see 'osfleet replicas ls')")
-    with _replica_host(rec.image) as host:
-        host.adopt()
-        data = host.screenshot(replica_id, "jpeg" if jpeg else "png")
+    import io
+
+    from osfleet.virt import Virt
+
+    with Virt(settings.libvirt_uri) as virt:
+        if not virt.is_running(rec.domain):
+            raise OsfleetError(f"replica {replica_id} is {rec.state} and its domain is not running")
+        buf = io.BytesIO()
+        virt.screenshot(rec.domain).save(buf, "JPEG" if jpeg else "PNG")
+        data = buf.getvalue()
     path = out or Path(f"{replica_id}.{'jpg' if jpeg else 'png'}")
     path.write_bytes(data)
     click.echo(path)
@@ -377,7 +392,7 @@ def replicas_reset(replica_id: str, mode: str | None) -> None:
     if rec is None:
         raise OsfleetError(f"no replica {replica_id} (see 'osfleet replicas ls')")
     with _replica_host(rec.image, mode or rec.mode) as host:
-        host.adopt()
+        _refuse_foreign(host.adopt(), [replica_id])
         t = host.reset(replica_id)
     click.echo(f"{replica_id}  reset ({t.mode}) in {t.seconds:.2f} s")
 
@@ -386,15 +401,16 @@ def replicas_reset(replica_id: str, mode: str | None) -> None:
 @click.argument("replica_ids", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="every replica on this host, whatever its image")
 @click.option("--states", is_flag=True, help="with --all: also delete the saved running states")
+@click.option("--force", is_flag=True, help="with --all: even while another process (a host agent) manages replicas")
 @_friendly
-def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool) -> None:
+def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool, force: bool) -> None:
     """Tear replicas down in parallel: their domains, overlays and records, and nothing else."""
     from osfleet.replicas.manager import teardown_all
     from osfleet.replicas.records import RecordStore
 
     settings = Settings.from_env()
     if everything:
-        n_domains, n_records = teardown_all(settings, states)
+        n_domains, n_records = teardown_all(settings, states, force)
         click.echo(f"destroyed {n_domains} domain(s), removed {n_records} replica record(s)")
         return
     if not replica_ids:
@@ -409,7 +425,7 @@ def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool) 
         by_image.setdefault(known[i].image, []).append(i)
     for image_name, ids in by_image.items():
         with _replica_host(image_name) as host:
-            host.adopt()
+            _refuse_foreign(host.adopt(), ids)
             host.down(ids)
     click.echo(f"removed {len(replica_ids)} replica(s)")
 

@@ -6,6 +6,8 @@ went wrong and what to do; the CLI prints that line and exits non-zero instead o
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class OsfleetError(Exception):
     """Base of every error osfleet reports to a user."""
@@ -52,3 +54,10 @@ class VirtError(OsfleetError):
 
 class GuestTimeoutError(OsfleetError):
     """A guest did not reach the expected state in time."""
+
+
+def first_problem(exc: ValidationError, whole: str) -> str:
+    """``field.path: message`` for the first problem pydantic found (``whole`` when it is not in a field)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or whole
+    return f"{where}: {first['msg']}"

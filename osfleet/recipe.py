@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from osfleet.errors import BadRecipeError
+from osfleet.errors import BadRecipeError, first_problem
 
 # Bump when the build steps change in a way that changes the image for the same recipe.
 BUILDER_VERSION = "3"
@@ -88,9 +88,7 @@ def load_recipe(path: Path) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "recipe"
-        raise BadRecipeError(f"bad recipe {path}: {where}: {first['msg']}") from None
+        raise BadRecipeError(f"bad recipe {path}: {first_problem(exc, 'recipe')}") from None
 
 
 def recipe_hash(recipe: Recipe, guest_files: dict[str, str]) -> str:

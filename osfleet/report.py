@@ -68,10 +68,7 @@ def render(run_dir: Path) -> list[Path]:
         ax.set_ylabel("seconds per replica disk (log)")
         ax.set_title(f"Provisioning time by disk strategy ({disk['replicas']} replicas)")
         ax.legend()
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
-        fig.savefig(run_dir / "provisioning_time.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "provisioning_time.png", caption)
         figures.append(("provisioning_time.png", "Provisioning time by disk strategy (log scale)"))
 
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -86,10 +83,7 @@ def render(run_dir: Path) -> list[Path]:
         ax.set_ylabel("allocated GiB (golden + replica disks)")
         ax.set_title("Disk use against replica count (from measured per-replica bytes)")
         ax.legend()
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
-        fig.savefig(run_dir / "disk_use.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "disk_use.png", caption)
         figures.append(("disk_use.png", "Disk use against replica count"))
 
         md += [
@@ -124,10 +118,7 @@ def render(run_dir: Path) -> list[Path]:
         )
         ax.set_xlabel("seconds from domain start")
         ax.set_title(f"Cold boot of one replica ({boot['machine'].get('accelerator')})")
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
-        fig.savefig(run_dir / "boot.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "boot.png", caption)
         figures.append(("boot.png", "Cold boot to a drawn desktop"))
         md += [
             "## Boot",
@@ -273,10 +264,7 @@ def _reset_figures(plt: Any, run_dir: Path, r: dict[str, Any]) -> list[tuple[str
     ax.set_ylim(0, 1.02)
     ax.set_title("Reset latency CDF: cold boot vs saved-state restore")
     ax.legend()
-    fig.text(0.01, 0.01, caption, fontsize=6)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(run_dir / "reset_cdf.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, run_dir / "reset_cdf.png", caption)
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     modes = ["cold", "snapshot"]
@@ -287,10 +275,7 @@ def _reset_figures(plt: Any, run_dir: Path, r: dict[str, Any]) -> list[tuple[str
     ax.set_ylabel("seconds to a ready replica")
     ax.set_title("Bring-up time per replica by mode")
     ax.legend()
-    fig.text(0.01, 0.01, caption, fontsize=6)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(run_dir / "bringup.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, run_dir / "bringup.png", caption)
     out = [("reset_cdf.png", "Reset latency CDF"), ("bringup.png", "Bring-up time per replica")]
 
     lat = r.get("latency", {})
@@ -305,10 +290,7 @@ def _reset_figures(plt: Any, run_dir: Path, r: dict[str, Any]) -> list[tuple[str
         ax.set_xlabel("milliseconds")
         ax.set_title("Observe / act latency on a ready replica")
         ax.legend()
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.05, 1, 1))
-        fig.savefig(run_dir / "latency.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "latency.png", caption)
         out.append(("latency.png", "Observe / act latency"))
     return out
 
@@ -385,10 +367,7 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
         ax.set_ylabel("scored trajectories per minute")
         ax.set_title(f"Scored trajectories per minute over time ({width:.0f} s bins)")
         ax.set_ylim(bottom=0)
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.05, 1, 1))
-        fig.savefig(run_dir / "trajectories_per_minute.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "trajectories_per_minute.png", caption)
         out.append(("trajectories_per_minute.png", "Trajectories per minute over time"))
     stats = [r for r in load["stats"] if r.get("Name") in ("lease", "reset", "step", "evaluate", "release")]
     if stats:
@@ -400,10 +379,7 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
         ax.set_ylabel("seconds (log)")
         ax.set_title("Request latency through the host agent API (Locust)")
         ax.legend()
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.05, 1, 1))
-        fig.savefig(run_dir / "request_latency.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "request_latency.png", caption)
         out.append(("request_latency.png", "Step, reset and evaluate latency percentiles"))
     summary = trajectory_summary(traj) if traj else {}
     counters = load["samples"][-1].get("counters", {}) if load["samples"] else {}
@@ -420,10 +396,7 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
     ax.barh(labels, values, color=["#2f7f4f", "#5faf6f", "#bf4f3f", "#bf8f3f", "#7f7f7f", "#3f6fbf"])
     ax.set_xlabel("count in this run")
     ax.set_title("Episodes, aborts and recoveries")
-    fig.text(0.01, 0.01, caption, fontsize=6)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(run_dir / "aborts_recoveries.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, run_dir / "aborts_recoveries.png", caption)
     out.append(("aborts_recoveries.png", "Aborts and recoveries"))
     if load["samples"]:
         t0 = load["samples"][0]["time"]
@@ -441,10 +414,7 @@ def _load_figures(plt: Any, run_dir: Path, load: dict[str, Any]) -> list[tuple[s
         ax.set_ylabel("overlay MiB (allocated)")
         ax2.set_ylabel("replicas")
         ax.set_title("Disk use and replicas under load (sampled from the host agent)")
-        fig.text(0.01, 0.01, caption, fontsize=6)
-        fig.tight_layout(rect=(0, 0.05, 1, 1))
-        fig.savefig(run_dir / "disk_under_load.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, run_dir / "disk_under_load.png", caption)
         out.append(("disk_under_load.png", "Disk use and replicas under load"))
     return out
 
@@ -524,10 +494,7 @@ def _cost_figure(plt: Any, run_dir: Path, rows: list[dict[str, Any]], load: dict
         "Cost per replica-day by host type\n(footprint measured here, prices from reports/prices.yaml)", fontsize=10
     )
     ax.legend(fontsize=8, loc="lower right")
-    fig.text(0.01, 0.01, load["caption"], fontsize=6)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(run_dir / "cost_per_replica_day.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, run_dir / "cost_per_replica_day.png", load["caption"])
     return [("cost_per_replica_day.png", "Cost per replica-day by host type")]
 
 
@@ -548,3 +515,11 @@ def _comparison(disk: dict[str, Any] | None, resets: dict[str, Any] | None, load
         f"| trajectories per minute | {here(per_min)} | 1420 at 1024 replicas (published) | - |",
         f"| unscored aborts | {here(aborts)} | - | 1.9% (published) |",
     ]
+
+
+def _save(plt: Any, fig: Any, path: Path, caption: str) -> None:
+    """Every figure carries its caption (machine, accelerator, date, command) and is closed after saving."""
+    fig.text(0.01, 0.01, caption, fontsize=6)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from osfleet import qcow2
 from osfleet.accel import detect_accelerator
-from osfleet.config import NAME_PREFIX, Settings
-from osfleet.domain_xml import Accel, DiskSpec, DomainSpec
+from osfleet.config import NAME_PREFIX, ReplicaShape, Settings
+from osfleet.domain_xml import Accel
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
+from osfleet.replicas.spec import replica_spec
 from osfleet.virt import Virt
 
 BOOT_TIMEOUT_SECONDS = 180.0
@@ -59,14 +60,8 @@ def boot_overlay(
     """Boot a transient domain on ``overlay`` until it is ready, then destroy it (the overlay stays)."""
     accel = detect_accelerator(image.kernel, settings)
     name = f"{NAME_PREFIX}boot-{uuid.uuid4().hex[:8]}"
-    spec = DomainSpec(
-        name=name,
-        kernel=image.kernel,
-        initrd=image.initrd,
-        cmdline=image.cmdline,
-        disks=(DiskSpec(overlay, backing=(image.disk,)),),
-        accel=accel,
-        metadata={"role": "verify", "image": image.name},
+    spec = replica_spec(
+        image, name, overlay, (image.disk,), accel, ReplicaShape(), metadata={"role": "verify", "image": image.name}
     )
     if progress:
         print(f"booting {name} from {image.name} under {'KVM' if accel == 'kvm' else 'TCG'} ...", flush=True)

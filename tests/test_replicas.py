@@ -194,3 +194,42 @@ def test_cli_up_ls_screenshot_down(golden: GoldenImage, tmp_path: object, no_lef
     down = subprocess.run([osf, "replicas", "down", rid], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr
     assert rid not in subprocess.run([osf, "replicas", "ls"], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_adoption_leaves_replicas_of_another_live_process_alone(
+    golden: GoldenImage, settings: Settings, host: ReplicaHost
+) -> None:
+    """A second process (a CLI call beside a running host agent) must not take or clean the agent's replicas."""
+    other = subprocess.Popen(["sleep", "120"])  # stands in for the managing process
+    try:
+        busy = ReplicaRecord(
+            id="r-otherpid",
+            image=golden.name,
+            mode="snapshot",
+            state=State.RESETTING,
+            generation=1,
+            domain=domain_name("r-otherpid", 1),
+            owner_pid=other.pid,
+        )
+        host.store.save(busy)
+        (settings.replicas_dir / busy.id).mkdir(exist_ok=True)
+        spec = replica_spec(
+            golden,
+            busy.domain,
+            host.saved().disk,
+            (host.saved().disk, golden.disk),
+            host.accel,
+            host.shape,
+            incoming=True,
+        )
+        host.virt.start_transient(spec, paused=True)
+        with ReplicaHost(golden, settings, auto_recover=False) as second:
+            report = second.adopt()
+            assert "r-otherpid" in report.foreign and "r-otherpid" not in report.cleaned
+            assert second.virt.is_running(busy.domain) and (settings.replicas_dir / busy.id).exists()
+    finally:
+        other.kill()
+        other.wait()
+    with ReplicaHost(golden, settings, auto_recover=False) as third:  # the owner is gone: now it is half-made
+        assert "r-otherpid" in third.adopt().cleaned
+        assert not third.virt.is_running(busy.domain)

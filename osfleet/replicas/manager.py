@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import secrets
 import shutil
 import threading
@@ -40,6 +41,7 @@ from osfleet.replicas.records import (
     RecordStore,
     ReplicaRecord,
     State,
+    owned_by_other_live_process,
 )
 from osfleet.replicas.spec import replica_spec
 from osfleet.virt import Virt
@@ -76,6 +78,7 @@ class AdoptReport:
     cleaned: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     orphan_domains: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # managed by another live process: left alone
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class ReplicaHost:
 
     # --- records --------------------------------------------------------------------------------------
     def _save(self, record: ReplicaRecord) -> None:
+        record.owner_pid = os.getpid()
         self.store.save(record)
 
     @contextmanager
@@ -470,7 +474,12 @@ class ReplicaHost:
 
     # --- adoption after a restart ----------------------------------------------------------------------
     def adopt(self) -> AdoptReport:
-        """Rebuild the view from records + libvirt: keep live replicas, clean half-made ones and orphans."""
+        """Rebuild the view from records + libvirt: keep live replicas, clean half-made ones and orphans.
+
+        Replicas another live process manages (a running host agent, a benchmark) are left alone, and a
+        record is read again before anything of its replica is destroyed: another process may have
+        created it since the records were listed.
+        """
         report = AdoptReport()
         records, broken = self.store.load_all()
         for path in broken:
@@ -479,6 +488,9 @@ class ReplicaHost:
         for rec in records:
             if rec.image != self.image.name:
                 continue  # another image's host agent owns it
+            if owned_by_other_live_process(rec):
+                report.foreign.append(rec.id)
+                continue
             if rec.state == State.RETIRED or rec.state in TRANSIENT_STATES:
                 self._destroy_all(rec.id)
                 shutil.rmtree(self.replica_dir(rec.id), ignore_errors=True)
@@ -496,17 +508,24 @@ class ReplicaHost:
             else:
                 report.kept.append(rec.id)
         current = {r.domain for r in self.records.values()}
-        known = {r.id for r in records}
         for name in running - current:
             owner = name[len(NAME_PREFIX) :].rsplit("-g", 1)[0]
-            if owner in self.records or owner not in known:
+            if owner in self.records or self._unclaimed(owner):
                 self.virt.destroy(name)
                 report.orphan_domains.append(name)
         if self.settings.replicas_dir.exists():
             for d in self.settings.replicas_dir.iterdir():
-                if d.is_dir() and d.name.startswith("r-") and d.name not in known:
+                if d.is_dir() and d.name.startswith("r-") and d.name not in self.records and self._unclaimed(d.name):
                     shutil.rmtree(d, ignore_errors=True)
         return report
+
+    def _unclaimed(self, replica_id: str) -> bool:
+        """No record of this replica exists now (read again, not from an earlier listing)."""
+        try:
+            ReplicaRecord.model_validate_json(self.store.path(replica_id).read_text())
+        except (OSError, ValueError):
+            return True
+        return False
 
     # --- leases ------------------------------------------------------------------------------------------
     def lease(self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS) -> tuple[ReplicaRecord, Lease]:
@@ -601,19 +620,27 @@ class ReplicaHost:
                     self._stop.wait(5)
 
 
-def teardown_all(settings: Settings, states: bool = False) -> tuple[int, int]:
+def teardown_all(settings: Settings, states: bool = False, force: bool = False) -> tuple[int, int]:
     """Remove every replica domain and file osfleet made on this host, whatever image it came from.
 
     Found by name prefix and in osfleet's own directories only. Returns (domains destroyed, records removed).
+    Refuses while another process manages replicas here, unless ``force``.
     """
+    records, _ = RecordStore(settings.replicas_dir).load_all()
+    busy = sorted({r.owner_pid for r in records if owned_by_other_live_process(r)})
+    if busy and not force:
+        raise OsfleetError(
+            f"replicas here are managed by running process(es) {', '.join(map(str, busy))}: "
+            "stop them first, or pass --force"
+        )
     with Virt(settings.libvirt_uri) as virt:
         names = virt.names(REPLICA_PREFIX) + virt.names(f"{NAME_PREFIX}template-")
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(virt.destroy, names))
-    records = 0
+    removed = 0
     if settings.replicas_dir.exists():
-        records = len(list(settings.replicas_dir.glob("*.json")))
+        removed = len(list(settings.replicas_dir.glob("*.json")))
         shutil.rmtree(settings.replicas_dir)
     if states:
         saved_state.remove_saved_states(settings)
-    return len(names), records
+    return len(names), removed

@@ -70,6 +70,7 @@ class ReplicaRecord(BaseModel):
     lease: Lease | None = None
     hostname: str = ""
     machine_id: str = ""
+    owner_pid: int = 0  # the process managing the replica; another process leaves it alone while it lives
     error: str | None = None
     created_at: float = 0.0
     ready_at: float | None = None  # first time the replica was ready: created_at..ready_at is its bring-up
@@ -95,6 +96,7 @@ class RecordStore:
         return self.dir / f"{replica_id}.json"
 
     def save(self, record: ReplicaRecord) -> None:
+        """Write the record atomically, exactly as given."""
         self.dir.mkdir(parents=True, exist_ok=True)
         target = self.path(record.id)
         tmp = target.with_suffix(f".tmp-{os.getpid()}")
@@ -118,3 +120,17 @@ class RecordStore:
 
     def delete(self, replica_id: str) -> None:
         self.path(replica_id).unlink(missing_ok=True)
+
+
+def owned_by_other_live_process(record: ReplicaRecord) -> bool:
+    """True while another running process manages ``record`` (its host agent, a benchmark, a CLI call)."""
+    pid = record.owner_pid
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

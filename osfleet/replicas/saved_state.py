@@ -82,11 +82,7 @@ def ensure_saved_state(
         virt.guest_exec(name, ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
         started = time.monotonic()
         virt.domain(name).suspend()
-        fd = os.open(work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            virt.qmp_with_files(name, "getfd", {"fdname": FD_NAME}, [fd])
-        finally:
-            os.close(fd)
+        _hand_over(virt, name, work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         virt.qmp(name, "migrate", {"uri": f"fd:{FD_NAME}"})
         _wait_migration(virt, name)
         save_seconds = time.monotonic() - started
@@ -138,14 +134,19 @@ def start_incoming(
 
 def load_memory(virt: Virt, state: SavedState, name: str) -> None:
     """Feed the saved memory into a domain made by ``start_incoming`` and let it run."""
-    fd = os.open(state.memory, os.O_RDONLY)
+    _hand_over(virt, name, state.memory, os.O_RDONLY)
+    virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
+    _wait_migration(virt, name)
+    virt.domain(name).resume()
+
+
+def _hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:
+    """Open ``path`` here (as root) and give QEMU its descriptor under FD_NAME; QEMU keeps its own copy."""
+    fd = os.open(path, flags, 0o600)
     try:
         virt.qmp_with_files(name, "getfd", {"fdname": FD_NAME}, [fd])
     finally:
         os.close(fd)
-    virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
-    _wait_migration(virt, name)
-    virt.domain(name).resume()
 
 
 def _wait_migration(virt: Virt, name: str) -> None:

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from osfleet.errors import OsfleetError
+from osfleet.errors import OsfleetError, first_problem
 from osfleet.replicas.actions import Action
 
 
@@ -158,9 +158,7 @@ def parse_task(data: object, origin: str = "task") -> Task:
     try:
         return Task.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "task"
-        raise TaskError(f"bad task {origin}: {where}: {first['msg']}") from None
+        raise TaskError(f"bad task {origin}: {first_problem(exc, 'task')}") from None
 
 
 def load_task_file(path: Path) -> Task:
