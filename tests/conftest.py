@@ -73,6 +73,20 @@ class Sshd:
             },
         )
 
+    def fab(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run a golden_images Fabric task against this sshd, as a user would from the command line."""
+        cmd = [
+            str(VENV_BIN / "fab"),
+            "-r",
+            str(REPO / "golden_images"),
+            "-H",
+            f"root@127.0.0.1:{self.port}",
+            "-i",
+            str(self.client_key),
+            *args,
+        ]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()

@@ -18,7 +18,7 @@ from osfleet.domain_xml import DiskSpec, DomainSpec
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
 from osfleet.virt import Virt
-from tests.conftest import REPO, VENV_BIN, Sshd
+from tests.conftest import VENV_BIN, Sshd
 
 pytestmark = pytest.mark.vm
 BOOT_LIMIT_SECONDS = 60.0  # the target is 40 s on this 2-core TCG machine; CI load gets some slack
@@ -28,23 +28,9 @@ def test_verify_task_over_ssh_boots_to_a_drawn_desktop(
     sshd: Sshd, golden: GoldenImage, tmp_path: Path, no_leftovers: None
 ) -> None:
     shot = tmp_path / "verify.png"
-    cmd = [
-        str(VENV_BIN / "fab"),
-        "-r",
-        str(REPO / "golden_images"),
-        "-H",
-        f"root@127.0.0.1:{sshd.port}",
-        "-i",
-        str(sshd.client_key),
-        "verify",
-        "--image",
-        golden.name,
-        "--screenshot",
-        str(shot),
-        "--osfleet",
-        str(VENV_BIN / "osfleet"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO)
+    proc = sshd.fab(
+        "verify", "--image", golden.name, "--screenshot", str(shot), "--osfleet", str(VENV_BIN / "osfleet"), timeout=400
+    )
     assert proc.returncode == 0, proc.stderr
     assert "desktop drawn after" in proc.stdout
     image = Image.open(shot)

@@ -21,17 +21,7 @@ from tests.conftest import REPO, VENV_BIN, Sshd, free_port
 
 
 def fab(sshd: Sshd, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        str(VENV_BIN / "fab"),
-        "-r",
-        str(REPO / "golden_images"),
-        "-H",
-        f"root@127.0.0.1:{sshd.port}",
-        "-i",
-        str(sshd.client_key),
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    return sshd.fab(*args)
 
 
 def osfleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
