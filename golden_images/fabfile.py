@@ -13,11 +13,11 @@ from pathlib import Path
 from fabric import task
 from invoke.exceptions import Exit
 
-from golden_images import builder, publisher
-from golden_images.host import Host
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import find_image
+from osfleet.imaging import builder, publisher
+from osfleet.imaging.host import Host
 
 
 def _fail(exc: OsfleetError) -> Exit:

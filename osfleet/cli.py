@@ -40,7 +40,7 @@ def _host(host: str | None, port: int, key: str | None) -> Any:
     from fabric import Connection
     from invoke import Context
 
-    from golden_images.host import Host
+    from osfleet.imaging.host import Host
 
     if not host:
         return Host(Context())
@@ -85,7 +85,7 @@ def image() -> None:
 @_friendly
 def image_build(recipe: Path | None, out: str | None, host: str | None, port: int, key: str | None) -> None:
     """Build the golden image of a recipe; an unchanged recipe is a cache hit."""
-    from golden_images import builder
+    from osfleet.imaging import builder
 
     files = builder.build(_host(host, port, key), recipe or builder.DEFAULT_RECIPE, out)
     click.echo(files.disk)
@@ -98,8 +98,8 @@ def image_build(recipe: Path | None, out: str | None, host: str | None, port: in
 @_friendly
 def image_publish(image_ref: str | None, store: str | None, host: str | None, port: int, key: str | None) -> None:
     """Put a built image into a host's read-only image store (skipped when already there)."""
-    from golden_images import publisher
     from osfleet.images import find_image
+    from osfleet.imaging import publisher
 
     img = find_image(image_ref, Settings.from_env())
     click.echo(publisher.publish(_host(host, port, key), img, store))

@@ -109,8 +109,8 @@ def settings() -> Settings:
 @pytest.fixture(scope="session")
 def golden(sshd: Sshd, settings: Settings) -> GoldenImage:
     """The default golden image, built over SSH by the Fabric task (a cache hit once built on this machine)."""
-    from golden_images import builder
-    from golden_images.host import Host
+    from osfleet.imaging import builder
+    from osfleet.imaging.host import Host
 
     with sshd.connection() as c:
         files = builder.build(Host(c), builder.DEFAULT_RECIPE, str(settings.build_dir))

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from golden_images import builder, publisher
-from golden_images.host import Host
 from osfleet import qcow2
 from osfleet.config import Settings
 from osfleet.errors import DiskFullError, HostUnreachableError, ImageInUseError
 from osfleet.images import GoldenImage, find_image, load
+from osfleet.imaging import builder, publisher
+from osfleet.imaging.host import Host
 from tests.conftest import REPO, VENV_BIN, Sshd, free_port
 
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from golden_images import builder
 from osfleet.errors import BadRecipeError
+from osfleet.imaging import builder
 from osfleet.recipe import load_recipe, recipe_hash
 
 

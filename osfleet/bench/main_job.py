@@ -34,8 +34,8 @@ def run(
     from fabric import Config  # noqa: F401  (Fabric is a hard dependency of the build)
     from invoke import Context
 
-    from golden_images import builder
-    from golden_images.host import Host
+    from osfleet.imaging import builder
+    from osfleet.imaging.host import Host
     from osfleet.report import render
     from osfleet.verify import verify_image
 

@@ -13,10 +13,10 @@ import time
 import uuid
 from pathlib import Path
 
-from golden_images.host import Host
 from osfleet.config import GOLDEN_PREFIX, Settings
 from osfleet.errors import CommandFailedError, ImageInUseError
 from osfleet.images import GoldenImage
+from osfleet.imaging.host import Host
 
 
 def pids_using(host: Host, path: str) -> list[int]:

@@ -15,11 +15,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from golden_images.host import Host
 from osfleet.config import GOLDEN_PREFIX, Settings
+from osfleet.imaging.host import Host
 from osfleet.recipe import BUILDER_VERSION, Recipe, load_recipe, recipe_hash
 
-DEFAULT_RECIPE = Path(str(resources.files("golden_images") / "recipes" / "desktop.yaml"))
+# Recipes and guest files are data shipped in the ``golden_images`` package (beside its Fabric tasks): read
+# as package resources, never imported as code, so ``osfleet`` does not depend on the Fabric tasks.
+ASSETS_PACKAGE = "golden_images"
+DEFAULT_RECIPE = Path(str(resources.files(ASSETS_PACKAGE) / "recipes" / "desktop.yaml"))
 GUEST_FILES = ("init", "initrd-init", "shutdown", "xorg.conf", "xsession")
 KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=3"
 BUILD_TOOLS = ["debootstrap", "qemu-img", "mkfs.ext4", "busybox", "cpio", "gzip", "chroot", "sha256sum"]
@@ -61,7 +64,7 @@ class ImageFiles:
 
 
 def guest_files() -> dict[str, str]:
-    base = resources.files("golden_images") / "guest"
+    base = resources.files(ASSETS_PACKAGE) / "guest"
     return {name: (base / name).read_text() for name in GUEST_FILES}
 
 
