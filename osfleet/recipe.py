@@ -22,6 +22,10 @@ HASH_LENGTH = 16
 
 _PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
+# Values that end up in shell commands, guest files or the guest's environment: each must be a plain name.
+_SUITE = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
+_PROGRAM = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,40}$")
+_MIRROR = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+/-]*)?$")
 
 
 class Screen(BaseModel):
@@ -38,7 +42,7 @@ class Recipe(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
     suite: str = "bookworm"
-    mirror: str = Field("http://deb.debian.org/debian", pattern=r"^https?://\S+$")
+    mirror: str = "http://deb.debian.org/debian"
     kernel_package: str = "linux-image-amd64"
     packages: list[str]
     screen: Screen = Field(default_factory=lambda: Screen(width=1280, height=800))
@@ -59,8 +63,36 @@ class Recipe(BaseModel):
     def _names(cls, values: list[str]) -> list[str]:
         bad = [v for v in values if not _PACKAGE_NAME.match(v.replace("_", "-"))]
         if bad:
-            raise ValueError(f"invalid names: {', '.join(bad)}")
+            raise ValueError(f"invalid names: {', '.join(repr(b) for b in bad)}")
         return values
+
+    @field_validator("kernel_package")
+    @classmethod
+    def _package(cls, value: str) -> str:
+        if not _PACKAGE_NAME.match(value):
+            raise ValueError(f"{value!r} is not a Debian package name")
+        return value
+
+    @field_validator("suite")
+    @classmethod
+    def _suite(cls, value: str) -> str:
+        if not _SUITE.match(value):
+            raise ValueError(f"{value!r} is not a Debian suite name (like bookworm)")
+        return value
+
+    @field_validator("mirror")
+    @classmethod
+    def _mirror(cls, value: str) -> str:
+        if not _MIRROR.match(value):
+            raise ValueError(f"{value!r} is not a plain http(s) mirror URL (like http://deb.debian.org/debian)")
+        return value
+
+    @field_validator("window_manager", "terminal", "editor")
+    @classmethod
+    def _program(cls, value: str) -> str:
+        if not _PROGRAM.match(value):
+            raise ValueError(f"{value!r} is not a program name (like xterm)")
+        return value
 
     @field_validator("background")
     @classmethod

@@ -8,12 +8,15 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from invoke import Context
 
 from osfleet import qcow2
 from osfleet.config import Settings
-from osfleet.errors import DiskFullError, HostUnreachableError, ImageInUseError
+from osfleet.errors import CommandFailedError, DiskFullError, HostUnreachableError, ImageInUseError
 from osfleet.images import GoldenImage, find_image, load
 from osfleet.imaging import builder, publisher
 from osfleet.imaging.host import Host
@@ -210,3 +213,56 @@ def test_an_interrupted_build_leaves_nothing_behind(sshd: Sshd, tmp_path: Path) 
     assert proc.returncode == 130, err
     assert list(out.iterdir()) == []
     assert shutil.which("debootstrap")
+
+
+# --- shell quoting, with a harmless fake toolchain -----------------------------------------------------------
+class SandboxHost(Host):
+    """This machine, but every command runs in ``cwd`` with fake build tools first on PATH (they log their
+    arguments, one per line, to ``<tool>.args`` and fail), so a build goes as far as its first tool."""
+
+    def __init__(self, cwd: Path, fake_bin: Path) -> None:
+        super().__init__(Context(), echo=False)
+        self.cwd, self.fake_bin = cwd, fake_bin
+        self.commands: list[str] = []
+
+    def _run(self, command: str, timeout: float | None) -> Any:
+        self.commands.append(command)
+        env = {**os.environ, "PATH": f"{self.fake_bin}:{os.environ['PATH']}"}
+        p = subprocess.run(["bash", "-c", command], cwd=self.cwd, env=env, capture_output=True, text=True)
+        return SimpleNamespace(exited=p.returncode, stdout=p.stdout, stderr=p.stderr)
+
+
+def fake_tools(directory: Path) -> Path:
+    directory.mkdir()
+    for tool in [*builder.BUILD_TOOLS, "mount", "umount"]:
+        script = directory / tool
+        log = f"{directory}/{tool}.args"
+        script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\necho "{tool}: fake" >&2\nexit 1\n')
+        script.chmod(0o755)
+    return directory
+
+
+def test_an_output_path_with_a_space_and_a_semicolon_stays_one_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    neighbour = sandbox / "out"  # what an unquoted "rm -rf .../out dir;x/..." would delete
+    neighbour.mkdir()
+    (neighbour / "keep.txt").write_text("keep")
+    out = sandbox / "out dir;x"
+    bin_dir = fake_tools(tmp_path / "bin")
+    host = SandboxHost(sandbox, bin_dir)
+    monkeypatch.setattr(builder, "BUILD_DISK_BYTES", 1)
+
+    with pytest.raises(CommandFailedError) as info:
+        builder.build(host, builder.DEFAULT_RECIPE, str(out))
+
+    assert (neighbour / "keep.txt").read_text() == "keep"
+    assert sorted(p.name for p in sandbox.iterdir()) == ["out", "out dir;x"]
+    assert list(out.iterdir()) == []  # the temporary tree was removed, and nothing else
+    assert "debootstrap failed: debootstrap: fake" in str(info.value)
+    variant, suite, rootfs, mirror = (bin_dir / "debootstrap.args").read_text().splitlines()
+    assert (variant, suite, mirror) == ("--variant=minbase", "bookworm", "http://deb.debian.org/debian")
+    assert Path(rootfs).parent.parent == out and Path(rootfs).name == "rootfs"
+    assert any(c.startswith("umount -l ") and "rm -rf " in c for c in host.commands)

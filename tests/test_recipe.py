@@ -47,6 +47,40 @@ def test_bad_recipes_give_one_line_errors(tmp_path: Path, text: str, message: st
     assert "\n" not in str(info.value)
 
 
+BASE = "name: x\npackages: [xterm]\nkernel_modules: [ext4]\ninitrd_modules: [ext4]\n"
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("suite: 'bookworm; rm -rf /'", "suite"),
+        ("suite: '$(reboot)'", "suite"),
+        ("mirror: 'http://deb.debian.org/debian; rm -rf /'", "mirror"),
+        ("kernel_package: 'linux-image-amd64 && reboot'", "kernel_package"),
+        ("window_manager: 'twm & rm -rf ~'", "window_manager"),
+        ("terminal: 'xterm -e reboot'", "terminal"),
+        ("editor: '`reboot`'", "editor"),
+        ("user: 'user; reboot'", "user"),
+        ("hostname: 'a b'", "hostname"),
+        ("screen: {width: 1280, height: '800; reboot'}", "screen.height"),
+        ("screen: {width: 99999, height: 800}", "screen.width"),
+    ],
+)
+def test_recipe_values_that_reach_a_shell_are_refused_naming_the_field(tmp_path: Path, line: str, field: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(BASE + line + "\n")
+    with pytest.raises(BadRecipeError) as info:
+        load_recipe(path)
+    assert str(info.value).startswith(f"bad recipe {path}: {field}: ")
+
+
+def test_package_lists_refuse_shell_words(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\npackages: [xterm, 'twm;reboot']\nkernel_modules: []\ninitrd_modules: []\n")
+    with pytest.raises(BadRecipeError, match="packages: .*'twm;reboot'"):
+        load_recipe(path)
+
+
 def test_missing_recipe(tmp_path: Path) -> None:
     with pytest.raises(BadRecipeError, match="recipe not found"):
         load_recipe(tmp_path / "nope.yaml")

@@ -2,20 +2,24 @@
 
 Everything is built under a temporary name beside the output and renamed into place at the end,
 manifest last: an image whose manifest exists is complete, so no half-built image is ever used.
+Every path and recipe value that reaches a shell goes through ``shlex.quote`` (imported as ``q``); the
+recipe model validates the values themselves.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
+import re
 import time
 import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from shlex import quote as q
 from typing import Any
 
 from osfleet.config import GOLDEN_PREFIX, Settings
+from osfleet.errors import CommandFailedError
 from osfleet.imaging.host import Host
 from osfleet.recipe import BUILDER_VERSION, Recipe, load_recipe, recipe_hash
 
@@ -29,6 +33,7 @@ BUILD_TOOLS = ["debootstrap", "qemu-img", "mkfs.ext4", "busybox", "cpio", "gzip"
 # rootfs (~1.3 GiB before trimming) + sparse ext4 image + compressed qcow2, with headroom.
 BUILD_DISK_BYTES = 4 * 2**30
 STEPS = 7
+_KERNEL_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+_~-]*$")
 
 
 @dataclass(frozen=True)
@@ -83,13 +88,13 @@ def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = 
         return files
 
     host.require_tools(BUILD_TOOLS)
-    host.run(f"mkdir -p {shlex.quote(out)}", what=f"creating {out}")
+    host.run(f"mkdir -p {q(out)}", what=f"creating {out}")
     host.require_free(out, BUILD_DISK_BYTES, "an image build")
     work = f"{out}/.tmp-{h}-{uuid.uuid4().hex[:8]}"
     host.say(f"building golden image {GOLDEN_PREFIX}{h} from {recipe_path} on {host.name}")
     started = time.monotonic()
     try:
-        host.run(f"mkdir -p {work}/initrd/modules")
+        host.run(f"mkdir -p {q(f'{work}/initrd/modules')}")
         kernel_version = _build_in(host, recipe, work)
         with host.step(7, STEPS, "publishing the build under its final name"):
             manifest = _manifest(host, recipe, h, work, kernel_version, time.monotonic() - started)
@@ -98,70 +103,81 @@ def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = 
                 (f"{work}/vmlinuz", files.kernel),
                 (f"{work}/initrd.img", files.initrd),
             ):
-                host.run(f"chmod 0444 {src} && mv -f {src} {dst}")
+                host.run(f"chmod 0444 {q(src)} && mv -f {q(src)} {q(dst)}")
             host.write_file(f"{work}/manifest.json", json.dumps(manifest, indent=2) + "\n", 0o444)
-            host.run(f"mv -f {work}/manifest.json {files.manifest}")
+            host.run(f"mv -f {q(f'{work}/manifest.json')} {q(files.manifest)}")
     finally:
-        host.probe(f"umount -l {work}/rootfs/proc 2>/dev/null; rm -rf {work}")
+        host.probe(f"umount -l {q(f'{work}/rootfs/proc')} 2>/dev/null; rm -rf {q(work)}")
     host.say(f"built {files.disk} in {time.monotonic() - started:.0f} s")
     return files
 
 
 def _build_in(host: Host, recipe: Recipe, work: str) -> str:
     rootfs = f"{work}/rootfs"
-    chroot = f"chroot {rootfs} env DEBIAN_FRONTEND=noninteractive INITRD=No LC_ALL=C"
+    chroot = f"chroot {q(rootfs)} env DEBIAN_FRONTEND=noninteractive INITRD=No LC_ALL=C"
     with host.step(1, STEPS, f"debootstrap {recipe.suite} (about 1 min)"):
         host.run(
-            f"debootstrap --variant=minbase {recipe.suite} {rootfs} {shlex.quote(recipe.mirror)}",
+            f"debootstrap --variant=minbase {q(recipe.suite)} {q(rootfs)} {q(recipe.mirror)}",
             what="debootstrap",
         )
     with host.step(2, STEPS, f"installing {len(recipe.packages)} packages and the kernel (about 1 min)"):
         host.write_file(f"{rootfs}/usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
-        host.run(f"mount -t proc proc {rootfs}/proc")
+        host.run(f"mount -t proc proc {q(f'{rootfs}/proc')}")
         try:
-            pkgs = " ".join(shlex.quote(p) for p in [recipe.kernel_package, *recipe.packages])
+            pkgs = " ".join(q(p) for p in [recipe.kernel_package, *recipe.packages])
             host.run(f"{chroot} apt-get install -y -q --no-install-recommends {pkgs}", what="apt-get install")
         finally:
-            host.run(f"umount {rootfs}/proc")
-    kernel_version = host.run(f"ls {rootfs}/lib/modules").split()[0]
+            host.run(f"umount {q(f'{rootfs}/proc')}")
+    kernel_version = _kernel_version(host.run(f"ls {q(f'{rootfs}/lib/modules')}"))
+    kv = q(kernel_version)
     with host.step(3, STEPS, "configuring the desktop, user and init"):
         _configure(host, recipe, rootfs, chroot)
     with host.step(4, STEPS, "trimming modules, docs and caches"):
         keep = _module_closure(host, chroot, kernel_version, recipe.kernel_modules)
         host.write_file(f"{work}/keep-modules", "\n".join(k.lstrip("/") for k in keep) + "\n")
         host.run(
-            f"cd {rootfs} && find lib/modules/{kernel_version} -name '*.ko*' | grep -vxF -f {work}/keep-modules"
-            f" | xargs -r rm -f && {chroot} depmod {kernel_version}",
+            f"cd {q(rootfs)} && find lib/modules/{kv} -name '*.ko*' | grep -vxF -f {q(f'{work}/keep-modules')}"
+            f" | xargs -r rm -f && {chroot} depmod {kv}",
             what="trimming kernel modules",
         )
         host.run(
-            f"cd {rootfs} && rm -rf usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/*"
+            f"cd {q(rootfs)} && rm -rf usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/*"
             " var/cache/apt/* var/lib/apt/lists/* var/log/*.log usr/sbin/policy-rc.d"
             " && find lib/modules -depth -type d -empty -delete",
             what="trimming files",
         )
     with host.step(5, STEPS, "kernel and initrd"):
+        initrd = f"{work}/initrd"
         initrd_mods = _module_closure(host, chroot, kernel_version, recipe.initrd_modules)
         for ko in initrd_mods:
-            host.run(f"cp {rootfs}{ko} {work}/initrd/modules/")
-        host.write_file(f"{work}/initrd/modules.list", "\n".join(Path(k).name for k in initrd_mods) + "\n")
-        host.write_file(f"{work}/initrd/init", guest_files()["initrd-init"], 0o755)
+            host.run(f"cp {q(f'{rootfs}{ko}')} {q(f'{initrd}/modules/')}")
+        host.write_file(f"{initrd}/modules.list", "\n".join(Path(k).name for k in initrd_mods) + "\n")
+        host.write_file(f"{initrd}/init", guest_files()["initrd-init"], 0o755)
         host.run(
-            f"mkdir -p {work}/initrd/bin && cp $(command -v busybox) {work}/initrd/bin/busybox"
-            f" && cd {work}/initrd && find . | cpio -o -H newc --quiet | gzip -9 > {work}/initrd.img",
+            f'mkdir -p {q(f"{initrd}/bin")} && cp "$(command -v busybox)" {q(f"{initrd}/bin/busybox")}'
+            f" && cd {q(initrd)} && find . | cpio -o -H newc --quiet | gzip -9 > {q(f'{work}/initrd.img')}",
             what="making the initrd",
         )
-        host.run(f"mv {rootfs}/boot/vmlinuz-{kernel_version} {work}/vmlinuz && rm -rf {rootfs}/boot/*")
-    size = f"{recipe.disk_size_gib}G"
-    with host.step(6, STEPS, f"ext4 filesystem ({size}) and compressed qcow2 (about 40 s)"):
-        host.run(f"mkfs.ext4 -q -F -L osfleet-root -d {rootfs} {work}/disk.raw {size}", what="mkfs.ext4")
-        host.run(f"rm -rf {rootfs}")
         host.run(
-            f"qemu-img convert -c -f raw -O qcow2 {work}/disk.raw {work}/golden.qcow2",
-            what="qemu-img convert",
+            f"mv {q(f'{rootfs}/boot/vmlinuz-{kernel_version}')} {q(f'{work}/vmlinuz')}"
+            f" && rm -rf {q(f'{rootfs}/boot')}/*"
         )
-        host.run(f"rm -f {work}/disk.raw")
+    size = f"{recipe.disk_size_gib}G"
+    raw, disk = f"{work}/disk.raw", f"{work}/golden.qcow2"
+    with host.step(6, STEPS, f"ext4 filesystem ({size}) and compressed qcow2 (about 40 s)"):
+        host.run(f"mkfs.ext4 -q -F -L osfleet-root -d {q(rootfs)} {q(raw)} {q(size)}", what="mkfs.ext4")
+        host.run(f"rm -rf {q(rootfs)}")
+        host.run(f"qemu-img convert -c -f raw -O qcow2 {q(raw)} {q(disk)}", what="qemu-img convert")
+        host.run(f"rm -f {q(raw)}")
     return kernel_version
+
+
+def _kernel_version(ls_output: str) -> str:
+    """The kernel version the image's kernel package installed (a directory name under /lib/modules)."""
+    names = ls_output.split()
+    if not names or not _KERNEL_VERSION.match(names[0]):
+        raise CommandFailedError(f"unexpected kernel module directory in the image: {ls_output.strip()[:80]!r}")
+    return names[0]
 
 
 def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
@@ -177,8 +193,8 @@ def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
         "OSFLEET_SCREEN": f"{recipe.screen.width}x{recipe.screen.height}",
         "OSFLEET_MODULES": " ".join(boot_modules),
     }
-    host.run(f"mkdir -p {rootfs}/etc/osfleet {rootfs}/etc/X11/xorg.conf.d")
-    host.write_file(f"{rootfs}/etc/osfleet/desktop.env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
+    host.run(f"mkdir -p {q(f'{rootfs}/etc/osfleet')} {q(f'{rootfs}/etc/X11/xorg.conf.d')}")
+    host.write_file(f"{rootfs}/etc/osfleet/desktop.env", "".join(f"{k}={q(v)}\n" for k, v in env.items()))
     host.write_file(f"{rootfs}/sbin/osfleet-init", files["init"], 0o755)
     host.write_file(f"{rootfs}/etc/osfleet/xsession", files["xsession"], 0o755)
     xorg = files["xorg.conf"].replace("@WIDTH@", str(recipe.screen.width))
@@ -187,15 +203,15 @@ def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
         host.write_file(f"{rootfs}/sbin/shutdown", files["shutdown"], 0o755)
     host.write_file(f"{rootfs}/etc/hostname", recipe.hostname + "\n")
     host.write_file(f"{rootfs}/etc/fstab", "/dev/vda / ext4 rw,relatime 0 1\n")
-    host.run(f"{chroot} useradd -m -u 1000 -s /bin/bash {recipe.user}", what="useradd")
+    host.run(f"{chroot} useradd -m -u 1000 -s /bin/bash {q(recipe.user)}", what="useradd")
     # Clones get their own machine id at first boot of each replica (see the replica runtime).
-    host.run(f": > {rootfs}/etc/machine-id")
+    host.run(f": > {q(f'{rootfs}/etc/machine-id')}")
 
 
 def _module_closure(host: Host, chroot: str, kernel_version: str, modules: list[str]) -> list[str]:
     """Module files (paths inside the rootfs) for ``modules`` and their dependencies, in load order."""
-    names = " ".join(shlex.quote(m) for m in modules)
-    out = host.run(f"{chroot} modprobe -S {kernel_version} --show-depends -a {names}", what="modprobe")
+    names = " ".join(q(m) for m in modules)
+    out = host.run(f"{chroot} modprobe -S {q(kernel_version)} --show-depends -a {names}", what="modprobe")
     paths: list[str] = []
     for line in out.splitlines():
         parts = line.split()
@@ -205,9 +221,10 @@ def _module_closure(host: Host, chroot: str, kernel_version: str, modules: list[
 
 
 def _manifest(host: Host, recipe: Recipe, h: str, work: str, kernel_version: str, seconds: float) -> dict[str, Any]:
-    stat = host.run(f"stat -c '%s %b %B' {work}/golden.qcow2").split()
-    virtual = json.loads(host.run(f"qemu-img info --output=json {work}/golden.qcow2"))["virtual-size"]
-    sha = host.run(f"sha256sum {work}/golden.qcow2").split()[0]
+    disk = q(f"{work}/golden.qcow2")
+    stat = host.run(f"stat -c '%s %b %B' {disk}").split()
+    virtual = json.loads(host.run(f"qemu-img info --output=json {disk}"))["virtual-size"]
+    sha = host.run(f"sha256sum {disk}").split()[0]
     return {
         "image": f"{GOLDEN_PREFIX}{h}",
         "recipe_hash": h,
