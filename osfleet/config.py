@@ -7,13 +7,22 @@ so the same code serves a developer machine, CI and a bare-metal host.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
+
+from osfleet.errors import ConfigError
 
 DEFAULT_HOME = Path("/var/lib/osfleet")
 DEFAULT_LIBVIRT_URI = "qemu:///system"
 NAME_PREFIX = "osfleet-"
 GOLDEN_PREFIX = "golden-"
+_PREFIX_PATTERN = re.compile(r"^osfleet-([a-z0-9]+-)?$")
+
+Mode = Literal["cold", "snapshot"]
+"""How a replica is brought up and reset: a cold boot, or a restore of the image's saved running state."""
+MODES: tuple[Mode, ...] = get_args(Mode)
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,7 @@ class AgentConfig:
 
     token: str
     image: str | None = None  # golden image name or hash prefix; None: the newest
-    mode: str = "snapshot"
+    mode: Mode = "snapshot"
     warm: int = 1
     lease_seconds: float = 900.0
     osgym_allowed_ips: tuple[str, ...] = ()  # OSGym clients send no token; they may be allowed by address
@@ -43,6 +52,25 @@ class Settings:
 
     home: Path = DEFAULT_HOME
     libvirt_uri: str = DEFAULT_LIBVIRT_URI
+    # Every domain this host makes starts with it. Hosts sharing one libvirtd (a lab) each get their own,
+    # so one host's clean-up never touches another's replicas.
+    name_prefix: str = NAME_PREFIX
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_PATTERN.match(self.name_prefix):
+            raise ConfigError(
+                f"OSFLEET_NAME_PREFIX {self.name_prefix!r} must look like 'osfleet-' or 'osfleet-<letters/digits>-'"
+            )
+
+    @property
+    def replica_prefix(self) -> str:
+        """Prefix of this host's replica domains (``<prefix>r-<id>-g<generation>``)."""
+        return f"{self.name_prefix}r-"
+
+    @property
+    def template_prefix(self) -> str:
+        """Prefix of this host's template domains, booted once to save a running state."""
+        return f"{self.name_prefix}template-"
 
     @property
     def build_dir(self) -> Path:
@@ -82,4 +110,5 @@ class Settings:
         return cls(
             home=Path(os.environ.get("OSFLEET_HOME", str(DEFAULT_HOME))),
             libvirt_uri=os.environ.get("OSFLEET_LIBVIRT_URI", DEFAULT_LIBVIRT_URI),
+            name_prefix=os.environ.get("OSFLEET_NAME_PREFIX", NAME_PREFIX),
         )

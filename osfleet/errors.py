@@ -6,13 +6,22 @@ went wrong and what to do; the CLI prints that line and exits non-zero instead o
 
 from __future__ import annotations
 
+import errno
+import logging
+
 from pydantic import ValidationError
+
+log = logging.getLogger(__name__)
 
 
 class OsfleetError(Exception):
     """Base of every error osfleet reports to a user."""
 
     exit_code = 1
+
+
+class ConfigError(OsfleetError):
+    """A setting (environment variable, option, config file) has a value osfleet cannot use."""
 
 
 class MissingToolError(OsfleetError):
@@ -54,6 +63,41 @@ class VirtError(OsfleetError):
 
 class GuestTimeoutError(OsfleetError):
     """A guest did not reach the expected state in time."""
+
+
+class HostIOError(OsfleetError):
+    """Reading or writing one of the host's own files failed (an overlay, a record, a saved state)."""
+
+
+class InternalError(OsfleetError):
+    """A bug or an unforeseen failure; logged with its traceback, reported as an infrastructure failure."""
+
+
+def as_osfleet(exc: BaseException, context: str) -> OsfleetError:
+    """The error boundary: any exception raised while changing a replica becomes an osfleet error with a
+    kind, so callers mark the replica failed and the API answers with a precise status, never a bare 500.
+
+    ``context`` says what was being done ("resetting r-1234"); it starts the message of errors that are
+    not already osfleet's own.
+    """
+    if isinstance(exc, OsfleetError):
+        return exc
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DiskFullError(f"{context}: disk full{where}")
+        return HostIOError(f"{context}: {reason}{where}")
+    try:
+        import libvirt
+
+        if isinstance(exc, libvirt.libvirtError):
+            message = (exc.get_error_message() or str(exc)).splitlines()[0]
+            return VirtError(f"{context}: libvirt: {message}")
+    except ImportError:  # pragma: no cover - libvirt-python is a dependency
+        pass
+    log.error("unexpected error while %s", context, exc_info=exc)
+    return InternalError(f"{context}: unexpected {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def first_problem(exc: ValidationError, whole: str) -> str:

@@ -21,7 +21,6 @@ import libvirt
 import libvirt_qemu
 from PIL import Image
 
-from osfleet.config import NAME_PREFIX
 from osfleet.domain_xml import DomainSpec
 from osfleet.errors import GuestTimeoutError, OsfleetError, VirtError
 
@@ -87,21 +86,43 @@ class Virt:
         with contextlib.suppress(libvirt.libvirtError):
             self.conn.close()
 
-    def domain(self, name: str) -> libvirt.virDomain:
+    def _domain(self, name: str) -> libvirt.virDomain:
+        """The libvirt handle of ``name``; stays inside this module, callers name domains by name."""
         try:
             return self.conn.lookupByName(name)
         except libvirt.libvirtError as exc:
             raise translate(exc, name, "looking up") from None
 
-    def start_transient(self, spec: DomainSpec, paused: bool = False) -> libvirt.virDomain:
+    def start_transient(self, spec: DomainSpec, paused: bool = False) -> None:
         """Create and start a domain that libvirt forgets once it stops: nothing to undefine later."""
         xml = spec.to_xml()
         log.debug("creating domain %s:\n%s", spec.name, xml)
         flags = libvirt.VIR_DOMAIN_START_PAUSED if paused else 0
         try:
-            return self.conn.createXML(xml, flags)
+            self.conn.createXML(xml, flags)
         except libvirt.libvirtError as exc:
             raise translate(exc, spec.name, "starting") from None
+
+    def define(self, xml: str, name: str) -> None:
+        """Define a persistent domain from XML (tests on libvirt's test:/// driver use this)."""
+        log.debug("defining domain %s:\n%s", name, xml)
+        try:
+            self.conn.defineXML(xml)
+        except libvirt.libvirtError as exc:
+            raise translate(exc, name, "defining") from None
+
+    def suspend(self, name: str) -> None:
+        """Pause the domain's vCPUs (its QEMU stays, memory intact)."""
+        try:
+            self._domain(name).suspend()
+        except libvirt.libvirtError as exc:
+            raise translate(exc, name, "pausing") from None
+
+    def resume(self, name: str) -> None:
+        try:
+            self._domain(name).resume()
+        except libvirt.libvirtError as exc:
+            raise translate(exc, name, "resuming") from None
 
     def destroy(self, name: str) -> bool:
         """Stop (and, if persistent, undefine) ``name``; False when it did not exist."""
@@ -121,7 +142,7 @@ class Virt:
                 raise translate(exc, name, "destroying") from None
         return True
 
-    def names(self, prefix: str = NAME_PREFIX) -> list[str]:
+    def names(self, prefix: str) -> list[str]:
         """Names of every domain (running or defined) whose name starts with ``prefix``."""
         try:
             return sorted(d.name() for d in self.conn.listAllDomains() if d.name().startswith(prefix))
@@ -138,7 +159,7 @@ class Virt:
 
     def screenshot(self, name: str) -> Image.Image:
         """The domain's framebuffer as an RGB image (libvirt streams a PPM)."""
-        dom = self.domain(name)
+        dom = self._domain(name)
         stream = self.conn.newStream(0)
         try:
             dom.screenshot(stream, 0, 0)
@@ -161,7 +182,7 @@ class Virt:
         """Run one qemu-guest-agent command and return its ``return`` value."""
         payload = json.dumps({"execute": command, **({"arguments": arguments} if arguments else {})})
         try:
-            out = libvirt_qemu.qemuAgentCommand(self.domain(name), payload, timeout, 0)
+            out = libvirt_qemu.qemuAgentCommand(self._domain(name), payload, timeout, 0)
         except libvirt.libvirtError as exc:
             raise translate(exc, name, f"guest agent {command} on") from None
         return json.loads(out).get("return")
@@ -183,7 +204,7 @@ class Virt:
         """Run one QMP command on the domain's QEMU monitor and return its ``return`` value."""
         payload = json.dumps({"execute": command, **({"arguments": arguments} if arguments else {})})
         try:
-            out = libvirt_qemu.qemuMonitorCommand(self.domain(name), payload, 0)
+            out = libvirt_qemu.qemuMonitorCommand(self._domain(name), payload, 0)
         except libvirt.libvirtError as exc:
             raise translate(exc, name, f"QMP {command} on") from None
         return json.loads(out).get("return")
@@ -193,7 +214,7 @@ class Virt:
         with its own sandbox intact, unlike ``exec:`` migration URIs which the sandbox forbids."""
         payload = json.dumps({"execute": command, "arguments": arguments})
         try:
-            out = libvirt_qemu.qemuMonitorCommandWithFiles(self.domain(name), payload, files, 0)
+            out = libvirt_qemu.qemuMonitorCommandWithFiles(self._domain(name), payload, files, 0)
         except libvirt.libvirtError as exc:
             raise translate(exc, name, f"QMP {command} on") from None
         text = out[0] if isinstance(out, tuple) else out

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+
+import time
 
 import pytest
 from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
 from osfleet.api.osgym_actions import ActionStringError, parse
-from osfleet.config import AgentConfig, Settings
-from osfleet.images import GoldenImage
-from osfleet.replicas.manager import ReplicaHost
+from osfleet.replicas.episodes import Episode
+from osfleet.replicas.errors import CapacityError
+from osfleet.config import AgentConfig
 from osfleet.tasks.model import CriterionResult, Match, TaskError, UnsupportedTaskError, parse_task, score
+from tests.fakes import FakeHost
 
 TOKEN = "test-token-123"
 
@@ -127,11 +131,17 @@ def test_bad_osfleet_task_is_one_line() -> None:
         parse_task({"id": "x", "instruction": "y", "criteria": []})
 
 
+CONFIG = AgentConfig(token=TOKEN, warm=0, osgym_allowed_ips=("allowed-host",))
+
+
 @pytest.fixture
-def client(golden: GoldenImage, settings: Settings) -> Iterator[TestClient]:
-    config = AgentConfig(token=TOKEN, warm=0, osgym_allowed_ips=("allowed-host",))
-    app = create_app(config, lambda: ReplicaHost(golden, settings, warm=0, auto_recover=False))
-    with TestClient(app) as c:
+def fake(tmp_path: Path) -> FakeHost:
+    return FakeHost(tmp_path, ready=0)
+
+
+@pytest.fixture
+def client(fake: FakeHost) -> Iterator[TestClient]:
+    with TestClient(create_app(CONFIG, lambda: fake)) as c:
         yield c
 
 
@@ -180,3 +190,121 @@ def test_openapi_is_published(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     for p in ("/v1/leases", "/v1/replicas/{rid}/step", "/reset", "/step", "/shutdown", "/screenshot", "/metrics"):
         assert p in paths
+
+
+# --- hardening: restart-safe episodes, one error boundary, health, the contract ------------------------------
+TASK = {
+    "id": "fake-task",
+    "instruction": "Run something.",
+    "criteria": [{"name": "ran", "check": {"type": "command_output", "command": "check", "match": {"equals": "yes"}}}],
+}
+SHELL = [{"type": "shell", "command": "echo hi >> /tmp/log"}]
+
+
+def _lease(c: TestClient) -> tuple[str, str]:
+    r = c.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return r.json()["replica_id"], r.json()["lease_id"]
+
+
+def test_a_restarted_agent_replays_a_retried_step_once_and_still_evaluates(tmp_path: Path) -> None:
+    first = FakeHost(tmp_path, ready=1)
+    with TestClient(create_app(CONFIG, lambda: first)) as c:
+        rid, lid = _lease(c)
+        assert (
+            c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK}, headers=AUTH).status_code == 200
+        )
+        step = {"lease_id": lid, "action_id": "a-1", "actions": SHELL, "observe": False}
+        assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["replayed"] is False
+    # the agent is gone (its memory with it); a new one starts on the same host
+    second = FakeHost(tmp_path, ready=1)
+    second.files = dict(first.files)  # the guest kept its state: only the agent restarted
+    with TestClient(create_app(CONFIG, lambda: second)) as c:
+        r = c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH)
+        assert r.status_code == 200 and r.json()["replayed"] is True and r.json()["results"][0]["ok"] is True
+        assert second.applied == []  # not applied again
+        r = c.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["reward"] == 1.0
+        assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
+    assert not (tmp_path / "replicas" / rid / "episode.json").exists()
+
+
+def test_a_step_interrupted_by_a_crash_is_not_applied_again(tmp_path: Path) -> None:
+    host = FakeHost(tmp_path, ready=1)
+    with TestClient(create_app(CONFIG, lambda: host)) as c:
+        rid, lid = _lease(c)
+        c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK, "observe": False}, headers=AUTH)
+    # what the episode file holds when the process died between "pending" and "done"
+    path = tmp_path / "replicas" / rid / "episode.json"
+    episode = Episode.model_validate_json(path.read_text())
+    episode.pending = "a-1"
+    path.write_text(episode.model_dump_json())
+    step = {"lease_id": lid, "action_id": "a-1", "actions": SHELL, "observe": False}
+    again = FakeHost(tmp_path, ready=1)
+    with TestClient(create_app(CONFIG, lambda: again)) as c:
+        r = c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH)
+        assert (
+            r.status_code == 503 and r.json()["kind"] == "infrastructure" and "outcome is unknown" in r.json()["error"]
+        )
+        assert again.applied == []
+
+
+def test_an_unexpected_error_is_a_503_infrastructure_not_a_500(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(1)
+    rid, lid = _lease(client)
+    fake.act_error = RuntimeError("a bug in a lower layer")
+    r = client.post(
+        f"/v1/replicas/{rid}/step", json={"lease_id": lid, "action_id": "x", "actions": SHELL}, headers=AUTH
+    )
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert r.json() == {
+        "error": f"POST /v1/replicas/{rid}/step: unexpected RuntimeError: a bug in a lower layer",
+        "kind": "infrastructure",
+    }
+
+
+def test_health_fails_when_a_background_thread_died(fake: FakeHost, client: TestClient) -> None:
+    assert client.get("/health").status_code == 200
+    fake.alive = False
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "failing" and "stopped" in r.json()["problem"]
+
+
+def test_osgym_step_without_a_task_or_after_expiry_is_a_4xx(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(1)
+    r = client.post("/reset", json={"task_config": TASK, "timeout": 1}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    vm = r.json()["vm_id"]
+    time.sleep(1.1)  # the OSGym lease (timeout) runs out
+    r = client.post("/step", json={"action": "click(1,2)", "vm_id": vm}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["kind"] == "lease"
+    r = client.post("/step", json={"action": "click(1,2)", "vm_id": vm + 1}, headers=AUTH)
+    assert r.status_code == 404
+
+
+def test_an_unknown_task_id_is_404_and_a_broken_task_is_422(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(1)
+    rid, lid = _lease(client)
+    r = client.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task_id": "nope"}, headers=AUTH)
+    assert r.status_code == 404 and "no built-in task 'nope'" in r.json()["error"]
+    r = client.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": {"id": "x"}}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["kind"] == "invalid_task"
+
+
+def test_scale_up_beyond_capacity_is_503_capacity(fake: FakeHost, client: TestClient) -> None:
+    def refuse(count: int, mode: object = None) -> None:
+        raise CapacityError("this host can take 0 more replica(s) (maximum 1); asked for 5")
+
+    fake.up_async = refuse  # type: ignore[method-assign]
+    r = client.post("/v1/replicas", json={"count": 5}, headers=AUTH)
+    assert r.status_code == 503 and r.json()["kind"] == "capacity" and r.headers["retry-after"]
+
+
+def test_the_openapi_documents_every_error_status(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    step = paths["/v1/replicas/{rid}/step"]["post"]["responses"]
+    assert {"200", "401", "404", "409", "422", "503"} <= set(step)
+    assert "Retry-After" in step["503"]["headers"]
+    assert step["409"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "text/plain; version=0.0.4" in paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "503" in paths["/health"]["get"]["responses"]

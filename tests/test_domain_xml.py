@@ -48,16 +48,15 @@ def test_kvm_domain_passes_the_host_cpu_and_has_no_tcg_features() -> None:
 
 def test_libvirt_accepts_the_xml_and_errors_are_mapped() -> None:
     with Virt("test:///default") as v:
-        dom = v.conn.defineXML(spec(accel="kvm").to_xml().replace('type="kvm"', 'type="test"', 1))
+        v.define(spec(accel="kvm").to_xml().replace('type="kvm"', 'type="test"', 1), "osfleet-unit")
         try:
             assert v.names("osfleet-") == ["osfleet-unit"]
-            assert v.destroy("osfleet-unit") is True
         finally:
-            if v.names("osfleet-"):
-                dom.undefine()
+            assert v.destroy("osfleet-unit") is True
+        assert v.names("osfleet-") == []
         assert v.destroy("osfleet-unit") is False
         with pytest.raises(DomainNotFoundError, match="no domain osfleet-missing"):
-            v.domain("osfleet-missing")
+            v.suspend("osfleet-missing")
 
 
 def test_connection_failure_is_one_line() -> None:

@@ -18,7 +18,7 @@ from PIL import ImageChops
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
 from osfleet.replicas.actions import ACTIONS
-from osfleet.replicas.manager import NoReplicaAvailableError, ReplicaHost, domain_name
+from osfleet.replicas.manager import NoReplicaAvailableError, ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from tests.conftest import VENV_BIN
@@ -54,14 +54,10 @@ def test_a_file_written_in_the_guest_is_gone_after_either_reset(host: ReplicaHos
         assert took.seconds < (5 if mode == "snapshot" else 120)
     host.settle()
     assert host.get(rid).generation == 3
-    # the old generations' domains and disks are gone
-    assert host.virt.names(f"osfleet-{rid}-") == [domain_name(rid, 3), domain_name(rid, 4)] or host.virt.names(
-        f"osfleet-{rid}-"
-    ) == [domain_name(rid, 3)]
-    assert sorted(p.name for p in host.replica_dir(rid).glob("disk-g*")) in (
-        ["disk-g3.qcow2"],
-        ["disk-g3.qcow2", "disk-g4.qcow2"],
-    )
+    # the old generations' domains and disks are gone; generation 4 is the paused standby of the next reset
+    name = host.generations.domain_name
+    assert host.virt.names(f"osfleet-{rid}-") == [name(rid, 3), name(rid, 4)]
+    assert sorted(p.name for p in host.replica_dir(rid).glob("disk-g*")) == ["disk-g3.qcow2", "disk-g4.qcow2"]
 
 
 def test_click_and_typed_text_change_the_screen(host: ReplicaHost) -> None:
@@ -127,9 +123,9 @@ def test_a_restarted_host_adopts_live_replicas_and_cleans_half_made_ones(
         mode="snapshot",
         state=State.BOOTING,
         generation=1,
-        domain=domain_name("r-halfmade", 1),
+        domain=host.generations.domain_name("r-halfmade", 1),
     )
-    host.store.save(half)
+    host.registry.store.save(half)
     (settings.replicas_dir / half.id).mkdir(exist_ok=True)
     spec = replica_spec(
         golden, half.domain, host.saved().disk, (host.saved().disk, golden.disk), host.accel, host.shape, incoming=True
@@ -208,10 +204,10 @@ def test_adoption_leaves_replicas_of_another_live_process_alone(
             mode="snapshot",
             state=State.RESETTING,
             generation=1,
-            domain=domain_name("r-otherpid", 1),
+            domain=host.generations.domain_name("r-otherpid", 1),
             owner_pid=other.pid,
         )
-        host.store.save(busy)
+        host.registry.store.save(busy)
         (settings.replicas_dir / busy.id).mkdir(exist_ok=True)
         spec = replica_spec(
             golden,

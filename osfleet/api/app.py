@@ -1,133 +1,69 @@
 """The host agent: a FastAPI service over the replicas of one host.
 
-State (the replica host, episodes, OSGym vm ids) is created in the app's lifespan; nothing happens at
-import. Endpoints are plain (threaded) functions because the replica library blocks on libvirt.
+State (the replica host and the episodes) is created in the app's lifespan; nothing happens at import.
+Endpoints are plain (threaded) functions because the replica library blocks on libvirt. Routes are
+grouped per resource (native ``/v1``, OSGym's endpoints, meta) and share auth and error docs from one place.
 """
 
 from __future__ import annotations
 
 import base64
-import threading
+import contextlib
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from fastapi.responses import JSONResponse, Response
 
 from osfleet import __version__
 from osfleet.api import auth, errors
+from osfleet.api.contract import BoundaryRoute
+from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict, NotFound
-from osfleet.api.metrics import Metrics, host_usage
+from osfleet.api.metrics import host_usage
+from osfleet.api.models import (
+    Health,
+    LeaseBody,
+    LeaseRequest,
+    LeaseResponse,
+    Observation,
+    OsgymReset,
+    OsgymResetResponse,
+    OsgymScreenshot,
+    OsgymShutdown,
+    OsgymShutdownResponse,
+    OsgymStep,
+    OsgymStepResponse,
+    Released,
+    ReplicaView,
+    ResetRequest,
+    ResetResponse,
+    Retired,
+    ScaleRequest,
+    ScaleResponse,
+    StepRequest,
+    StepResponse,
+)
 from osfleet.api.osgym_actions import parse as parse_osgym
+from osfleet.api.state import AgentState, LiveEpisode
 from osfleet.config import AgentConfig
-from osfleet.errors import VirtError
-from osfleet.replicas.actions import Action, ActionResult
+from osfleet.errors import OsfleetError, VirtError
+from osfleet.replicas.actions import ActionResult
+from osfleet.replicas.episodes import AppliedStep, Episode, OsgymClient
+from osfleet.replicas.errors import LeaseError
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.replicas.records import Lease
 from osfleet.tasks import runner
-from osfleet.tasks.model import Evaluation, Task, find_task, parse_task
-
-STEP_CACHE_SIZE = 256
+from osfleet.tasks.model import Evaluation, Task, TaskError, find_task, parse_task
 
 
-@dataclass
-class Episode:
-    lease_id: str
-    task: Task | None = None
-    steps: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+class StepOutcomeUnknownError(OsfleetError):
+    """The agent stopped while applying a step: whether it reached the guest is unknown, so it is not
+    applied again (reset the replica to go on from a known state)."""
 
 
-@dataclass
-class OsgymVm:
-    replica: str
-    lease_id: str
-    owner: str
-
-
-class AgentState:
-    def __init__(self, host: ReplicaHost, config: AgentConfig) -> None:
-        self.host = host
-        self.config = config
-        self.metrics = Metrics()
-        self.episodes: dict[str, Episode] = {}
-        self.osgym: dict[int, OsgymVm] = {}
-        self.next_vm = 0
-        self.lock = threading.Lock()
-
-    def episode(self, rid: str, lease_id: str) -> Episode:
-        self.host.check_lease(rid, lease_id)  # 404 unknown replica, 409 foreign or expired lease
-        with self.lock:
-            ep = self.episodes.get(rid)
-            if ep is None or ep.lease_id != lease_id:
-                ep = Episode(lease_id=lease_id)
-                self.episodes[rid] = ep
-            return ep
-
-
-# --- request and response bodies --------------------------------------------------------------------------
-class LeaseRequest(BaseModel):
-    holder: str = Field("anonymous", max_length=200)
-    ttl_seconds: float | None = Field(None, gt=0, le=86400)
-
-
-class ScaleRequest(BaseModel):
-    count: int = Field(ge=1, le=1024)
-    mode: Literal["snapshot", "cold"] | None = None
-
-
-class LeaseResponse(BaseModel):
-    replica_id: str
-    lease_id: str
-    expires_at: float
-
-
-class LeaseBody(BaseModel):
-    lease_id: str = Field(min_length=1, max_length=200)
-
-
-class ResetRequest(LeaseBody):
-    task_id: str | None = None
-    task: dict[str, Any] | None = None
-    observe: bool = True
-
-
-class Observation(BaseModel):
-    screenshot: str | None = Field(None, description="base64 image")
-    format: str = "png"
-    width: int
-    height: int
-
-
-class ResetResponse(BaseModel):
-    replica_id: str
-    generation: int
-    task_id: str | None
-    instruction: str | None
-    seconds: float
-    observation: Observation | None
-
-
-class StepRequest(LeaseBody):
-    action_id: str = Field(min_length=1, max_length=200, description="caller-chosen; a retry with it applies once")
-    actions: list[Action] = Field(min_length=1, max_length=100)
-    observe: bool = True
-
-
-class StepResponse(BaseModel):
-    action_id: str
-    replayed: bool = False
-    done: bool
-    results: list[ActionResult]
-    observation: Observation | None
-
-
-def _observe(host: ReplicaHost, rid: str, fmt: str = "png") -> Observation:
+def _observe(host: ReplicaHost, rid: str, fmt: Literal["png", "jpeg"] = "png") -> Observation:
     data = host.screenshot(rid, fmt)
     w, h = host.image.screen
     return Observation(screenshot=base64.b64encode(data).decode(), format=fmt, width=w, height=h)
@@ -139,60 +75,81 @@ def _task_from(req: ResetRequest) -> Task | None:
     if req.task_id:
         try:
             return find_task(req.task_id)
-        except Exception as exc:
+        except TaskError as exc:
             raise NotFound(str(exc)) from None
     return parse_task(req.task, "in request") if req.task is not None else None
 
 
+def _set_task(live: LiveEpisode, task: Task | None) -> None:
+    live.task = task
+    live.data = Episode(
+        replica_id=live.data.replica_id,
+        lease_id=live.data.lease_id,
+        task=task.model_dump(mode="json") if task is not None else None,
+        osgym=live.data.osgym,
+    )
+
+
 # --- native API ---------------------------------------------------------------------------------------------
 def _native(state: Callable[[], AgentState]) -> APIRouter:
-    r = APIRouter(prefix="/v1", dependencies=[Depends(auth.require_token)], tags=["replicas"])
+    r = APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(auth.require_token)],
+        tags=["replicas"],
+        route_class=BoundaryRoute,
+        responses=documented(401, 422),
+    )
 
-    @r.post("/leases", status_code=201)
+    @r.post("/leases", status_code=201, responses=documented(503))
     def lease(req: LeaseRequest) -> LeaseResponse:
+        """Lease a ready replica (503 capacity with Retry-After when none is ready)."""
         s = state()
         rec, lease_ = s.host.lease(req.holder, req.ttl_seconds or s.config.lease_seconds)
         return LeaseResponse(replica_id=rec.id, lease_id=lease_.id, expires_at=lease_.expires_at)
 
     @r.get("/replicas")
-    def replicas() -> list[dict[str, Any]]:
+    def replicas() -> list[ReplicaView]:
         return [
-            {
-                "id": x.id,
-                "state": x.state,
-                "generation": x.generation,
-                "mode": x.mode,
-                "image": x.image,
-                "leased": x.lease is not None,
-                "created_at": x.created_at,
-                "ready_at": x.ready_at,
-            }
+            ReplicaView(
+                id=x.id,
+                state=x.state.value,
+                generation=x.generation,
+                mode=x.mode,
+                image=x.image,
+                leased=x.lease is not None,
+                created_at=x.created_at,
+                ready_at=x.ready_at,
+            )
             for x in state().host.replicas()
         ]
 
-    @r.post("/replicas", status_code=202)
-    def scale_up(req: ScaleRequest) -> dict[str, Any]:
-        """Bring up more replicas in the background; watch them with GET /v1/replicas."""
-        state().host.up_async(req.count, req.mode)
-        return {"requested": req.count, "mode": req.mode or state().host.mode}
+    @r.post("/replicas", status_code=202, responses=documented(503))
+    def scale_up(req: ScaleRequest) -> ScaleResponse:
+        """Bring up more replicas in the background; watch them with GET /v1/replicas. 503 capacity when the
+        host cannot hold that many more."""
+        s = state()
+        s.host.up_async(req.count, req.mode)
+        return ScaleResponse(requested=req.count, mode=req.mode or s.host.mode)
 
-    @r.delete("/replicas/{rid}")
-    def retire(rid: str) -> dict[str, Any]:
-        state().host.retire(rid)
-        return {"replica_id": rid, "retired": True}
+    @r.delete("/replicas/{rid}", responses=documented(404, 409, 503))
+    def retire(rid: str) -> Retired:
+        s = state()
+        s.host.retire(rid)
+        s.forget(rid)
+        return Retired(replica_id=rid, retired=True)
 
     @r.get("/host")
-    def host_sample() -> dict[str, Any]:
+    def host_sample() -> dict[str, object]:
         """A sample of this host for load tests: replicas by state, disk bytes, CPU and memory."""
         s = state()
         return {"time": time.time(), **s.metrics.sample(s.host), **host_usage()}
 
-    @r.post("/replicas/{rid}/reset")
+    @r.post("/replicas/{rid}/reset", responses=documented(404, 409, 503))
     def reset(rid: str, req: ResetRequest) -> ResetResponse:
         s = state()
-        ep = s.episode(rid, req.lease_id)
+        live = s.episode(rid, req.lease_id)
         task = _task_from(req)
-        with ep.lock:
+        with live.lock:
             start = time.monotonic()
             if task is None:
                 s.host.reset(rid)
@@ -200,7 +157,8 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 runner.reset_to_task(s.host, rid, task)
             took = time.monotonic() - start
             s.metrics.reset.observe(took)
-            ep.task, ep.steps = task, OrderedDict()
+            _set_task(live, task)
+            s.save(live)
         return ResetResponse(
             replica_id=rid,
             generation=s.host.get(rid).generation,
@@ -210,89 +168,89 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
             observation=_observe(s.host, rid) if req.observe else None,
         )
 
-    @r.get("/replicas/{rid}/observation")
+    @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503))
     def observation(
-        rid: str, lease_id: str = Query(min_length=1), format: Literal["png", "jpeg"] = "png"
+        rid: str, lease_id: str = Query(min_length=1, max_length=200), format: Literal["png", "jpeg"] = "png"
     ) -> Observation:
         s = state()
         s.episode(rid, lease_id)
         return _observe(s.host, rid, format)
 
-    @r.post("/replicas/{rid}/step")
+    @r.post("/replicas/{rid}/step", responses=documented(404, 409, 503))
     def step(rid: str, req: StepRequest) -> StepResponse:
+        """Apply a batch of actions once per ``action_id``: a retry (even after an agent restart) gets the
+        stored results back with ``replayed: true`` and a fresh observation."""
         s = state()
-        ep = s.episode(rid, req.lease_id)
-        with ep.lock:
-            if req.action_id in ep.steps:
-                return StepResponse(**{**ep.steps[req.action_id], "replayed": True})
-            start = time.monotonic()
-            results = s.host.act(rid, req.actions)
-            s.metrics.step.observe(time.monotonic() - start)
-            done = any(a.type == "terminate" for a in req.actions)
-            body = {
-                "action_id": req.action_id,
-                "done": done,
-                "results": results,
-                "observation": _observe(s.host, rid) if req.observe else None,
-            }
-            ep.steps[req.action_id] = body
-            while len(ep.steps) > STEP_CACHE_SIZE:
-                ep.steps.popitem(last=False)
-            return StepResponse(**body)
+        live = s.episode(rid, req.lease_id)
+        with live.lock:
+            applied = live.data.applied(req.action_id)
+            if applied is None:
+                if live.data.pending == req.action_id:
+                    raise StepOutcomeUnknownError(
+                        f"step {req.action_id} was under way when the host agent stopped; its outcome is unknown "
+                        "and it is not applied again: reset the replica"
+                    )
+                live.data.pending = req.action_id
+                s.save(live)
+                start = time.monotonic()
+                results = s.host.act(rid, req.actions)
+                s.metrics.step.observe(time.monotonic() - start)
+                applied = AppliedStep(
+                    action_id=req.action_id,
+                    done=any(a.type == "terminate" for a in req.actions),
+                    results=[x.model_dump(mode="json") for x in results],
+                )
+                live.data.remember(applied)
+                live.data.pending = None
+                s.save(live)
+                replayed = False
+            else:
+                replayed = True
+            return StepResponse(
+                action_id=req.action_id,
+                replayed=replayed,
+                done=applied.done,
+                results=[ActionResult.model_validate(x) for x in applied.results],
+                observation=_observe(s.host, rid) if req.observe else None,
+            )
 
-    @r.post("/replicas/{rid}/evaluate")
+    @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503))
     def evaluate(rid: str, req: LeaseBody) -> Evaluation:
         s = state()
-        ep = s.episode(rid, req.lease_id)
-        if ep.task is None:
-            raise Conflict(f"replica {rid} has no task: reset it with task_id or task first")
-        with ep.lock:
+        live = s.episode(rid, req.lease_id)
+        with live.lock:
+            task = s.task_of(live, rid)
             start = time.monotonic()
-            result = runner.evaluate(s.host, rid, ep.task)
+            result = runner.evaluate(s.host, rid, task)
             s.metrics.evaluate.observe(time.monotonic() - start)
             return result
 
-    @r.post("/replicas/{rid}/release")
-    def release(rid: str, req: LeaseBody) -> dict[str, Any]:
+    @r.post("/replicas/{rid}/release", responses=documented(404, 409))
+    def release(rid: str, req: LeaseBody) -> Released:
+        """End the lease; the replica is reset before anyone else can lease it."""
         s = state()
         s.host.check_lease(rid, req.lease_id)
-        s.host.release(rid, req.lease_id)
-        with s.lock:
-            s.episodes.pop(rid, None)
-        return {"replica_id": rid, "released": True}
+        ready = s.host.release(rid, req.lease_id)
+        s.forget(rid)
+        return Released(replica_id=rid, released=True, ready_again=ready)
 
     return r
 
 
 # --- OSGym wire compatibility -------------------------------------------------------------------------------
-class OsgymReset(BaseModel):
-    task_config: dict[str, Any]
-    timeout: int = Field(1000, gt=0)
-
-
-class OsgymStep(BaseModel):
-    action: str
-    vm_id: int
-
-
-class OsgymShutdown(BaseModel):
-    vm_id: int | Literal["all"]
-
-
 def _osgym(state: Callable[[], AgentState]) -> APIRouter:
-    r = APIRouter(dependencies=[Depends(auth.require_token_or_osgym_ip)], tags=["osgym"])
-
-    def owned(s: AgentState, vm_id: int, who: str) -> OsgymVm:
-        vm = s.osgym.get(vm_id)
-        if vm is None or vm.owner != who:
-            raise NotFound(f"vm {vm_id} is not allocated to this client")
-        return vm
+    r = APIRouter(
+        dependencies=[Depends(auth.require_token_or_osgym_ip)],
+        tags=["osgym"],
+        route_class=BoundaryRoute,
+        responses=documented(401, 422),
+    )
 
     def jpeg(s: AgentState, rid: str) -> str:
         return base64.b64encode(s.host.screenshot(rid, "jpeg")).decode()
 
-    @r.post("/reset")
-    def reset(req: OsgymReset, request: Request) -> dict[str, Any]:
+    @r.post("/reset", responses=documented(503))
+    def reset(req: OsgymReset, request: Request) -> OsgymResetResponse:
         s, who = state(), auth.caller(request)
         task = parse_task(req.task_config, "task_config")
         rec, lease_ = s.host.lease(who, float(req.timeout))
@@ -300,65 +258,66 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
             start = time.monotonic()
             runner.reset_to_task(s.host, rec.id, task)
             s.metrics.reset.observe(time.monotonic() - start)
-        except Exception:
+            live = s.episode(rec.id, lease_.id)
+            with live.lock:
+                _set_task(live, task)
+                vm_id = s.new_vm(rec.id)
+                live.data.osgym = OsgymClient(vm_id=vm_id, owner=who)
+                s.save(live)
+            screenshot = jpeg(s, rec.id)
+        except BaseException:
+            s.forget(rec.id)
             s.host.release(rec.id, lease_.id)
             raise
-        with s.lock:
-            vm_id = s.next_vm
-            s.next_vm += 1
-            s.osgym[vm_id] = OsgymVm(rec.id, lease_.id, who)
-            s.episodes[rec.id] = Episode(lease_id=lease_.id, task=task)
-        return {"screenshot": jpeg(s, rec.id), "problem": task.instruction, "vm_id": vm_id}
+        return OsgymResetResponse(screenshot=screenshot, problem=task.instruction, vm_id=vm_id)
 
-    @r.post("/step")
-    def step(req: OsgymStep, request: Request) -> dict[str, Any]:
+    @r.post("/step", responses=documented(404, 409, 503))
+    def step(req: OsgymStep, request: Request) -> OsgymStepResponse:
         s = state()
-        vm = owned(s, req.vm_id, auth.caller(request))
+        rid, live = s.vm(req.vm_id, auth.caller(request))
         parsed = parse_osgym(req.action)
-        start = time.monotonic()
-        results = s.host.act(vm.replica, parsed.actions) if parsed.actions else []
-        s.metrics.step.observe(time.monotonic() - start)
-        failed = [r_ for r_ in results if not r_.ok]
-        if failed:
-            raise VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
-        reward = 0.0
-        screenshot = jpeg(s, vm.replica)
-        if parsed.finish:
-            task = s.episodes[vm.replica].task
-            assert task is not None
+        s.host.check_lease(rid, live.data.lease_id)  # 409 once the lease has expired
+        with live.lock:
+            task = s.task_of(live, rid)
             start = time.monotonic()
-            reward = runner.evaluate(s.host, vm.replica, task).reward
-            s.metrics.evaluate.observe(time.monotonic() - start)
-            _release(s, req.vm_id)
-        return {"screenshot": screenshot, "is_finish": parsed.finish, "reward": reward}
+            results = s.host.act(rid, parsed.actions) if parsed.actions else []
+            s.metrics.step.observe(time.monotonic() - start)
+            failed = [x for x in results if not x.ok]
+            if failed:
+                raise VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
+            screenshot = jpeg(s, rid)
+            reward = 0.0
+            if parsed.finish:
+                start = time.monotonic()
+                reward = runner.evaluate(s.host, rid, task).reward
+                s.metrics.evaluate.observe(time.monotonic() - start)
+        if parsed.finish:
+            _release(s, rid, live)
+        return OsgymStepResponse(screenshot=screenshot, is_finish=parsed.finish, reward=reward)
 
-    @r.post("/shutdown")
-    def shutdown(req: OsgymShutdown, request: Request) -> dict[str, Any]:
+    @r.post("/shutdown", responses=documented(404))
+    def shutdown(req: OsgymShutdown, request: Request) -> OsgymShutdownResponse:
+        """Release the caller's vm (or all of the caller's vms); another client's vms are never touched."""
         s, who = state(), auth.caller(request)
-        if req.vm_id == "all":
-            for vm_id in [i for i, vm in list(s.osgym.items()) if vm.owner == who]:
-                _release(s, vm_id)
-        else:
-            owned(s, req.vm_id, who)
-            _release(s, req.vm_id)
-        return {"vm_id": req.vm_id}
+        ids = s.vms_of(who) if req.vm_id == "all" else [req.vm_id]
+        for vm_id in ids:
+            rid, live = s.vm(vm_id, who)
+            _release(s, rid, live)
+        return OsgymShutdownResponse(vm_id=req.vm_id)
 
-    @r.get("/screenshot")
-    def screenshot(request: Request, vm_id: int = Query(alias="vmId")) -> dict[str, Any]:
+    @r.get("/screenshot", responses=documented(404, 409, 503))
+    def screenshot(request: Request, vm_id: int = Query(alias="vmId")) -> OsgymScreenshot:
         s = state()
-        vm = owned(s, vm_id, auth.caller(request))
-        return {"screenshot": jpeg(s, vm.replica), "vm_id": vm_id}
+        rid, _ = s.vm(vm_id, auth.caller(request))
+        return OsgymScreenshot(screenshot=jpeg(s, rid), vm_id=vm_id)
 
     return r
 
 
-def _release(s: AgentState, vm_id: int) -> None:
-    with s.lock:
-        vm = s.osgym.pop(vm_id, None)
-        if vm is not None:
-            s.episodes.pop(vm.replica, None)
-    if vm is not None:
-        s.host.release(vm.replica, vm.lease_id)
+def _release(s: AgentState, rid: str, live: LiveEpisode) -> None:
+    s.forget(rid)
+    with contextlib.suppress(LeaseError):  # the lease ended already (expired): the replica was reset then
+        s.host.release(rid, live.data.lease_id)
 
 
 # --- the app ------------------------------------------------------------------------------------------------
@@ -373,10 +332,10 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         host = host_factory()
-        host.adopt()
-        host.start_background()
-        holder["state"] = AgentState(host, config)
         try:
+            host.adopt()
+            holder["state"] = AgentState(host, config)
+            host.start_background()
             yield
         finally:
             host.close()
@@ -387,20 +346,42 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     app.include_router(_native(state))
     app.include_router(_osgym(state))
 
-    @app.get("/health", tags=["meta"])
-    def health() -> dict[str, Any]:
+    @app.get("/health", tags=["meta"], responses={503: {"model": Health, "description": "a background thread died"}})
+    def health() -> Response:
+        """Open to anyone: 200 while the agent works, 503 when its monitor or warm pool has died."""
         s = state()
         counts: dict[str, int] = {}
         for rec in s.host.replicas():
             counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
-        return {"status": "ok", "image": s.host.image.name, "accelerator": s.host.accel, "replicas": counts}
+        ok = s.host.background_alive()
+        body = Health(
+            status="ok" if ok else "failing",
+            image=s.host.image.name,
+            accelerator=s.host.accel,
+            replicas=counts,
+            problem=None if ok else "the failure monitor or the warm pool has stopped",
+        )
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["meta"], dependencies=[Depends(auth.require_loopback_or_token)])
+    @app.get(
+        "/metrics",
+        tags=["meta"],
+        dependencies=[Depends(auth.require_loopback_or_token)],
+        response_class=Response,
+        responses={
+            200: {
+                "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}},
+                "description": "Prometheus",
+            },
+            **documented(401),
+        },
+    )
     def metrics() -> Response:
+        """Prometheus text format; open to loopback, a bearer token elsewhere."""
         s = state()
         return Response(s.metrics.render(s.host), media_type="text/plain; version=0.0.4")
 
     return app
 
 
-__all__ = ["AgentState", "Lease", "create_app"]
+__all__ = ["AgentState", "create_app"]

@@ -9,11 +9,18 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from osfleet.api.osgym_actions import ActionStringError
 from osfleet.errors import GuestTimeoutError, ImageNotFoundError, OsfleetError, VirtError
+from osfleet.replicas.errors import (
+    CapacityError,
+    LeaseError,
+    NoReplicaAvailableError,
+    ReplicaBusyError,
+    ReplicaNotFoundError,
+)
 from osfleet.replicas.input import InputError
-from osfleet.replicas.manager import LeaseError, NoReplicaAvailableError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.records import InvalidTransitionError
 from osfleet.tasks.model import TaskError
 from osfleet.tasks.runner import TaskSetupError, VerifierError
@@ -28,6 +35,7 @@ STATUS: list[tuple[type[Exception], int, str]] = [
     (ActionStringError, 422, "invalid_action"),
     (TaskError, 422, "invalid_task"),
     (NoReplicaAvailableError, 503, "capacity"),
+    (CapacityError, 503, "capacity"),
     (TaskSetupError, 503, "infrastructure"),
     (VerifierError, 503, "infrastructure"),
     (GuestTimeoutError, 503, "infrastructure"),
@@ -61,6 +69,13 @@ def install(app: FastAPI, on_error: object = None) -> None:
             on_error(kind)
         headers = {"Retry-After": "2"} if code == 503 else None
         return JSONResponse(status_code=code, content={"error": str(exc), "kind": kind}, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {401: "unauthorized", 404: "not_found", 405: "invalid_request"}.get(exc.status_code, "invalid_request")
+        return JSONResponse(
+            status_code=exc.status_code, content={"error": str(exc.detail), "kind": kind}, headers=exc.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from osfleet import qcow2
@@ -46,7 +46,7 @@ class Metrics:
         }
         for kind, n in disk.items():
             self.disk.labels(kind=kind).set(n)
-        return {"replicas": counts, "disk_allocated_bytes": disk, "counters": dict(host.counters)}
+        return {"replicas": counts, "disk_allocated_bytes": disk, "counters": host.counters.snapshot()}
 
     def render(self, host: ReplicaHost) -> bytes:
         self.sample(host)
@@ -57,28 +57,13 @@ def _tree_bytes(root: Path) -> int:
     return sum(qcow2.allocated_bytes(p) for p in root.rglob("*") if p.is_file()) if root.exists() else 0
 
 
-_last_cpu: list[tuple[float, float]] = []
-
-
 def host_usage() -> dict[str, Any]:
-    """Host CPU busy share since the previous call, and memory in use (from /proc)."""
-    with open("/proc/stat") as f:
-        fields = [float(x) for x in f.readline().split()[1:]]
-    idle, total = fields[3] + fields[4], sum(fields)
-    busy = None
-    if _last_cpu:
-        d_idle, d_total = idle - _last_cpu[0][0], total - _last_cpu[0][1]
-        busy = 1.0 - d_idle / d_total if d_total > 0 else None
-        _last_cpu.clear()
-    _last_cpu.append((idle, total))
-    mem: dict[str, int] = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            mem[key] = int(value.split()[0]) * 1024
+    """Host CPU busy share since the previous call (0 on the first), and memory in use."""
+    busy = psutil.cpu_percent(interval=None)
+    mem = psutil.virtual_memory()
     return {
-        "cpu_busy_share": busy,
-        "cpus": os.cpu_count(),
-        "memory_total_bytes": mem["MemTotal"],
-        "memory_used_bytes": mem["MemTotal"] - mem["MemAvailable"],
+        "cpu_busy_share": busy / 100.0,
+        "cpus": psutil.cpu_count(),
+        "memory_total_bytes": mem.total,
+        "memory_used_bytes": mem.total - mem.available,
     }

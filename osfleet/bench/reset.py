@@ -12,13 +12,13 @@ from typing import Any
 
 from PIL import ImageChops
 
-from osfleet.config import ReplicaShape, Settings
+from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
 from osfleet.replicas import saved_state
 from osfleet.replicas.input import Input
-from osfleet.replicas.manager import MODES, Mode, ReplicaHost
+from osfleet.replicas.manager import ReplicaHost
 from osfleet.stats import percentile
 
 LATENCY_SAMPLES = 20

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from osfleet.config import Mode
 from osfleet.errors import OsfleetError
 
 
@@ -61,7 +62,7 @@ class ReplicaRecord(BaseModel):
 
     id: str
     image: str
-    mode: str  # "cold" or "snapshot": how the replica is brought up and reset
+    mode: Mode  # how the replica is brought up and reset
     state: State = State.PROVISIONING
     generation: int = 0
     domain: str = ""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from osfleet import qcow2
-from osfleet.config import NAME_PREFIX, ReplicaShape, Settings
+from osfleet.config import ReplicaShape, Settings
 from osfleet.domain_xml import Accel
 from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.images import GoldenImage
@@ -67,7 +67,7 @@ def ensure_saved_state(
     work = settings.states_dir / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
     work.mkdir()
     work.chmod(0o755)
-    name = f"{NAME_PREFIX}template-{uuid.uuid4().hex[:8]}"
+    name = f"{settings.template_prefix}{uuid.uuid4().hex[:8]}"
     try:
         if say:
             say(f"saving a ready running state of {image.name} (one cold boot, done once per image)")
@@ -81,7 +81,7 @@ def ensure_saved_state(
         # Clean page cache is free to drop: fewer pages in the stream make every restore faster.
         virt.guest_exec(name, ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
         started = time.monotonic()
-        virt.domain(name).suspend()
+        virt.suspend(name)
         _hand_over(virt, name, work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         virt.qmp(name, "migrate", {"uri": f"fd:{FD_NAME}"})
         _wait_migration(virt, name)
@@ -137,7 +137,7 @@ def load_memory(virt: Virt, state: SavedState, name: str) -> None:
     _hand_over(virt, name, state.memory, os.O_RDONLY)
     virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
     _wait_migration(virt, name)
-    virt.domain(name).resume()
+    virt.resume(name)
 
 
 def _hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:

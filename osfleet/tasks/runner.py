@@ -33,7 +33,6 @@ class VerifierError(OsfleetError):
 
 
 def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
-    domain = host.get(rid).domain
     for i, step in enumerate(task.setup):
         if isinstance(step, Sleep):
             time.sleep(step.seconds)
@@ -45,7 +44,7 @@ def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
             assert isinstance(step, Run)
             command, as_root, timeout = step.command, step.as_root, step.timeout
         try:
-            out = actions.shell(host.virt, domain, command, timeout, as_root)
+            out = host.shell(rid, command, timeout, as_root)
         except OsfleetError as exc:
             raise TaskSetupError(f"task {task.id}: set-up step {i + 1} failed: {exc}") from None
         if out["exit_code"] != 0:
@@ -64,29 +63,28 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
 
 
 def evaluate(host: ReplicaHost, rid: str, task: Task) -> Evaluation:
-    domain = host.get(rid).domain
     results = []
     for c in task.criteria:
         check = c.check
         try:
             if isinstance(check, CommandOutput):
-                out = actions.shell(host.virt, domain, check.command, CHECK_TIMEOUT_SECONDS, check.as_root)
+                out = host.shell(rid, check.command, CHECK_TIMEOUT_SECONDS, check.as_root)
                 met = (check.exit_code is None or out["exit_code"] == check.exit_code) and (
                     check.match is None or check.match.check(out["stdout"])
                 )
                 detail = out["stdout"][-200:]
             else:
                 assert isinstance(check, FileContent)
-                met, detail = _check_file(host, domain, check)
+                met, detail = _check_file(host, rid, check)
         except OsfleetError as exc:
             raise VerifierError(f"task {task.id}: criterion {c.name!r} could not be checked: {exc}") from None
         results.append(CriterionResult(name=c.name, met=met, weight=c.weight, required=c.required, detail=detail))
     return score(results)
 
 
-def _check_file(host: ReplicaHost, domain: str, check: FileContent) -> tuple[bool, str]:
+def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, str]:
     q = shlex.quote(check.path)
-    out = actions.shell(host.virt, domain, f"test -e {q} && echo present || echo absent", CHECK_TIMEOUT_SECONDS, True)
+    out = host.shell(rid, f"test -e {q} && echo present || echo absent", CHECK_TIMEOUT_SECONDS, True)
     exists = out["stdout"].strip() == "present"
     if check.absent:
         return not exists, "absent" if not exists else "present"
@@ -94,7 +92,7 @@ def _check_file(host: ReplicaHost, domain: str, check: FileContent) -> tuple[boo
         return False, "missing"
     if check.match is None:
         return True, "present"
-    text = actions.read_file(host.virt, domain, check.path, actions.MAX_READ_BYTES).decode(errors="replace")
+    text = host.read_file(rid, check.path, actions.MAX_READ_BYTES).decode(errors="replace")
     return check.match.check(text), text[-200:]
 
 

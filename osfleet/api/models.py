@@ -1,0 +1,141 @@
+"""Request and response bodies of the host agent (native ``/v1`` and OSGym's endpoints)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from osfleet.config import Mode
+from osfleet.replicas.actions import Action, ActionResult
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LeaseRequest(_Strict):
+    holder: str = Field("anonymous", max_length=200)
+    ttl_seconds: float | None = Field(None, gt=0, le=86400)
+
+
+class ScaleRequest(_Strict):
+    count: int = Field(ge=1, le=1024)
+    mode: Mode | None = None
+
+
+class ScaleResponse(BaseModel):
+    requested: int
+    mode: Mode
+
+
+class LeaseResponse(BaseModel):
+    replica_id: str
+    lease_id: str
+    expires_at: float
+
+
+class ReplicaView(BaseModel):
+    id: str
+    state: str
+    generation: int
+    mode: Mode
+    image: str
+    leased: bool
+    created_at: float
+    ready_at: float | None
+
+
+class Retired(BaseModel):
+    replica_id: str
+    retired: bool
+
+
+class Released(BaseModel):
+    replica_id: str
+    released: bool
+    ready_again: bool = Field(description="false when the reset after release failed (the replica is rebuilt)")
+
+
+class LeaseBody(_Strict):
+    lease_id: str = Field(min_length=1, max_length=200)
+
+
+class ResetRequest(LeaseBody):
+    task_id: str | None = Field(None, min_length=1, max_length=200)
+    task: dict[str, Any] | None = None
+    observe: bool = True
+
+
+class Observation(BaseModel):
+    screenshot: str | None = Field(None, description="base64 image")
+    format: Literal["png", "jpeg"] = "png"
+    width: int
+    height: int
+
+
+class ResetResponse(BaseModel):
+    replica_id: str
+    generation: int
+    task_id: str | None
+    instruction: str | None
+    seconds: float
+    observation: Observation | None
+
+
+class StepRequest(LeaseBody):
+    action_id: str = Field(min_length=1, max_length=200, description="caller-chosen; a retry with it applies once")
+    actions: list[Action] = Field(min_length=1, max_length=100)
+    observe: bool = True
+
+
+class StepResponse(BaseModel):
+    action_id: str
+    replayed: bool = False
+    done: bool
+    results: list[ActionResult]
+    observation: Observation | None
+
+
+class Health(BaseModel):
+    status: Literal["ok", "failing"]
+    image: str
+    accelerator: str
+    replicas: dict[str, int]
+    problem: str | None = None
+
+
+# --- OSGym's wire format ---------------------------------------------------------------------------------------
+class OsgymReset(BaseModel):
+    task_config: dict[str, Any]
+    timeout: int = Field(1000, gt=0, le=86400)
+
+
+class OsgymResetResponse(BaseModel):
+    screenshot: str
+    problem: str
+    vm_id: int
+
+
+class OsgymStep(BaseModel):
+    action: str = Field(max_length=100000)
+    vm_id: int
+
+
+class OsgymStepResponse(BaseModel):
+    screenshot: str
+    is_finish: bool
+    reward: float
+
+
+class OsgymShutdown(BaseModel):
+    vm_id: int | Literal["all"]
+
+
+class OsgymShutdownResponse(BaseModel):
+    vm_id: int | Literal["all"]
+
+
+class OsgymScreenshot(BaseModel):
+    screenshot: str
+    vm_id: int

@@ -1,0 +1,107 @@
+"""The host agent's state: the replica host, and the episode of each lease (persisted, see episodes.py).
+
+Lives as long as the app (made in its lifespan). A restarted agent reloads the episodes of the leases its
+replicas still hold, so ``evaluate``, step replay and OSGym vm ids keep working across a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from osfleet.api.errors import Conflict, NotFound
+from osfleet.api.metrics import Metrics
+from osfleet.config import AgentConfig
+from osfleet.replicas.episodes import Episode, EpisodeStore
+from osfleet.replicas.manager import ReplicaHost
+from osfleet.replicas.records import State
+from osfleet.tasks.model import Task
+
+
+@dataclass
+class LiveEpisode:
+    """An episode and the lock that serialises its steps, resets and evaluations."""
+
+    data: Episode
+    task: Task | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class AgentState:
+    def __init__(self, host: ReplicaHost, config: AgentConfig) -> None:
+        self.host = host
+        self.config = config
+        self.metrics = Metrics()
+        self.store = EpisodeStore(host.settings.replicas_dir)
+        self._episodes: dict[str, LiveEpisode] = {}
+        self._osgym: dict[int, str] = {}  # vm id -> replica
+        self._next_vm = 0
+        self._lock = threading.Lock()
+        self._reload()
+
+    def _reload(self) -> None:
+        """Episodes of leases that survived a restart; others (released, expired) are dropped."""
+        for rec in self.host.replicas():
+            ep = self.store.load(rec.id)
+            if ep is None:
+                continue
+            if rec.state != State.LEASED or rec.lease is None or rec.lease.id != ep.lease_id:
+                self.store.delete(rec.id)
+                continue
+            live = LiveEpisode(ep, Task.model_validate(ep.task) if ep.task is not None else None)
+            self._episodes[rec.id] = live
+            if ep.osgym is not None:
+                self._osgym[ep.osgym.vm_id] = rec.id
+                self._next_vm = max(self._next_vm, ep.osgym.vm_id + 1)
+
+    def episode(self, rid: str, lease_id: str) -> LiveEpisode:
+        """The episode of this lease (a new one for a new lease); 404/409 when the lease does not hold."""
+        self.host.check_lease(rid, lease_id)
+        with self._lock:
+            live = self._episodes.get(rid)
+            if live is None or live.data.lease_id != lease_id:
+                live = LiveEpisode(Episode(replica_id=rid, lease_id=lease_id))
+                self._episodes[rid] = live
+            return live
+
+    def save(self, live: LiveEpisode) -> None:
+        self.store.save(live.data)
+
+    def forget(self, rid: str) -> None:
+        with self._lock:
+            live = self._episodes.pop(rid, None)
+            if live is not None and live.data.osgym is not None:
+                self._osgym.pop(live.data.osgym.vm_id, None)
+        self.store.delete(rid)
+
+    # --- OSGym vm ids ----------------------------------------------------------------------------------------
+    def new_vm(self, rid: str) -> int:
+        with self._lock:
+            vm_id = self._next_vm
+            self._next_vm += 1
+            self._osgym[vm_id] = rid
+            return vm_id
+
+    def vm(self, vm_id: int, who: str) -> tuple[str, LiveEpisode]:
+        """The replica and episode of an OSGym vm id held by ``who``."""
+        with self._lock:
+            rid = self._osgym.get(vm_id)
+            live = self._episodes.get(rid) if rid is not None else None
+        if rid is None or live is None or live.data.osgym is None or live.data.osgym.owner != who:
+            raise NotFound(f"vm {vm_id} is not allocated to this client")
+        return rid, live
+
+    def vms_of(self, who: str) -> list[int]:
+        with self._lock:
+            return [
+                vm
+                for vm, rid in self._osgym.items()
+                if (ep := self._episodes.get(rid)) is not None
+                and ep.data.osgym is not None
+                and ep.data.osgym.owner == who
+            ]
+
+    def task_of(self, live: LiveEpisode, rid: str) -> Task:
+        if live.task is None:
+            raise Conflict(f"replica {rid} has no task: reset it with task_id or task first")
+        return live.task

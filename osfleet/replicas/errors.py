@@ -1,0 +1,25 @@
+"""Errors of the replica layer; the API maps each to a status in one table (osfleet/api/errors.py)."""
+
+from __future__ import annotations
+
+from osfleet.errors import OsfleetError
+
+
+class ReplicaNotFoundError(OsfleetError):
+    """No replica with that id on this host."""
+
+
+class ReplicaBusyError(OsfleetError):
+    """The replica is in a state that does not allow the operation (e.g. resetting, failed)."""
+
+
+class NoReplicaAvailableError(OsfleetError):
+    """No ready replica to lease right now."""
+
+
+class CapacityError(OsfleetError):
+    """The host cannot take that many more replicas (its configured maximum or its memory reserve)."""
+
+
+class LeaseError(OsfleetError):
+    """The lease is unknown, expired or held by someone else."""

@@ -1,0 +1,170 @@
+"""A stand-in for ReplicaHost with no libvirt and no golden image, for API and concurrency unit tests.
+
+Leases, records and the reset-after-release are the real ``Registry`` and ``LeaseBook``; only what needs a
+guest is faked: a reset is instant, ``act`` records the actions it was given, the screen is a blank image.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from osfleet.config import Mode, Settings
+from osfleet.errors import OsfleetError
+from osfleet.replicas.actions import Action, ActionResult
+from osfleet.replicas.adoption import AdoptReport
+from osfleet.replicas.errors import ReplicaBusyError
+from osfleet.replicas.leases import LeaseBook
+from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
+from osfleet.replicas.registry import Counters, Registry
+
+
+@dataclass
+class FakeImage:
+    name: str = "golden-fake"
+    screen: tuple[int, int] = (64, 40)
+    disk: Path = Path("/nonexistent/golden-fake.qcow2")
+
+
+@dataclass
+class FakeHost:
+    """The façade the API uses, over real records on ``home`` and a fake guest."""
+
+    home: Path
+    ready: int = 1
+    mode: Mode = "snapshot"
+    image: FakeImage = field(default_factory=FakeImage)
+    accel: str = "qemu"
+    applied: list[tuple[str, list[Action]]] = field(default_factory=list)
+    act_error: BaseException | None = None
+    alive: bool = True
+    files: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.settings = Settings(home=self.home, libvirt_uri="test:///default")
+        self.image.disk = self.home / "golden-fake.qcow2"
+        self.image.disk.parent.mkdir(parents=True, exist_ok=True)
+        self.image.disk.write_bytes(b"")
+        self.registry = Registry(RecordStore(self.settings.replicas_dir))
+        self.leases = LeaseBook(self.registry, self._reset_locked)
+        self.background = False
+        self.closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def counters(self) -> Counters:
+        return self.registry.counters
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    def adopt(self) -> AdoptReport:
+        report = AdoptReport()
+        records, _ = self.registry.store.load_all()
+        for rec in records:
+            self.registry.add(rec)
+            report.kept.append(rec.id)
+        while len(self.registry.all()) < self.ready:
+            self._make()
+        return report
+
+    def _make(self) -> str:
+        rid = f"r-{uuid.uuid4().hex[:8]}"
+        now = time.time()
+        rec = ReplicaRecord(id=rid, image=self.image.name, mode=self.mode, created_at=now, updated_at=now)
+        (self.settings.replicas_dir / rid).mkdir(parents=True, exist_ok=True)
+        rec.move(State.BOOTING)
+        rec.move(State.READY)
+        rec.generation = 1
+        self.registry.save(rec)
+        self.registry.add(rec)
+        return rid
+
+    def start_background(self) -> None:
+        self.background = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def background_alive(self) -> bool:
+        return self.alive
+
+    # --- replicas -------------------------------------------------------------------------------------------
+    def replicas(self) -> list[ReplicaRecord]:
+        return self.registry.all()
+
+    def get(self, rid: str) -> ReplicaRecord:
+        return self.registry.get(rid)
+
+    def _reset_locked(self, rec: ReplicaRecord, then: State | None = None) -> None:
+        after = then or (State.LEASED if rec.state == State.LEASED else State.READY)
+        rec.move(State.RESETTING)
+        rec.generation += 1
+        self.files.clear()
+        rec.move(after)
+        self.registry.save(rec)
+
+    def reset(self, rid: str, mode: Mode | None = None) -> None:
+        with self.registry.locked(rid) as rec:
+            if rec.state not in RUNNING_STATES:
+                raise ReplicaBusyError(f"replica {rid} is {rec.state}")
+            self._reset_locked(rec)
+
+    def retire(self, rid: str) -> None:
+        with self.registry.locked(rid) as rec:
+            rec.move(State.RETIRED)
+            self.registry.store.delete(rid)
+        self.registry.remove(rid)
+
+    def up_async(self, count: int, mode: Mode | None = None) -> None:
+        for _ in range(count):
+            self._make()
+
+    # --- leases ---------------------------------------------------------------------------------------------
+    def lease(self, holder: str, seconds: float = 600.0) -> tuple[ReplicaRecord, Lease]:
+        return self.leases.lease(holder, seconds)
+
+    def check_lease(self, rid: str, lease_id: str) -> ReplicaRecord:
+        return self.leases.check(rid, lease_id)
+
+    def release(self, rid: str, lease_id: str) -> bool:
+        return self.leases.release(rid, lease_id)
+
+    # --- guest ----------------------------------------------------------------------------------------------
+    def _running(self, rid: str) -> ReplicaRecord:
+        rec = self.get(rid)
+        if rec.state not in RUNNING_STATES:
+            raise ReplicaBusyError(f"replica {rid} is {rec.state}")
+        return rec
+
+    def screenshot(self, rid: str, fmt: str = "png") -> bytes:
+        self._running(rid)
+        buf = io.BytesIO()
+        Image.new("RGB", self.image.screen).save(buf, "PNG" if fmt == "png" else "JPEG")
+        return buf.getvalue()
+
+    def act(self, rid: str, actions: list[Action]) -> list[ActionResult]:
+        self._running(rid)
+        if self.act_error is not None:
+            raise self.act_error
+        with self._lock:
+            self.applied.append((rid, actions))
+        for a in actions:
+            if a.type == "shell":
+                self.files[a.command] = "ran"  # type: ignore[union-attr]
+        return [ActionResult(type=a.type, ok=True, seconds=0.0) for a in actions]
+
+    def shell(self, rid: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        self._running(rid)
+        if command.startswith("test -e"):
+            return {"exit_code": 0, "stdout": "absent\n", "stderr": ""}
+        out = "yes\n" if self.files else ""  # a shell action has run in this generation
+        return {"exit_code": 0, "stdout": out, "stderr": ""}
+
+    def read_file(self, rid: str, path: str, limit: int) -> bytes:
+        raise OsfleetError("no files in the fake guest")

@@ -1,0 +1,361 @@
+"""The replica host's parts alone, with no VM: the lease book, the monitor, the error boundary, adoption.
+
+Each test here failed against the code before the hardening issue (release marked the replica ready
+before resetting it; the monitor ran recoveries inline; non-osfleet errors left replicas `resetting`).
+"""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+
+from osfleet.config import Mode, Settings
+from osfleet.errors import DiskFullError, HostIOError, InternalError, OsfleetError, VirtError
+from osfleet.replicas.adoption import adopt
+from osfleet.replicas.errors import NoReplicaAvailableError
+from osfleet.replicas.generations import Generations
+from osfleet.replicas.leases import LeaseBook
+from osfleet.replicas.lifecycle import Lifecycle
+from osfleet.replicas.monitor import Monitor
+from osfleet.replicas.pool import WarmPool
+from osfleet.replicas.records import Lease, RecordStore, ReplicaRecord, State
+from osfleet.replicas.registry import Registry
+from osfleet.virt import Virt
+from tests.fakes import FakeImage
+
+WAIT = 10.0  # upper bound for anything that should happen "at once" in these tests
+
+
+def ready_record(rid: str, state: State = State.READY, lease: Lease | None = None) -> ReplicaRecord:
+    rec = ReplicaRecord(id=rid, image="golden-fake", mode="snapshot", created_at=time.time(), domain=f"dom-{rid}")
+    rec.move(State.BOOTING)
+    rec.move(State.READY)
+    if state == State.LEASED:
+        rec.lease = lease or Lease(id=f"lease-{rid}", holder="a", expires_at=time.time() + 600)
+        rec.move(State.LEASED)
+    return rec
+
+
+def registry_with(tmp_path: Path, *records: ReplicaRecord) -> Registry:
+    reg = Registry(RecordStore(tmp_path / "replicas"))
+    for rec in records:
+        reg.save(rec)
+        reg.add(rec)
+    return reg
+
+
+# --- bug 1: release -> lease race ----------------------------------------------------------------------------
+def test_a_released_replica_cannot_be_leased_until_its_reset_is_done(tmp_path: Path) -> None:
+    reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
+    started, finish = threading.Event(), threading.Event()
+
+    def slow_reset(rec: ReplicaRecord, then: State) -> None:
+        rec.move(State.RESETTING)
+        reg.save(rec)
+        started.set()
+        assert finish.wait(WAIT)
+        rec.move(then)
+        reg.save(rec)
+
+    book = LeaseBook(reg, slow_reset)
+    releasing = threading.Thread(target=book.release, args=("r-1", "lease-r-1"))
+    releasing.start()
+    assert started.wait(WAIT)
+    with pytest.raises(NoReplicaAvailableError):
+        book.lease("b")  # the dirty replica is not handed out, and lease() does not wait for the reset
+    assert reg.get("r-1").state == State.RESETTING
+    assert RecordStore(tmp_path / "replicas").load_all()[0][0].state == State.RESETTING  # a restart sees it too
+    finish.set()
+    releasing.join(WAIT)
+    rec, lease = book.lease("b")
+    assert rec.id == "r-1" and lease.holder == "b"
+
+
+def test_release_and_lease_raced_many_times_never_share_a_replica(tmp_path: Path) -> None:
+    reg = registry_with(tmp_path, *(ready_record(f"r-{i}") for i in range(3)))
+    resets: list[str] = []
+
+    def reset(rec: ReplicaRecord, then: State) -> None:
+        rec.move(State.RESETTING)
+        time.sleep(0.001)
+        resets.append(rec.id)
+        rec.move(then)
+
+    book = LeaseBook(reg, reset)
+    holders: dict[str, str] = {}
+    problems: list[str] = []
+    guard = threading.Lock()
+
+    def agent(name: str) -> None:
+        for _ in range(60):
+            try:
+                rec, lease = book.lease(name)
+            except NoReplicaAvailableError:
+                continue
+            with guard:
+                if rec.id in holders:
+                    problems.append(f"{rec.id} leased by {name} while {holders[rec.id]} holds it")
+                holders[rec.id] = name
+            with guard:
+                holders.pop(rec.id, None)
+            book.release(rec.id, lease.id)
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert problems == []
+    assert len(resets) > 0 and all(r.state == State.READY for r in reg.all())
+
+
+def test_a_failed_reset_after_release_leaves_the_replica_failed_not_ready(tmp_path: Path) -> None:
+    reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
+
+    def broken(rec: ReplicaRecord, then: State) -> None:
+        rec.move(State.RESETTING)
+        reg.fail(rec, "reset failed: boom")
+        raise OsfleetError("boom")
+
+    book = LeaseBook(reg, broken)
+    assert book.release("r-1", "lease-r-1") is False
+    assert reg.get("r-1").state == State.FAILED and reg.get("r-1").lease is None
+    with pytest.raises(NoReplicaAvailableError):
+        book.lease("b")
+
+
+# --- bug 2: the monitor keeps its period while recoveries run -------------------------------------------------
+def test_detection_goes_on_while_a_slow_recovery_runs(tmp_path: Path) -> None:
+    failures: list[list[str]] = [["slow"], [], ["fast"]]
+    release_slow = threading.Event()
+    recovered: list[str] = []
+
+    def detect() -> list[str]:
+        return failures.pop(0) if failures else []
+
+    def recover(rid: str) -> None:
+        if rid == "slow":
+            assert release_slow.wait(WAIT)
+        recovered.append(rid)
+
+    mon = Monitor(detect, recover, expired=list, expire=lambda r, lid: None, interval=0.02, workers=2)
+    mon.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while "fast" not in recovered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert recovered == ["fast"], "the second failure waited for the first recovery"
+        ticks = mon.ticks
+        time.sleep(0.2)
+        assert mon.ticks > ticks + 3, "detection stopped while a recovery was running"
+    finally:
+        release_slow.set()
+        mon.stop()
+    assert recovered == ["fast", "slow"]
+
+
+def test_recoveries_are_bounded_and_not_queued_twice(tmp_path: Path) -> None:
+    gate = threading.Event()
+    running, most, calls = [0], [0], []
+    lock = threading.Lock()
+
+    def recover(rid: str) -> None:
+        with lock:
+            calls.append(rid)
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        gate.wait(WAIT)
+        with lock:
+            running[0] -= 1
+
+    rounds = [["a", "b", "c", "d"]] * 5  # the same failures seen again while their recoveries are under way
+
+    mon = Monitor(lambda: rounds.pop() if rounds else [], recover, list, lambda r, lid: None, interval=0.01)
+    mon.start()
+    deadline = time.monotonic() + WAIT
+    while rounds and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not rounds
+    with lock:
+        assert running[0] == 2 and sorted(calls) == ["a", "b"]  # two at a time; c and d wait their turn
+    gate.set()
+    mon.stop()
+    assert most[0] == 2 and sorted(calls) == ["a", "b", "c", "d"]  # each once, though seen five times
+
+
+def test_the_monitor_survives_a_failing_detection_round() -> None:
+    rounds = [0]
+
+    def detect() -> list[str]:
+        rounds[0] += 1
+        if rounds[0] == 1:
+            raise RuntimeError("libvirt went away for a moment")
+        return []
+
+    mon = Monitor(detect, None, list, lambda r, lid: None, interval=0.01)
+    mon.start()
+    deadline = time.monotonic() + WAIT
+    while rounds[0] < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mon.alive() and rounds[0] >= 5
+    mon.stop()
+    assert not mon.alive()
+
+
+def test_the_warm_pool_keeps_going_after_a_failed_bring_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("osfleet.replicas.pool.BACKOFF_SECONDS", 0.01)
+    made: list[int] = []
+
+    def create() -> None:
+        if not made:
+            made.append(0)
+            raise RuntimeError("first bring-up fails")
+        made.append(1)
+
+    pool = WarmPool(1, lambda: made.count(1), create)
+    pool.start()
+    deadline = time.monotonic() + WAIT
+    while made.count(1) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.alive() and made == [0, 1]
+    pool.stop()
+    assert not pool.alive()
+
+
+# --- bug 3: every error ends as an osfleet error, and the replica failed ------------------------------------
+class FakeVirt:
+    def __init__(self) -> None:
+        self.running: set[str] = set()
+
+    def suspend(self, name: str) -> None:
+        pass
+
+    def is_running(self, name: str) -> bool:
+        return name in self.running
+
+
+class FakeGenerations:
+    def __init__(self, tmp_path: Path, error: BaseException | None) -> None:
+        self.virt = FakeVirt()
+        self.image = FakeImage()
+        self.error = error
+        self.retired: list[str] = []
+        self.dir = tmp_path / "replicas"
+
+    def replica_dir(self, rid: str) -> Path:
+        return self.dir / rid
+
+    def saved(self) -> None:
+        pass
+
+    def bring_up(self, rec: ReplicaRecord, mode: Mode) -> None:
+        rec.generation += 1
+        rec.domain = f"dom-{rec.id}-g{rec.generation}"
+        if self.error is not None:
+            raise self.error
+        self.virt.running.add(rec.domain)
+
+    def retire_generation(self, domain: str, disk: Path) -> None:
+        self.retired.append(domain)
+
+    def drop_standby(self, rid: str) -> None:
+        pass
+
+    def prepare_standby(self, rec: ReplicaRecord) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/srv/r-1/disk-g2.qcow2"), DiskFullError),
+        (OSError(errno.EACCES, "Permission denied"), HostIOError),
+        (libvirt.libvirtError("internal error: qemu unexpectedly closed the monitor"), VirtError),
+        (RuntimeError("a bug"), InternalError),
+        (VirtError("QMP migrate-incoming failed"), VirtError),
+    ],
+)
+def test_any_error_during_a_reset_marks_the_replica_failed(tmp_path: Path, error: BaseException, kind: type) -> None:
+    reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
+    gen = FakeGenerations(tmp_path, error)
+    life = Lifecycle(reg, gen, "snapshot")  # type: ignore[arg-type]
+    with pytest.raises(kind):
+        life.reset("r-1")
+    rec = reg.get("r-1")
+    assert rec.state == State.FAILED and "reset failed" in (rec.error or "")
+    assert RecordStore(tmp_path / "replicas").load_all()[0][0].state == State.FAILED
+    assert gen.retired == ["dom-r-1"]  # the old generation is cleaned up, not leaked
+    assert life.detect() == ["r-1"]  # due for recovery at once
+    gen.error = None
+    life.recover("r-1")
+    assert reg.get("r-1").state == State.READY and reg.counters["recoveries"] == 1
+
+
+def test_a_record_that_cannot_be_written_still_fails_the_replica_in_memory(tmp_path: Path) -> None:
+    reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
+    gen = FakeGenerations(tmp_path, OSError(errno.ENOSPC, "No space left on device"))
+    life = Lifecycle(reg, gen, "snapshot")  # type: ignore[arg-type]
+
+    def disk_full(record: ReplicaRecord) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+
+    reg.store.save = disk_full  # type: ignore[method-assign]
+    with pytest.raises(DiskFullError):
+        life.reset("r-1")
+    assert reg.get("r-1").state == State.FAILED
+
+
+def test_a_failed_recovery_is_retried_later_not_every_second(tmp_path: Path) -> None:
+    reg = registry_with(tmp_path, ready_record("r-1"))
+    gen = FakeGenerations(tmp_path, RuntimeError("still broken"))
+    life = Lifecycle(reg, gen, "snapshot")  # type: ignore[arg-type]
+    with reg.locked("r-1") as rec:
+        reg.fail(rec, "the replica's QEMU process is gone")
+    assert life.detect() == ["r-1"]
+    with pytest.raises(InternalError):
+        life.recover("r-1")
+    assert reg.get("r-1").state == State.FAILED and reg.get("r-1").error.startswith("recovery failed")  # type: ignore[union-attr]
+    assert life.detect() == []  # backs off
+
+
+# --- two processes adopting at once -------------------------------------------------------------------------
+def _adopt_in_child(home: str, out: Any, done: Any) -> None:
+    settings = Settings(home=Path(home), libvirt_uri="test:///default")
+    reg = Registry(RecordStore(settings.replicas_dir))
+    with Virt(settings.libvirt_uri) as virt:
+        gen = Generations(virt, FakeImage(), "qemu", None, settings, lambda m: None)  # type: ignore[arg-type]
+        report = adopt(reg, gen)
+        out.put((os.getpid(), sorted(report.kept + report.failed), sorted(report.foreign)))
+        done.wait(WAIT)
+        gen.close()
+
+
+def test_two_processes_adopting_at_once_never_both_take_a_replica(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "replicas")
+    ids = [f"r-{i}" for i in range(8)]
+    for rid in ids:
+        rec = ready_record(rid)
+        rec.owner_pid = 2**22 + 7  # a process that is gone
+        store.save(rec)
+    ctx = multiprocessing.get_context("fork")
+    out, done = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_adopt_in_child, args=(str(tmp_path), out, done)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    reports = [out.get(timeout=WAIT * 3) for _ in procs]
+    owners = {r.owner_pid for r in store.load_all()[0]}
+    done.set()
+    for p in procs:
+        p.join(WAIT)
+    taken = [r[1] for r in reports]
+    assert sorted(taken[0] + taken[1]) == ids, "every replica adopted exactly once"
+    assert [] in taken and ids in taken
+    assert {r[0] for r in reports if r[1]} == owners
