@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import time
 
 import pytest
 from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
 from osfleet.api.osgym_actions import ActionStringError, parse
+from osfleet.config import AgentConfig
 from osfleet.replicas.episodes import Episode
 from osfleet.replicas.errors import CapacityError
-from osfleet.config import AgentConfig
 from osfleet.tasks.model import CriterionResult, Match, TaskError, UnsupportedTaskError, parse_task, score
 from tests.fakes import FakeHost
 
