@@ -1,0 +1,153 @@
+"""One ComponentResource per concept: a KVM host, a golden image on every host, a host agent.
+
+Each has a small Args class, a type token ``osfleet:infra:<Name>``, children created with ``parent=self``
+and ``register_outputs`` at the end. The children are dynamic resources (``providers.py``) that act on the
+hosts over SSH.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi.dynamic import Resource
+
+from osfleet_infra.providers import AgentProvider, HostPrepProvider, ImageBuildProvider, ImagePublishProvider
+from osfleet_infra.remote import conn_inputs
+
+DEFAULT_PACKAGES = [
+    "qemu-system-x86", "qemu-utils", "libvirt-daemon-system", "libvirt-clients", "openssh-server", "python3-venv",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """How to reach one host and where osfleet lives on it."""
+
+    name: str
+    addr: str
+    user: str = "root"
+    port: int = 22
+    key_file: str = ""
+    home: str = "/var/lib/osfleet"
+    name_prefix: str = "osfleet-"
+    osfleet_bin: str = "osfleet"
+
+    def conn(self) -> dict[str, object]:
+        return conn_inputs(self.addr, self.user, self.port, self.key_file)
+
+
+class _HostPrep(Resource):
+    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+        super().__init__(HostPrepProvider(), name, {**props, "made_home": None, "made_sysctl_file": None,
+                                                     "osfleet_version": None}, opts)  # fmt: skip
+
+
+class _ImageBuild(Resource):
+    name: pulumi.Output[str]
+    manifest: pulumi.Output[str]
+    disk_sha256: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+        super().__init__(
+            ImageBuildProvider(), name, {**props, "name": None, "manifest": None, "disk_sha256": None}, opts
+        )
+
+
+class _ImagePublish(Resource):
+    disk: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+        super().__init__(ImagePublishProvider(), name, {**props, "disk": None}, opts)
+
+
+class _Agent(Resource):
+    url: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+        super().__init__(AgentProvider(), name, {**props, "url": None}, opts)
+
+
+@dataclass
+class KvmHostArgs:
+    target: HostTarget
+    packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
+    tune_kernel: bool = True  # sysctls + KSM; off in the lab, whose hosts share this machine's kernel
+
+
+class KvmHost(pulumi.ComponentResource):
+    """A host prepared for replicas over SSH: packages, libvirtd/virtlogd, /dev/kvm, kernel settings, image
+    store, and a working ``osfleet`` command."""
+
+    def __init__(self, name: str, args: KvmHostArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("osfleet:infra:KvmHost", name, None, opts)
+        t = args.target
+        self.target = t
+        self.prep = _HostPrep(
+            f"{name}-prep",
+            {**t.conn(), "packages": args.packages, "home": t.home, "osfleet_bin": t.osfleet_bin,
+             "tune_kernel": args.tune_kernel},
+            pulumi.ResourceOptions(parent=self),
+        )  # fmt: skip
+        self.address = pulumi.Output.from_input(t.addr)
+        self.image_store = self.prep.id.apply(lambda _: f"{t.home}/images")
+        self.register_outputs({"address": self.address, "image_store": self.image_store})
+
+
+@dataclass
+class GoldenImageArgs:
+    recipe: str  # recipe file on this machine
+    recipe_hash: str  # computed by the program at preview time: a new recipe replaces only the image
+    hosts: list[KvmHost]
+    build_dir: str = ""  # default: this machine's $OSFLEET_HOME/build
+
+
+class GoldenImage(pulumi.ComponentResource):
+    """The recipe's image built once on this machine (a cache hit by recipe hash) and published to every
+    host's store, checksum-checked."""
+
+    def __init__(self, name: str, args: GoldenImageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("osfleet:infra:GoldenImage", name, None, opts)
+        self.build = _ImageBuild(
+            f"{name}-build",
+            {"recipe": args.recipe, "recipe_hash": args.recipe_hash, "build_dir": args.build_dir},
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.published: dict[str, _ImagePublish] = {}
+        for h in args.hosts:
+            self.published[h.target.name] = _ImagePublish(
+                f"{name}-{h.target.name}",
+                {**h.target.conn(), "name": self.build.name, "manifest": self.build.manifest,
+                 "disk_sha256": self.build.disk_sha256, "store": h.image_store},
+                pulumi.ResourceOptions(parent=self, depends_on=[h.prep]),
+            )  # fmt: skip
+        self.image_name = self.build.name
+        self.register_outputs({"image_name": self.image_name, "disk_sha256": self.build.disk_sha256})
+
+
+@dataclass
+class HostAgentArgs:
+    host: KvmHost
+    image: GoldenImage
+    token: pulumi.Input[str]  # from Pulumi secrets
+    port: int = 8080
+    warm: int = 1
+    mode: str = "snapshot"
+
+
+class HostAgent(pulumi.ComponentResource):
+    """``osfleet host serve`` on a host as a supervised service, healthy before it counts as created."""
+
+    def __init__(self, name: str, args: HostAgentArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("osfleet:infra:HostAgent", name, None, opts)
+        t = args.host.target
+        self.agent = _Agent(
+            f"{name}-agent",
+            {**t.conn(), "home": t.home, "name_prefix": t.name_prefix, "osfleet_bin": t.osfleet_bin,
+             "bind": t.addr, "port": args.port, "warm": args.warm, "mode": args.mode,
+             "image": args.image.image_name, "token": pulumi.Output.secret(args.token)},
+            pulumi.ResourceOptions(parent=self, depends_on=[args.image.published[t.name]],
+                                   additional_secret_outputs=["token"]),
+        )  # fmt: skip
+        self.url = self.agent.url
+        self.register_outputs({"url": self.url})

@@ -1,0 +1,317 @@
+"""Python dynamic providers that act on hosts over SSH through the project's ``Host`` wrapper.
+
+Each spells out ``diff``: which inputs force a replacement (a different host, a different image) and which
+are updated in place (a new warm-pool size restarts only the agent). Errors leave as ``OsfleetError``s
+whose one-line message the engine shows next to the resource.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
+
+from osfleet.errors import CommandFailedError, ImageInUseError
+from osfleet.imaging.host import Host
+from osfleet_infra.remote import CONN_KEYS, host_of
+
+q = shlex.quote
+SYSCTL_FILE = "/etc/sysctl.d/90-osfleet.conf"
+# What a large fleet needs from the kernel: many QEMU processes and their mappings, and KSM merging the
+# nearly identical memory of clones.
+FLEET_SYSCTLS = {"vm.max_map_count": "1048576", "kernel.pid_max": "4194304", "fs.inotify.max_user_instances": "8192"}
+KSM = {"run": "1", "pages_to_scan": "1000", "sleep_millisecs": "20"}
+AGENT_START_SECONDS = 300.0
+
+
+def _diff(olds: dict[str, Any], news: dict[str, Any], keys: list[str], replace_keys: tuple[str, ...]) -> DiffResult:
+    changes = [k for k in keys if olds.get(k) != news.get(k)]
+    return DiffResult(
+        changes=bool(changes), replaces=[k for k in changes if k in replace_keys], delete_before_replace=True
+    )
+
+
+# --- KvmHost: prepare a host ---------------------------------------------------------------------------------
+
+
+class HostPrepProvider(ResourceProvider):
+    """Packages, daemons, /dev/kvm, kernel settings, image store and the osfleet command on one host."""
+
+    KEYS = [*CONN_KEYS, "packages", "home", "osfleet_bin", "tune_kernel"]
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        with host_of(props) as host:
+            outs = dict(props)
+            outs.update(_prepare(host, props))
+        return CreateResult(id_=f"{props['addr']}:{props['home']}", outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return _diff(olds, news, self.KEYS, (*CONN_KEYS, "home"))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        with host_of(news) as host:
+            outs = dict(news)
+            outs.update(_prepare(host, news))
+            if olds.get("made_sysctl_file") and not news["tune_kernel"]:
+                host.run(f"rm -f {SYSCTL_FILE}")
+                outs["made_sysctl_file"] = False
+            else:
+                outs["made_sysctl_file"] = bool(olds.get("made_sysctl_file") or outs.get("made_sysctl_file"))
+        return UpdateResult(outs=outs)
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        """Remove what create made: the sysctl file and the empty store/home folders (packages and the shared
+        daemons stay: other software on the host may use them)."""
+        with host_of(props) as host:
+            if props.get("made_sysctl_file"):
+                host.run(f"rm -f {SYSCTL_FILE}", what="removing the fleet sysctls")
+            home = str(props["home"])
+            host.probe(f"rmdir {q(home + '/images')} 2>/dev/null")
+            if props.get("made_home"):
+                host.probe(f"rmdir {q(home)} 2>/dev/null")
+
+
+def _prepare(host: Host, props: dict[str, Any]) -> dict[str, Any]:
+    missing = [
+        p
+        for p in props["packages"]
+        if not host.probe(f"dpkg-query -W -f='${{Status}}' {q(p)} | grep -q 'ok installed'")
+    ]
+    if missing:
+        host.run(
+            "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+            + " ".join(q(p) for p in missing),
+            timeout=1800,
+            what=f"installing {', '.join(missing)}",
+        )
+    host.run(
+        'if [ -c /dev/kvm ] && [ "$(stat -c %G:%a /dev/kvm)" != kvm:660 ]; then '
+        "chgrp kvm /dev/kvm && chmod 0660 /dev/kvm; fi",
+        what="giving /dev/kvm to group kvm",
+    )
+    host.run(
+        "if [ -d /run/systemd/system ]; then systemctl enable --now virtlogd libvirtd; "
+        "else pgrep -x virtlogd >/dev/null || virtlogd -d; pgrep -x libvirtd >/dev/null || libvirtd -d; fi; "
+        "for i in $(seq 1 60); do virsh -c qemu:///system version >/dev/null 2>&1 && exit 0; sleep 0.5; done; "
+        "virsh -c qemu:///system version",
+        timeout=120,
+        what="starting libvirtd",
+    )
+    made_sysctl = False
+    if props["tune_kernel"]:
+        body = "".join(f"{k} = {v}\n" for k, v in FLEET_SYSCTLS.items())
+        made_sysctl = not host.exists(SYSCTL_FILE)
+        host.write_file(SYSCTL_FILE, "# written by osfleet (Pulumi KvmHost)\n" + body)
+        host.run(f"sysctl -q -p {SYSCTL_FILE}", what="applying the fleet sysctls")
+        for k, v in KSM.items():
+            host.probe(f"[ -w /sys/kernel/mm/ksm/{k} ] && echo {v} > /sys/kernel/mm/ksm/{k}")
+    home = str(props["home"])
+    made_home = not host.exists(home)
+    host.run(f"mkdir -p {q(home + '/images')}", what=f"creating the image store in {home}")
+    version = host.run(f"{q(str(props['osfleet_bin']))} --version", what="checking the osfleet command").strip()
+    return {"made_home": made_home, "made_sysctl_file": made_sysctl, "osfleet_version": version}
+
+
+# --- GoldenImage: build once here, publish to every host -----------------------------------------------------
+
+
+class ImageBuildProvider(ResourceProvider):
+    """The golden image of a recipe, built on this machine (a cache hit when the recipe hash is known).
+
+    Delete keeps the build: the build folder is this machine's content-addressed cache, shared by every
+    stack and by ``osfleet image build``, and the image can take many minutes to rebuild.
+    """
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        from invoke import Context
+
+        from osfleet.images import load
+        from osfleet.imaging import builder
+
+        files = builder.build(Host(Context(), echo=False), Path(props["recipe"]), props.get("build_dir") or None)
+        image = load(Path(files.manifest))
+        if image.manifest["recipe_hash"] != props["recipe_hash"]:
+            raise CommandFailedError(f"built {image.name} but the program expected golden-{props['recipe_hash']}")
+        return CreateResult(
+            id_=image.name,
+            outs={
+                **props,
+                "name": image.name,
+                "manifest": files.manifest,
+                "disk_sha256": image.manifest["disk_sha256"],
+            },
+        )
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return _diff(olds, news, ["recipe", "recipe_hash", "build_dir"], ("recipe_hash", "build_dir"))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs={**olds, **news})  # same recipe hash: the recipe file moved, the image did not
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        return None
+
+
+class ImagePublishProvider(ResourceProvider):
+    """One golden image in one host's read-only store, checksum-checked (``osfleet.imaging.publisher``)."""
+
+    KEYS = [*CONN_KEYS, "name", "manifest", "disk_sha256", "store"]
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        from osfleet.images import load
+        from osfleet.imaging.publisher import publish
+
+        image = load(Path(props["manifest"]))
+        with host_of(props) as host:
+            disk = publish(host, image, store=str(props["store"]))
+        return CreateResult(id_=f"{props['addr']}:{disk}", outs={**props, "disk": disk})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return _diff(olds, news, self.KEYS, tuple(self.KEYS))
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        """Remove this image's files from the store, unless a process (a replica's QEMU) still holds it."""
+        from osfleet.imaging.publisher import pids_using
+
+        stem = f"{props['store']}/{props['name']}"
+        with host_of(props) as host:
+            users = pids_using(host, f"{stem}.qcow2") if host.exists(f"{stem}.qcow2") else []
+            if users:
+                raise ImageInUseError(
+                    f"{stem}.qcow2 on {props['addr']} is in use by pid(s) {', '.join(map(str, users))}; "
+                    "stop its replicas first"
+                )
+            host.run(
+                f"rm -f {q(stem)}.json {q(stem)}.qcow2 {q(stem)}.vmlinuz {q(stem)}.initrd", what="removing the image"
+            )
+
+
+# --- HostAgent: `osfleet host serve` as a supervised service ------------------------------------------------
+
+
+class AgentProvider(ResourceProvider):
+    """The host agent under a small restart-loop supervisor (setsid + pid file), or a systemd unit's
+    equivalent where none runs; healthy on ``/health`` before create or update returns."""
+
+    KEYS = [*CONN_KEYS, "home", "name_prefix", "osfleet_bin", "bind", "port", "warm", "mode", "image", "token"]
+    REPLACE = (*CONN_KEYS, "home", "name_prefix")
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        with host_of(props) as host:
+            _start_agent(host, props)
+        return CreateResult(id_=f"{props['addr']}:{props['port']}", outs={**props, "url": _url(props)})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return _diff(olds, news, self.KEYS, self.REPLACE)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        """Restart only the agent with its new settings (its replicas' records stay in its home)."""
+        with host_of(news) as host:
+            _stop_agent(host, olds)
+            _start_agent(host, news)
+        return UpdateResult(outs={**news, "url": _url(news)})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        """Stop the agent, then remove its replicas, saved states and its folder."""
+        with host_of(props) as host:
+            _stop_agent(host, props)
+            host.run(
+                f"{_env(props)} {q(props['osfleet_bin'])} replicas down --all --states --force",
+                timeout=600,
+                what="removing the agent's replicas",
+            )
+            host.run(f"rm -rf {q(_agent_dir(props))}", what="removing the agent's folder")
+
+
+def _agent_dir(props: dict[str, Any]) -> str:
+    return f"{props['home']}/agent"
+
+
+def _url(props: dict[str, Any]) -> str:
+    return f"http://{props['bind']}:{props['port']}"
+
+
+def _env(props: dict[str, Any]) -> str:
+    return f"OSFLEET_HOME={q(str(props['home']))} OSFLEET_NAME_PREFIX={q(str(props['name_prefix']))}"
+
+
+def _supervisor(props: dict[str, Any]) -> str:
+    """A restart loop: the agent runs again 2 s after any exit; SIGTERM stops the agent and the loop."""
+    d = _agent_dir(props)
+    serve = " ".join(
+        q(str(a))
+        for a in [
+            props["osfleet_bin"], "host", "serve", "--bind", props["bind"], "--port", props["port"],
+            "--warm", props["warm"], "--mode", props["mode"], "--image", props["image"],
+            "--token-file", f"{d}/token",
+        ]
+    )  # fmt: skip
+    return f"""#!/bin/sh
+# osfleet host agent supervisor (written by Pulumi HostAgent); stop it with SIGTERM to its pid.
+export OSFLEET_HOME={q(str(props["home"]))} OSFLEET_NAME_PREFIX={q(str(props["name_prefix"]))}
+echo $$ > {q(d)}/supervisor.pid
+child=
+trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child"; rm -f {q(d)}/supervisor.pid; exit 0' TERM INT
+while true; do
+  {serve} &
+  child=$!
+  wait "$child"
+  echo "$(date -u +%FT%TZ) osfleet host serve exited with status $?; restarting in 2 s" >&2
+  sleep 2
+done
+"""
+
+
+def _start_agent(host: Host, props: dict[str, Any]) -> None:
+    d = _agent_dir(props)
+    host.run(f"mkdir -p {q(d)} && chmod 0700 {q(d)}", what="creating the agent folder")
+    host.write_file(f"{d}/token", str(props["token"]) + "\n", 0o600)
+    host.write_file(f"{d}/supervise.sh", _supervisor(props), 0o700)
+    host.run(
+        f"setsid sh {q(d)}/supervise.sh >> {q(d)}/agent.log 2>&1 < /dev/null &",
+        what="starting the host agent",
+    )
+    _wait_healthy(host, props)
+
+
+def _wait_healthy(host: Host, props: dict[str, Any]) -> None:
+    """Poll ``/health`` from this machine (the caller's side) until it answers 200."""
+    url = _url(props) + "/health"
+    deadline = time.monotonic() + AGENT_START_SECONDS
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    json.load(resp)
+                    return
+                last = f"HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            last = str(getattr(exc, "reason", exc))
+        time.sleep(1.0)
+    tail = host.run(f"tail -n 3 {q(_agent_dir(props))}/agent.log || true").strip().splitlines()
+    raise CommandFailedError(
+        f"host agent on {props['addr']} not healthy at {url} after {AGENT_START_SECONDS:.0f} s ({last})"
+        + (f"; log: {tail[-1]}" if tail else "")
+    )
+
+
+def _stop_agent(host: Host, props: dict[str, Any]) -> None:
+    """Stop the supervisor recorded in the pid file (only if that pid still runs our script) and its agent."""
+    d = _agent_dir(props)
+    host.run(
+        f"p=$(cat {q(d)}/supervisor.pid 2>/dev/null) || exit 0; "
+        f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {q(d + "/supervise.sh")} || exit 0; '
+        'kill -TERM "$p"; for i in $(seq 1 600); do kill -0 "$p" 2>/dev/null || exit 0; sleep 0.1; done; '
+        'echo "supervisor $p did not stop" >&2; exit 1',
+        timeout=90,
+        what="stopping the host agent",
+    )

@@ -1,0 +1,141 @@
+"""Stack configuration, validated before any resource is declared so bad config fails at preview with one
+line naming the key (``osfleet:<key>: <what is wrong>``)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+from osfleet.errors import OsfleetError
+
+NS = "osfleet"
+PLATFORMS = ("lab", "onprem", "aws", "k8s")
+MODES = ("snapshot", "cold")
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_RECIPE = "golden_images/recipes/desktop.yaml"
+DEFAULT_AGENT_PORT = 8080
+DEFAULT_WARM = 1
+DEFAULT_MODE = "snapshot"
+DEFAULT_LAB_HOSTS = 2
+DEFAULT_HOME = "/var/lib/osfleet"
+DEFAULT_OSFLEET_BIN = "/opt/osfleet/bin/osfleet"
+DEFAULT_SSH_KEY = "~/.ssh/id_ed25519"
+
+
+class ConfigError(pulumi.RunError):
+    """A bad config value; the engine prints its message as one line, without a traceback."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{NS}:{key}: {problem}")
+
+
+@dataclass(frozen=True)
+class Common:
+    """Keys every stack reads."""
+
+    platform: str
+    recipe: Path
+    recipe_hash: str
+    agent_port: int
+    warm: int
+    mode: str
+    token: pulumi.Output[str]
+
+
+def _int(cfg: pulumi.Config, key: str, default: int, low: int, high: int) -> int:
+    raw = cfg.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(key, f"{raw!r} is not a whole number") from None
+    if not low <= value <= high:
+        raise ConfigError(key, f"{value} is out of range {low}..{high}")
+    return value
+
+
+def _choice(cfg: pulumi.Config, key: str, default: str, choices: tuple[str, ...]) -> str:
+    value = cfg.get(key) or default
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def bool_value(cfg: pulumi.Config, key: str, default: bool) -> bool:
+    raw = cfg.get(key)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise ConfigError(key, f"{raw!r} is not true or false")
+    return raw.lower() == "true"
+
+
+def read_common(cfg: pulumi.Config, stack: str) -> Common:
+    """Validate the keys every stack shares; the secret token must be set (``pulumi config set --secret``)."""
+    from osfleet.imaging.builder import image_hash_for
+    from osfleet.recipe import load_recipe
+
+    platform = _choice(cfg, "platform", stack if stack in PLATFORMS else "", PLATFORMS)
+    recipe = Path(cfg.get("recipe") or DEFAULT_RECIPE)
+    recipe = recipe if recipe.is_absolute() else REPO / recipe
+    if not recipe.is_file():
+        raise ConfigError("recipe", f"no recipe file {recipe}")
+    try:
+        recipe_hash = image_hash_for(load_recipe(recipe))
+    except OsfleetError as exc:
+        raise ConfigError("recipe", str(exc)) from None
+    if cfg.get_secret("agentToken") is None:
+        raise ConfigError("agentToken", "missing secret; set it with 'pulumi config set --secret osfleet:agentToken'")
+    token = cfg.require_secret("agentToken")
+    return Common(
+        platform=platform,
+        recipe=recipe,
+        recipe_hash=recipe_hash,
+        agent_port=_int(cfg, "agentPort", DEFAULT_AGENT_PORT, 1, 65535),
+        warm=_int(cfg, "warm", DEFAULT_WARM, 0, 4096),
+        mode=_choice(cfg, "mode", DEFAULT_MODE, MODES),
+        token=token,
+    )
+
+
+def parse_target(key: str, spec: str) -> tuple[str, str, int]:
+    """``user@host[:port]`` -> (user, host, port)."""
+    user, at, rest = spec.rpartition("@")
+    if not at or not user or not rest:
+        raise ConfigError(key, f"{spec!r} is not user@host[:port]")
+    host, colon, port = rest.partition(":")
+    try:
+        port_n = int(port) if colon else 22
+    except ValueError:
+        raise ConfigError(key, f"{spec!r} has a bad port") from None
+    return user, host, port_n
+
+
+def require_reachable(key: str, addr: str, port: int, timeout: float = 5.0) -> None:
+    """Fail the preview when a host's SSH port does not answer (rather than midway through an update)."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ConfigError(key, f"host {addr}:{port} is unreachable ({exc.strerror or exc})") from None
+
+
+def list_value(cfg: pulumi.Config, key: str) -> list[Any] | None:
+    try:
+        value = cfg.get_object(key)
+    except (ValueError, pulumi.ConfigTypeError):
+        raise ConfigError(key, "is not valid JSON (set a list with 'pulumi config set --path')") from None
+    if value is not None and not isinstance(value, list):
+        raise ConfigError(key, "must be a list")
+    return value
+
+
+def local_osfleet_bin() -> str:
+    """The osfleet command of the environment running the program (the lab shares this machine's venv)."""
+    return str(Path(sys.executable).parent / "osfleet")
