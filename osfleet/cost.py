@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ import yaml
 
 from osfleet.errors import OsfleetError
 
-PRICES = Path(__file__).resolve().parent.parent / "reports" / "prices.yaml"
+# The versioned price table ships with the package (osfleet/data/prices.yaml), so an installed osfleet has it.
+PRICES = Path(str(resources.files("osfleet") / "data" / "prices.yaml"))
+PRICES_NAME = "osfleet/data/prices.yaml"
 CPU_RESERVE_CORES = 1.0
 MEMORY_RESERVE_GIB = 4.0
 

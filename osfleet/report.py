@@ -178,7 +178,7 @@ def render(run_dir: Path) -> list[Path]:
             "## Cost per replica-day",
             "",
             f"Footprint per replica measured here: {cost_rows[0]['footprint']}.",
-            "Prices from reports/prices.yaml (each with its source and date).",
+            "Prices from the price table osfleet ships (osfleet/data/prices.yaml; each with its source and date).",
             "",
             "| host type | replicas per host | binding resource | USD per replica-day | source |",
             "|---|---|---|---|---|",
@@ -491,7 +491,8 @@ def _cost_figure(plt: Any, run_dir: Path, rows: list[dict[str, Any]], load: dict
     ax.set_xlim(0, max(values + [0.3]) * 1.7)
     ax.set_xlabel("USD per replica-day")
     ax.set_title(
-        "Cost per replica-day by host type\n(footprint measured here, prices from reports/prices.yaml)", fontsize=10
+        "Cost per replica-day by host type\n(footprint measured here, prices from osfleet/data/prices.yaml)",
+        fontsize=10,
     )
     ax.legend(fontsize=8, loc="lower right")
     _save(plt, fig, run_dir / "cost_per_replica_day.png", load["caption"])

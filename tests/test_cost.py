@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.cost import Footprint, HostType, cost_table, load_prices, replicas_per_host
+import osfleet
+from osfleet.cost import PRICES, Footprint, HostType, cost_table, load_prices, replicas_per_host
 from osfleet.errors import OsfleetError
 
 HOST = HostType(name="h", vcpus=96, memory_gib=192, usd_per_hour=4.08, source="test")
@@ -37,6 +38,10 @@ def test_every_shipped_price_has_a_source_and_a_date() -> None:
     meta, hosts = load_prices()
     assert meta["version"] >= 1 and meta["read_on"]
     assert hosts and all(h.source.startswith("https://") and h.usd_per_hour > 0 for h in hosts)
+
+
+def test_the_price_table_ships_inside_the_package() -> None:
+    assert PRICES.is_file() and PRICES.is_relative_to(Path(osfleet.__file__).parent)
 
 
 def test_a_price_without_source_is_refused(tmp_path: Path) -> None:

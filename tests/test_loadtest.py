@@ -1,4 +1,5 @@
-"""Locust scenarios for real, headless and short, against a real host agent on loopback (TCG replicas)."""
+"""Locust scenarios for real, headless and short, against a real host agent on loopback (TCG replicas); and
+both ways of naming a scenario (the installed package's file, the checkout's thin locustfile) without VMs."""
 
 from __future__ import annotations
 
@@ -11,10 +12,34 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.bench.load import LOADTEST_DIR, LocalAgent, run_locust
+from osfleet import loadtest
+from osfleet.bench.load import LocalAgent, run_locust
 from osfleet.images import GoldenImage
+from osfleet.loadtest import SCENARIOS, locustfile
+from tests.conftest import REPO
 
-pytestmark = pytest.mark.vm
+USERS = {"trajectories": "Agent", "bringup": "Bringup"}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_packaged_and_checkout_locustfiles_offer_the_same_user(scenario: str, tmp_path: Path) -> None:
+    for path in (locustfile(scenario), REPO / "loadtest" / f"{scenario}.py"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(path), "--list"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == ["Available", "Users:", USERS[scenario]]
+
+
+def test_the_packaged_scenarios_are_files_of_the_package() -> None:
+    package = Path(loadtest.__file__).parent
+    assert {locustfile(s) for s in SCENARIOS} == {package / f"{s}.py" for s in SCENARIOS}
+    with pytest.raises(ValueError, match="no Locust scenario 'nope'"):
+        locustfile("nope")
 
 
 @pytest.fixture
@@ -27,6 +52,7 @@ def agent(golden: GoldenImage, tmp_path: Path, no_leftovers: None) -> Iterator[L
         a.stop()
 
 
+@pytest.mark.vm
 def test_trajectories_and_bringup_produce_their_results(agent: LocalAgent, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -60,9 +86,10 @@ def test_trajectories_and_bringup_produce_their_results(agent: LocalAgent, tmp_p
     assert (run_dir / "trajectories_per_minute.png") in paths and (run_dir / "request_latency.png") in paths
 
 
+@pytest.mark.vm
 def test_trajectories_in_master_worker_mode(agent: LocalAgent, tmp_path: Path) -> None:
     env = {**os.environ, "OSFLEET_API_TOKEN": agent.token, "OSFLEET_RUN_DIR": str(tmp_path)}
-    base = [sys.executable, "-m", "locust", "-f", str(LOADTEST_DIR / "trajectories.py")]
+    base = [sys.executable, "-m", "locust", "-f", str(REPO / "loadtest" / "trajectories.py")]  # as the README shows
     port = str(_port())
     worker = subprocess.Popen(
         base + ["--worker", "--master-port", port], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -1,11 +1,36 @@
-"""Packaging: ``osfleet`` is the library and never imports the Fabric tasks in ``golden_images``."""
+"""Packaging: ``osfleet`` is the library and never imports the Fabric tasks in ``golden_images``; a wheel
+installed into a fresh virtualenv, away from the checkout, has everything its commands read and import."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+
+SAMPLE_RUN = REPO / "tests" / "data" / "run-sample"
+# Modules that need an optional extra this test does not install (``osfleet[loadtest]``: Locust, gevent,
+# requests); every other module of the wheel must import with the core dependencies and ``[reports]``.
+NEEDS_LOADTEST_EXTRA = {"osfleet.loadtest.support", "osfleet.loadtest.trajectories", "osfleet.loadtest.bringup"}
+IMPORT_EVERYTHING = """
+import importlib, json, pkgutil
+import golden_images, osfleet
+missing = {}
+for pkg in (osfleet, golden_images):
+    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        if info.name.endswith(".__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ModuleNotFoundError as exc:
+            missing[info.name] = exc.name
+print(json.dumps({"osfleet": osfleet.__file__, "missing": missing}))
+"""
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -38,3 +63,56 @@ def test_the_import_check_sees_every_spelling(tmp_path: Path) -> None:
         "import importlib\nimportlib.import_module('golden_images.x')\n"
     )
     assert _imported_modules(f) >= {"golden_images.fabfile", "golden_images", "golden_images.x"}
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}: {proc.stderr[-3000:]}"
+    return proc
+
+
+def test_an_installed_wheel_works_without_the_checkout(tmp_path: Path) -> None:
+    # The wheel is built from a copy of what it is made of, so the checkout gets no build/ or egg-info.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for name in ("osfleet", "golden_images"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["OSFLEET_HOME"] = str(tmp_path / "home")
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), "./src"], tmp_path, env
+    )
+    (wheel,) = (tmp_path / "dist").glob("osfleet-*.whl")
+
+    # A fresh virtualenv with only the wheel's own dependencies (plus the reports extra for matplotlib).
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
+    python = str(venv / "bin" / "python")
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", f"{wheel}[reports]"], tmp_path, env, 600)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    osfleet = str(venv / "bin" / "osfleet")
+    listed = _run([osfleet, "tasks", "ls"], elsewhere, env).stdout.split("\n")
+    shipped = sorted(p.stem for p in (REPO / "osfleet" / "tasks" / "builtin").glob("*.yaml"))
+    assert sorted(line.split()[0] for line in listed if line.strip()) == shipped
+
+    run = elsewhere / "run"
+    shutil.copytree(SAMPLE_RUN, run)
+    out = _run([osfleet, "report", str(run)], elsewhere, env).stdout
+    assert str(run / "report.html") in out
+    assert "measured here" in (run / "report.md").read_text()
+    assert (run / "cost_per_replica_day.png").stat().st_size > 0  # the packaged price table was found
+    assert "<img " in (run / "report.html").read_text()
+
+    found = json.loads(_run([python, "-c", IMPORT_EVERYTHING], elsewhere, env).stdout)
+    assert found["osfleet"].startswith(str(venv))
+    assert set(found["missing"]) == NEEDS_LOADTEST_EXTRA, found["missing"]
+    probe = (
+        "from osfleet.imaging import builder; from osfleet.loadtest import locustfile; from osfleet.cost import PRICES;"
+        "import sys; assert len(builder.guest_files()) == 5 and builder.DEFAULT_RECIPE.is_file() and PRICES.is_file();"
+        "assert all(locustfile(s).is_file() for s in ('trajectories', 'bringup')); print(builder.DEFAULT_RECIPE)"
+    )
+    assert _run([python, "-c", probe], elsewhere, env).stdout.startswith(str(venv))

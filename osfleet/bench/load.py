@@ -1,8 +1,10 @@
-"""Running the Locust scenarios of loadtest/ headless against a host agent, results into a run directory,
-and a local host agent to run them against (the main job's)."""
+"""Running osfleet's Locust scenarios (shipped in ``osfleet.loadtest``) headless against a host agent, results
+into a run directory, and a local host agent to run them against (the main job's)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import secrets
 import signal
@@ -10,18 +12,29 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import httpx2 as httpx
+from typing import Any
 
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
+from osfleet.loadtest import locustfile
 from osfleet.replicas.records import RecordStore
 
-LOADTEST_DIR = Path(__file__).resolve().parent.parent.parent / "loadtest"
 AGENT_START_TIMEOUT_SECONDS = 120.0
+
+
+def _get(url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, Any]:
+    """GET ``url``: (status, parsed JSON body); a refused or failed connection raises ``OSError``."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
 
 
 def free_port() -> int:
@@ -53,9 +66,9 @@ class LocalAgent:
                 self.log.close()
                 raise OsfleetError(f"host agent exited with {self.proc.returncode}; see {log}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if _get(f"{self.url}/health", timeout=2)[0] == 200:
                     return
-            except httpx.HTTPError:
+            except (OSError, ValueError):
                 pass
             time.sleep(0.3)
         self.stop()
@@ -68,7 +81,9 @@ class LocalAgent:
     def wait_ready(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            reps = httpx.get(f"{self.url}/v1/replicas", headers=self.headers, timeout=10).json()
+            status, reps = _get(f"{self.url}/v1/replicas", headers=self.headers, timeout=10)
+            if status != 200:
+                raise OsfleetError(f"the host agent answered HTTP {status} to GET /v1/replicas; see {self.log.name}")
             if sum(r["state"] == "ready" for r in reps) >= count:
                 return
             time.sleep(0.5)
@@ -120,16 +135,19 @@ def run_locust(
     extra: list[str] | None = None,
     spawn_rate: float = 1.0,
 ) -> int:
-    """Run loadtest/<scenario>.py headless; Locust's CSV files and log land in ``run_dir``."""
-    locustfile = LOADTEST_DIR / f"{scenario}.py"
-    if not locustfile.exists():
-        raise OsfleetError(f"no Locust scenario {locustfile}")
+    """Run the Locust scenario ``scenario`` headless; Locust's CSV files and log land in ``run_dir``."""
+    if importlib.util.find_spec("locust") is None:
+        raise OsfleetError("the load tests need Locust: install osfleet[loadtest]")
+    try:
+        path = locustfile(scenario)
+    except ValueError as exc:
+        raise OsfleetError(str(exc)) from None
     cmd = [
         sys.executable,
         "-m",
         "locust",
         "-f",
-        str(locustfile),
+        str(path),
         "--headless",
         "--host",
         url,

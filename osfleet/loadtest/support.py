@@ -1,4 +1,4 @@
-"""Shared pieces of the Locust scenarios in loadtest/: options, the host sampler, trajectory records.
+"""Shared pieces of the Locust scenarios in this package: options, the host sampler, trajectory records.
 
 Imported by the locustfiles only (it imports locust). The sampler runs on the master (or the only
 process) and polls the host agent's /v1/host, so disk use, replicas by state and host CPU/RAM are
