@@ -8,9 +8,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
-from osfleet.report import render
+from osfleet.errors import OsfleetError
+from osfleet.report import Figure, load, render, write
 from tests.conftest import VENV_BIN
 
 SAMPLE = Path(__file__).parent / "data" / "run-sample"
@@ -49,3 +51,37 @@ def test_report_cli_on_a_recorded_run(tmp_path: Path) -> None:
     proc = subprocess.run([str(VENV_BIN / "osfleet"), "report", str(run)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert str(run / "report.html") in proc.stdout
+
+
+def test_load_reads_without_writing_and_old_key_spellings_are_read_as_p50(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    recorded = json.loads((SAMPLE / "disk.json").read_text())["strategies"]["overlay"]
+    assert "seconds_per_replica_median" in recorded  # the sample was recorded before the p50 spelling
+    before = sorted(p.name for p in run.iterdir())
+    results = load(run)
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert results.disk is not None
+    assert results.disk["strategies"]["overlay"]["seconds_per_replica_p50"] == recorded["seconds_per_replica_median"]
+    assert results.cost is not None and results.cost.prices["version"] >= 1
+
+
+def test_html_comes_from_the_template_escaped(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    disk = json.loads((run / "disk.json").read_text())
+    disk["image"] = "<script>alert(1)</script>"
+    (run / "disk.json").write_text(json.dumps(disk))
+    paths = write(load(run), [Figure("f.png", "A <b>figure</b>")])
+    html = (run / "report.html").read_text()
+    assert "<script>" not in html and "<code>&lt;script&gt;alert(1)&lt;/script&gt;</code>" in html
+    assert '<img src="f.png" alt="A &lt;b&gt;figure&lt;/b&gt;">' in html
+    assert "<th>strategy</th><th>p50 / replica</th>" in html
+    md = (run / "report.md").read_text()
+    assert "| strategy | p50 / replica | p95 / replica |" in md and "![A <b>figure</b>](f.png)" in md
+    assert paths == [run / "report.md", run / "report.html", run / "f.png"]
+
+
+def test_a_run_directory_without_results_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(OsfleetError, match="holds no results"):
+        render(tmp_path)

@@ -1,0 +1,156 @@
+"""Reading a run directory: the benchmarks' JSON, Locust's CSV and the JSONL results, and the cost rows
+computed from them with the shipped price table. Nothing here draws or writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osfleet.cost import Footprint, cost_table, load_prices
+from osfleet.errors import OsfleetError
+
+# Key spellings of run directories written before every bench said p50 (read, never written).
+_OLD_KEYS = {"seconds_per_replica_median": "seconds_per_replica_p50"}
+_OLD_BOOT_KEYS = {"overlay_allocated_bytes_median": "overlay_allocated_bytes_p50"}
+
+
+@dataclass(frozen=True)
+class LoadTest:
+    """The Locust part of a run: episodes, host samples, request statistics, bring-up."""
+
+    trajectories: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    stats: list[dict[str, str]] = field(default_factory=list)
+    bringup: list[dict[str, Any]] = field(default_factory=list)
+    caption: str = "machine not recorded in this run directory"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Cost per replica-day: the footprint measured in the run, and one row per priced host type."""
+
+    footprint: Footprint
+    footprint_text: str
+    rows: list[dict[str, Any]]
+    prices: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunResults:
+    run_dir: Path
+    disk: dict[str, Any] | None
+    boot: dict[str, Any] | None
+    resets: dict[str, Any] | None
+    load: LoadTest
+    cost: Cost | None
+
+
+def load(run_dir: Path) -> RunResults:
+    """Everything a report shows, read from ``run_dir``; refuses a directory with no results."""
+    disk = _json(run_dir, "disk.json")
+    boot = _json(run_dir, "boot.json")
+    resets = _json(run_dir, "reset.json")
+    load_test = load_test_results(run_dir)
+    if disk is None and boot is None and resets is None and not load_test.trajectories:
+        raise OsfleetError(
+            f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
+        )
+    if disk is not None:
+        _rename_old_keys(disk)
+    return RunResults(run_dir, disk, boot, resets, load_test, _cost(resets, load_test))
+
+
+def caption(machine: dict[str, Any]) -> str:
+    """What every figure and section names: machine, accelerator, date and command."""
+    return (
+        f"{machine.get('hostname')} ({machine.get('cpus')} CPUs, {machine.get('memory_gib')} GiB), "
+        f"{machine.get('accelerator') or 'accelerator n/a'}, {machine.get('date')}, "
+        f"command: {machine.get('command') or 'osfleet bench'}"
+    )
+
+
+def load_test_results(run_dir: Path) -> LoadTest:
+    stats: list[dict[str, str]] = []
+    if (run_dir / "trajectories_stats.csv").exists():
+        with open(run_dir / "trajectories_stats.csv") as f:
+            stats = list(csv.DictReader(f))
+    machine: dict[str, Any] = {}
+    for name in ("run.json", "reset.json", "boot.json", "disk.json"):
+        doc = _json(run_dir, name)
+        if doc and doc.get("machine"):
+            machine = doc["machine"]
+            break
+    trajectories = [row for f in sorted(run_dir.glob("trajectories-*.jsonl")) for row in _jsonl(f)]
+    return LoadTest(
+        trajectories=trajectories,
+        samples=[s for s in _jsonl(run_dir / "samples.jsonl") if "error" not in s],
+        stats=stats,
+        bringup=_jsonl(run_dir / "bringup.jsonl"),
+        caption=caption(machine) if machine else LoadTest.caption,
+    )
+
+
+def trajectory_summary(traj: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = [t for t in traj if t["status"] == "scored"]
+    aborted = [t for t in traj if t["status"] == "aborted"]
+    errors = [t for t in traj if t["status"] == "error"]
+    span_min = (max(t["t_end"] for t in traj) - min(t["t_start"] for t in traj)) / 60 if traj else 0
+    return {
+        "scored": len(scored),
+        "successful": sum(bool(t.get("success")) for t in scored),
+        "aborted": len(aborted),
+        "errors": len(errors),
+        "per_minute": len(scored) / span_min if span_min else 0.0,
+        "abort_share": len(aborted) / len(traj) if traj else 0.0,
+        "mean_reward": sum(t["reward"] for t in scored) / len(scored) if scored else 0.0,
+    }
+
+
+def _cost(resets: dict[str, Any] | None, load_test: LoadTest) -> Cost | None:
+    """Footprint per active replica from the host samples under load (CPU, disk) and the reset bench (RAM)."""
+    samples = [x for x in load_test.samples if x.get("cpu_busy_share") is not None]
+    active = [x["replicas"].get("ready", 0) + x["replicas"].get("leased", 0) for x in samples]
+    if not samples or not resets or not any(active):
+        return None
+    cpu = sum(x["cpu_busy_share"] * x["cpus"] for x in samples) / sum(active)
+    memory = (resets.get("hold") or {}).get("memory_bytes_per_replica") or resets["snapshot"]["rss_bytes_per_replica"]
+    disk = sum(x["disk_allocated_bytes"]["overlays"] for x in samples) / sum(active)
+    fp = Footprint(cpu_cores=cpu, memory_bytes=memory, disk_bytes=disk)
+    meta, hosts = load_prices()
+    text = f"{cpu:.2f} CPU cores (under the load test), {memory / 2**20:.0f} MiB RAM, {disk / 2**20:.1f} MiB disk"
+    rows = [{**r, "footprint": text} for r in cost_table(hosts, fp)]
+    return Cost(footprint=fp, footprint_text=text, rows=rows, prices=meta)
+
+
+def _rename_old_keys(disk: dict[str, Any]) -> None:
+    for s in disk.get("strategies", {}).values():
+        for old, new in _OLD_KEYS.items():
+            if old in s:
+                s.setdefault(new, s.pop(old))
+    boot = disk.get("boot") or {}
+    for old, new in _OLD_BOOT_KEYS.items():
+        if old in boot:
+            boot.setdefault(new, boot.pop(old))
+
+
+def _json(run_dir: Path, name: str) -> dict[str, Any] | None:
+    path = run_dir / name
+    if not path.exists():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except ValueError as exc:
+        raise OsfleetError(f"{path} is not valid JSON: {exc}") from None
+    return data
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError as exc:
+        raise OsfleetError(f"{path} is not valid JSON lines: {exc}") from None

@@ -1,0 +1,265 @@
+"""Writing a report: the loaded results and drawn figures become one document (sections of text, tables and
+images), rendered into report.md and report.html by the Jinja2 templates shipped in ``templates/``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup, escape
+
+from osfleet.bench.tables import human_bytes, seconds
+from osfleet.cost import PRICES_NAME
+from osfleet.report.figures import Figure
+from osfleet.report.load import RunResults, caption, trajectory_summary
+
+HERE = "measured here"
+TITLE = "osfleet run report"
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    kind: Literal["text"] = "text"
+
+
+@dataclass(frozen=True)
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+    kind: Literal["table"] = "table"
+
+
+@dataclass(frozen=True)
+class Image:
+    src: str
+    alt: str
+    kind: Literal["image"] = "image"
+
+
+Block = Text | Table | Image
+
+
+@dataclass
+class Section:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+
+def write(results: RunResults, figures: list[Figure]) -> list[Path]:
+    """Write report.md, report.html (and cost.json when there is a cost) into the run directory."""
+    run_dir = results.run_dir
+    sections = document(results, figures)
+    env = _environment()
+    context = {"title": TITLE, "run_dir": str(run_dir), "sections": sections}
+    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
+    md_path.write_text(env.get_template("report.md.j2").render(context))
+    html_path.write_text(env.get_template("report.html.j2").render(context))
+    if results.cost is not None:
+        doc = {"footprint": results.cost.footprint.__dict__, "rows": results.cost.rows}
+        (run_dir / "cost.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return [md_path, html_path] + [run_dir / f.file for f in figures]
+
+
+def document(results: RunResults, figures: list[Figure]) -> list[Section]:
+    """The report's sections, in order; key figures are collected from each measured section."""
+    key: list[list[str]] = []
+    sections: list[Section] = []
+    if results.disk is not None:
+        sections.append(_disk(results.disk, key))
+    if results.boot is not None:
+        sections.append(_boot(results.boot, results.run_dir, key))
+    if results.resets is not None:
+        sections.append(_resets(results.resets, key))
+    if results.load.trajectories or results.load.stats:
+        sections.append(_load_test(results, key))
+    if results.cost is not None:
+        sections.append(_cost(results, key))
+    sections.append(
+        Section(
+            "Compared with published systems",
+            [Table(["figure", "osfleet (this run)", "OSGym", "MAI-Gym"], _comparison(results))],
+        )
+    )
+    sections.append(Section("Key figures", [Table(["figure", "value", "source"], key)]))
+    sections.append(Section("Figures", [Image(f.file, f.title) for f in figures]))
+    return sections
+
+
+def _disk(disk: dict[str, Any], key: list[list[str]]) -> Section:
+    strategies = {k: v for k, v in disk["strategies"].items() if v.get("available")}
+    rows = [
+        [
+            name,
+            seconds(s["seconds_per_replica_p50"]),
+            seconds(s["seconds_per_replica_p95"]),
+            human_bytes(s["allocated_bytes_total"]),
+            f"{s['savings_vs_full_copies'] * 100:.1f}%",
+            HERE,
+        ]
+        for name, s in strategies.items()
+    ]
+    header = ["strategy", "p50 / replica", "p95 / replica", "allocated total", "savings vs N full copies", "source"]
+    section = Section(
+        "Disk provisioning",
+        [
+            Text(f"{disk['replicas']} replicas of `{disk['image']}`; {caption(disk.get('machine', {}))}."),
+            Table(header, rows),
+        ],
+    )
+    if disk["strategies"]["full"].get("sampled"):
+        section.blocks.append(Text(f"Full copy: {disk['strategies']['full']['note']}."))
+    key += [
+        ["overlay speed-up vs full copy", f"{disk['speedup_overlay_vs_full']:.0f}x", HERE],
+        ["disk savings (overlay)", f"{disk['savings_overlay'] * 100:.1f}%", HERE],
+    ]
+    return section
+
+
+def _boot(boot: dict[str, Any], run_dir: Path, key: list[list[str]]) -> Section:
+    section = Section(
+        "Boot",
+        [
+            Text(f"{caption(boot.get('machine', {}))}."),
+            Text(
+                f"Guest agent answered after {boot['agent_seconds']:.1f} s, desktop drawn after "
+                f"{boot['desktop_seconds']:.1f} s ({HERE})."
+            ),
+        ],
+    )
+    if boot.get("screenshot") and (run_dir / str(boot["screenshot"])).exists():
+        section.blocks.append(Image(str(boot["screenshot"]), "replica screenshot"))
+    key.append(["cold boot to desktop", f"{boot['desktop_seconds']:.1f} s", HERE])
+    return section
+
+
+def _resets(r: dict[str, Any], key: list[list[str]]) -> Section:
+    rows = [
+        [
+            mode,
+            seconds(r[mode]["p50"]),
+            seconds(r[mode]["p95"]),
+            seconds(r[mode]["bringup_seconds"]["p50"]),
+            human_bytes(r[mode]["rss_bytes_per_replica"]),
+            HERE,
+        ]
+        for mode in ("cold", "snapshot")
+    ]
+    key += [
+        [f"reset p50 / p95, {mode}", f"{seconds(r[mode]['p50'])} / {seconds(r[mode]['p95'])}", HERE]
+        for mode in ("snapshot", "cold")
+    ]
+    key.append(["snapshot vs cold reset (p50)", f"{r['speedup_snapshot_vs_cold']:.1f}x", HERE])
+    for name, d in r.get("latency", {}).items():
+        key.append([name.removesuffix("_seconds").replace("_", " ") + " p50", seconds(d["p50"]), HERE])
+    return Section(
+        "Resets",
+        [
+            Text(
+                f"{r['replicas']} replicas, {r['resets_per_replica']} resets each per mode; "
+                f"{caption(r.get('machine', {}))}. Between resets: {r['between_resets']}."
+            ),
+            Table(["mode", "reset p50", "reset p95", "bring-up p50", "RSS per replica", "source"], rows),
+        ],
+    )
+
+
+def _load_test(results: RunResults, key: list[list[str]]) -> Section:
+    load = results.load
+    section = Section("Load test (Locust)")
+    if load.bringup:
+        b = load.bringup[-1]
+        done = f", all after {b['all_ready_seconds']:.1f} s ({HERE})." if b["all_ready_seconds"] else "."
+        section.blocks.append(
+            Text(f"Bring-up: {b['ready']}/{b['requested']} replicas requested at once were ready{done}")
+        )
+        if b["all_ready_seconds"]:
+            key.append([f"bring-up of {b['requested']} replicas at once", f"{b['all_ready_seconds']:.1f} s", HERE])
+    if load.trajectories:
+        s = trajectory_summary(load.trajectories)
+        section.blocks.append(
+            Text(
+                f"Trajectories: {s['scored']} scored ({s['successful']} successful, mean reward "
+                f"{s['mean_reward']:.2f}), {s['aborted']} unscored aborts, {s['errors']} errors; "
+                f"{s['per_minute']:.1f} per minute ({HERE})."
+            )
+        )
+        key += [
+            ["trajectories per minute", f"{s['per_minute']:.1f}", HERE],
+            ["unscored aborts", f"{s['abort_share'] * 100:.1f}%", HERE],
+        ]
+    for r in load.stats:
+        if r.get("Name") in ("reset", "step", "evaluate"):
+            p50, p95 = float(r["50%"]) / 1000, float(r["95%"]) / 1000
+            key.append([f"API {r['Name']} p50 / p95", f"{p50:.2f} s / {p95:.2f} s", HERE])
+    return section
+
+
+def _cost(results: RunResults, key: list[list[str]]) -> Section:
+    cost = results.cost
+    if cost is None:
+        raise ValueError("no cost in these results")
+    source = "computed here from measured footprint + price table"
+    rows = [
+        [c["host"], str(c["replicas_per_host"]), c["binding_resource"], f"{c['usd_per_replica_day']:.3f}", source]
+        for c in cost.rows
+    ]
+    best = min(cost.rows, key=lambda c: c["usd_per_replica_day"] or 1e9)
+    key.append(
+        [
+            f"cost per replica-day ({best['host']})",
+            f"{best['usd_per_replica_day']:.3f} USD, binding {best['binding_resource']}",
+            f"{HERE} (footprint) + price table",
+        ]
+    )
+    version = f"version {cost.prices.get('version')}, read on {cost.prices.get('read_on')}"
+    return Section(
+        "Cost per replica-day",
+        [
+            Text(f"Footprint per replica {HERE}: {cost.footprint_text}."),
+            Text(f"Prices from the price table osfleet ships (`{PRICES_NAME}`, {version}; each with its source)."),
+            Table(["host type", "replicas per host", "binding resource", "USD per replica-day", "source"], rows),
+        ],
+    )
+
+
+def _comparison(results: RunResults) -> list[list[str]]:
+    def here(value: str | None) -> str:
+        return f"{value} ({HERE})" if value else "not measured in this run"
+
+    disk, resets, traj = results.disk, results.resets, results.load.trajectories
+    s = trajectory_summary(traj) if traj else None
+    saving = f"{disk['savings_overlay'] * 100:.1f}%" if disk else None
+    speedup = f"{disk['speedup_overlay_vs_full']:.0f}x" if disk else None
+    reset = f"{seconds(resets['snapshot']['p50'])} (snapshot)" if resets else None
+    per_min = f"{s['per_minute']:.1f} on this 2-core host" if s else None
+    aborts = f"{s['abort_share'] * 100:.1f}%" if s else None
+    return [
+        ["disk saving vs full copies", here(saving), "88% (published)", "-"],
+        ["provisioning speed-up vs full copy", here(speedup), "37x (published)", "-"],
+        ["reset p50", here(reset), "cold boot per reset (published code)", "37.2 s (published)"],
+        ["trajectories per minute", here(per_min), "1420 at 1024 replicas (published)", "-"],
+        ["unscored aborts", here(aborts), "-", "1.9% (published)"],
+    ]
+
+
+def _inline(text: str) -> Markup:
+    """HTML for one line of the report's Markdown subset: escaped text, `code` spans."""
+    parts = str(escape(text)).split("`")
+    return Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("osfleet.report", "templates"),
+        autoescape=select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["inline"] = _inline
+    return env
