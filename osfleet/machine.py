@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import time
 from typing import Any
 
+import psutil
+
 
 def describe(accel: str | None = None) -> dict[str, Any]:
-    mem_kib = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_kib = int(line.split()[1])
-    except OSError:
-        pass
     return {
         "hostname": platform.node(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(mem_kib / 2**20, 1),
+        "cpus": psutil.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "kernel": platform.release(),
         "accelerator": {"kvm": "KVM", "qemu": "TCG"}.get(accel or "", accel),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,27 +1,36 @@
-"""Small statistics shared by benchmarks and reports."""
+"""Small statistics shared by every benchmark and the report: one percentile helper, one key spelling.
+
+Distributions are reported as ``{"n", "p50", "p95", "min", "max"}`` (never ``median``); percentiles are
+``statistics.quantiles`` with the inclusive method, i.e. linear interpolation between closest ranks (the
+same as numpy's default).
+"""
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Sequence
+from typing import Any
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100) of a non-empty sequence."""
+def percentile(values: Sequence[float], q: int) -> float:
+    """The ``q``-th percentile (an integer 0..100) of a non-empty sequence, linearly interpolated."""
     if not values:
         raise ValueError("percentile of no values")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q <= 100:
+        raise ValueError(f"percentile must be an integer from 0 to 100, not {q!r}")
+    if q == 0:
+        return float(min(values))
+    if q == 100 or len(values) == 1:
+        return float(max(values))
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def summary(values: Sequence[float]) -> dict[str, float]:
+def distribution(values: Sequence[float]) -> dict[str, Any]:
+    """``n``, ``p50``, ``p95``, ``min`` and ``max`` of a non-empty sequence: how every bench reports timings."""
     return {
         "n": len(values),
-        "median": percentile(values, 50),
+        "p50": percentile(values, 50),
         "p95": percentile(values, 95),
-        "min": min(values),
-        "max": max(values),
-        "total": sum(values),
+        "min": float(min(values)),
+        "max": float(max(values)),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 
 from osfleet import disks, qcow2
 from osfleet.bench import disk as disk_bench
+from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
+from osfleet.machine import describe
+from osfleet.stats import distribution, percentile
 from tests.conftest import VENV_BIN
 
 
@@ -68,3 +72,55 @@ def test_cli_bench_disk_json(golden: GoldenImage) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert 0 < doc["savings_overlay"] < 1 and doc["speedup_overlay_vs_full"] > 1
+
+
+# --- one percentile helper, one key spelling (no VM, no image) ---------------------------------------------
+def test_percentiles_interpolate_between_closest_ranks() -> None:
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile([10, 20, 30, 40, 50], 95) == pytest.approx(48.0)  # rank 3.8: 40 + 0.8 * 10
+    assert percentile([7.0], 95) == 7.0
+    assert (percentile([3, 1, 2], 0), percentile([3, 1, 2], 100)) == (1.0, 3.0)
+    for bad in (95.5, 101, -1):
+        with pytest.raises(ValueError, match="integer from 0 to 100"):
+            percentile([1, 2], bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)
+
+
+def test_every_bench_reports_p50_and_p95() -> None:
+    assert distribution([1, 2, 3, 4]) == {"n": 4, "p50": 2.5, "p95": pytest.approx(3.85), "min": 1.0, "max": 4.0}
+    s = disk_bench._strategy_result([0.1, 0.2, 0.3], replica_bytes=3, golden_bytes=10, shares_golden=True)
+    assert (s["seconds_per_replica_p50"], s["seconds_per_replica_p95"]) == (0.2, pytest.approx(0.29))
+    assert s["seconds_total"] == pytest.approx(0.6) and s["allocated_bytes_total"] == 13
+    assert not [k for k in s if "median" in k]
+
+
+def test_disk_table_speaks_p50() -> None:
+    strategy = {
+        "available": True,
+        "replicas_made": 2,
+        "seconds_per_replica_p50": 0.001,
+        "seconds_per_replica_p95": 0.002,
+        "allocated_bytes_total": 2**20,
+        "savings_vs_full_copies": 0.5,
+    }
+    result = {
+        "replicas": 2,
+        "image": "golden-x",
+        "golden_allocated_bytes": 2**30,
+        "golden_virtual_bytes": 2**31,
+        "strategies": {"overlay": strategy, "full": {**strategy, "savings_vs_full_copies": 0.0}},
+        "speedup_overlay_vs_full": 1.0,
+        "savings_overlay": 0.5,
+    }
+    text = disk_table(result)
+    assert "p50/replica" in text and "median" not in text
+    assert "overlay       2         1.00 ms" in text
+
+
+def test_machine_facts_come_from_psutil_and_agree_with_proc() -> None:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    mem_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    facts = describe("qemu")
+    assert facts["memory_gib"] == round(mem_kib / 2**20, 1)
+    assert facts["cpus"] == os.cpu_count() and facts["accelerator"] == "TCG"

@@ -23,7 +23,7 @@ from osfleet.disks import Strategy
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
-from osfleet.stats import summary
+from osfleet.stats import distribution
 
 FULL_COPY_SAMPLE = 4
 # Full copies may use at most this share of the free disk; beyond it they are sampled.
@@ -59,14 +59,14 @@ def _time_provision(strategy: Strategy, golden: Path, directory: Path, count: in
 def _strategy_result(
     seconds: list[float], replica_bytes: int, golden_bytes: int, shares_golden: bool
 ) -> dict[str, Any]:
-    stats = summary(seconds)
+    stats = distribution(seconds)
     total = replica_bytes + (golden_bytes if shares_golden else 0)
     return {
         "available": True,
         "replicas_made": stats["n"],
-        "seconds_per_replica_median": stats["median"],
+        "seconds_per_replica_p50": stats["p50"],
         "seconds_per_replica_p95": stats["p95"],
-        "seconds_total": stats["total"],
+        "seconds_total": sum(seconds),
         "replica_allocated_bytes_total": replica_bytes,
         "allocated_bytes_total": total,
     }
@@ -172,15 +172,15 @@ def run(
         if s.get("available"):
             s["savings_vs_full_copies"] = 1.0 - s["allocated_bytes_total"] / full_total
     ov, fu = strategies["overlay"], strategies["full"]
-    result["speedup_overlay_vs_full"] = fu["seconds_per_replica_median"] / ov["seconds_per_replica_median"]
+    result["speedup_overlay_vs_full"] = fu["seconds_per_replica_p50"] / ov["seconds_per_replica_p50"]
     result["savings_overlay"] = ov["savings_vs_full_copies"]
     if strategies["reflink"].get("available"):
         result["speedup_reflink_vs_full"] = (
-            fu["seconds_per_replica_median"] / strategies["reflink"]["seconds_per_replica_median"]
+            fu["seconds_per_replica_p50"] / strategies["reflink"]["seconds_per_replica_p50"]
         )
         result["savings_reflink"] = strategies["reflink"]["savings_vs_full_copies"]
-    if "boot" in result and result["boot"].get("overlay_allocated_bytes_median"):
-        booted = golden_alloc + replicas * result["boot"]["overlay_allocated_bytes_median"]
+    if "boot" in result and result["boot"].get("overlay_allocated_bytes_p50"):
+        booted = golden_alloc + replicas * result["boot"]["overlay_allocated_bytes_p50"]
         result["boot"]["savings_overlay_after_boot"] = 1.0 - booted / full_total
     result["machine"] = describe()
     return result
@@ -223,7 +223,7 @@ def _boot_overlays(
         seconds.append(res.desktop_seconds)
     return {
         "replicas_booted": count,
-        "overlay_allocated_bytes_median": summary([float(g) for g in grown])["median"],
+        "overlay_allocated_bytes_p50": distribution([float(g) for g in grown])["p50"],
         "overlay_allocated_bytes_max": max(grown),
-        "boot_to_desktop_seconds": summary(seconds),
+        "boot_to_desktop_seconds": distribution(seconds),
     }

@@ -20,7 +20,7 @@ def seconds(s: float) -> str:
 def disk_table(r: dict[str, Any]) -> str:
     n = r["replicas"]
     golden = f"{human_bytes(r['golden_allocated_bytes'])} allocated, {human_bytes(r['golden_virtual_bytes'])} virtual"
-    header = ("strategy", "made", "median/replica", "p95/replica", "allocated total", "savings")
+    header = ("strategy", "made", "p50/replica", "p95/replica", "allocated total", "savings")
     lines = [
         f"disk bench: {n} replicas of {r['image']} (golden {golden})",
         f"{header[0]:<9} {header[1]:>5} {header[2]:>15} {header[3]:>12} {header[4]:>16} {header[5]:>8}",
@@ -31,7 +31,7 @@ def disk_table(r: dict[str, Any]) -> str:
             lines.append(f"{name:<9} unavailable: {s.get('reason', '?')}")
             continue
         lines.append(
-            f"{name:<9} {s['replicas_made']:>5} {seconds(s['seconds_per_replica_median']):>15} "
+            f"{name:<9} {s['replicas_made']:>5} {seconds(s['seconds_per_replica_p50']):>15} "
             f"{seconds(s['seconds_per_replica_p95']):>12} {human_bytes(s['allocated_bytes_total']):>16} "
             f"{s['savings_vs_full_copies'] * 100:>7.1f}%"
         )
@@ -46,9 +46,9 @@ def disk_table(r: dict[str, Any]) -> str:
         lines.append(f"reflink speed-up vs full copy: {r['speedup_reflink_vs_full']:.0f}x")
     if "boot" in r:
         b = r["boot"]
-        median = human_bytes(b["overlay_allocated_bytes_median"])
+        p50 = human_bytes(b["overlay_allocated_bytes_p50"])
         lines.append(
-            f"after booting {b['replicas_booted']} overlay replica(s): overlay median {median}, "
+            f"after booting {b['replicas_booted']} overlay replica(s): overlay p50 {p50}, "
             f"savings {b.get('savings_overlay_after_boot', 0) * 100:.1f}%"
         )
     return "\n".join(lines)
