@@ -6,9 +6,12 @@ import base64
 import io
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -17,6 +20,7 @@ from osfleet.api.app import create_app
 from osfleet.config import AgentConfig, Settings
 from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
+from tests.conftest import VENV_BIN, free_port
 
 pytestmark = pytest.mark.vm
 TOKEN = "api-test-token"
@@ -188,3 +192,63 @@ def test_an_osgym_client_runs_reset_steps_finish(api: tuple[TestClient, ReplicaH
     assert r.json()["is_finish"] is True and r.json()["reward"] == 1.0
     # finish() released the vm
     assert client.post("/step", json={"action": "wait()", "vm_id": vm}).status_code == 404
+
+
+def test_a_killed_agent_restarts_and_the_episode_goes_on(
+    golden: GoldenImage, settings: Settings, no_leftovers: None, tmp_path: Path
+) -> None:
+    """The host agent process is killed (SIGKILL) between two steps; a new one adopts the leased replica, a
+    retried step is replayed (applied once in the guest) and evaluate still scores the task."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    osf = str(VENV_BIN / "osfleet")
+
+    def serve(port: int) -> subprocess.Popen[bytes]:
+        cmd = [osf, "host", "serve", "--port", str(port), "--warm", "1", "--token-file", str(token)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["replicas"].get("ready"):
+                    return proc
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        proc.kill()
+        raise AssertionError("the host agent did not become ready")
+
+    port = free_port()
+    agent = serve(port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        r = httpx.post(f"{url}/v1/leases", json={"holder": "t"}, headers=AUTH, timeout=30)
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        body = {"lease_id": lid, "task_id": "cli-write-note", "observe": False}
+        assert httpx.post(f"{url}/v1/replicas/{rid}/reset", json=body, headers=AUTH, timeout=120).status_code == 200
+        oracle = [
+            {"type": "cli_command", "command": "mkdir -p ~/notes && echo 'buy milk' > ~/notes/todo.txt"},
+            {"type": "cli_command", "command": "echo once >> ~/applied"},
+        ]
+        step = {"lease_id": lid, "action_id": "s1", "actions": oracle, "observe": False}
+        first = httpx.post(f"{url}/v1/replicas/{rid}/step", json=step, headers=AUTH, timeout=120).json()
+        assert first["replayed"] is False
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(30)
+        agent = serve(port)
+        again = httpx.post(f"{url}/v1/replicas/{rid}/step", json=step, headers=AUTH, timeout=120)
+        assert again.status_code == 200, again.text
+        assert again.json()["replayed"] is True and again.json()["results"] == first["results"]
+        check = {
+            "lease_id": lid,
+            "action_id": "s2",
+            "observe": False,
+            "actions": [{"type": "shell", "command": "cat ~/applied"}],
+        }
+        out = httpx.post(f"{url}/v1/replicas/{rid}/step", json=check, headers=AUTH, timeout=120).json()
+        assert out["results"][0]["stdout"] == "once\n"
+        ev = httpx.post(f"{url}/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH, timeout=120)
+        assert ev.status_code == 200 and ev.json()["reward"] == 1.0
+    finally:
+        agent.send_signal(signal.SIGINT)
+        agent.wait(120)
+        subprocess.run([osf, "replicas", "down", "--all"], capture_output=True, timeout=300, check=False)

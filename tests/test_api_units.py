@@ -14,6 +14,7 @@ from osfleet.api.osgym_actions import ActionStringError, parse
 from osfleet.config import AgentConfig
 from osfleet.replicas.episodes import Episode
 from osfleet.replicas.errors import CapacityError
+from osfleet.replicas.input import InputError
 from osfleet.tasks.model import CriterionResult, Match, TaskError, UnsupportedTaskError, parse_task, score
 from tests.fakes import FakeHost
 
@@ -307,3 +308,14 @@ def test_the_openapi_documents_every_error_status(client: TestClient) -> None:
     assert step["409"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert "text/plain; version=0.0.4" in paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert "503" in paths["/health"]["get"]["responses"]
+
+
+def test_a_refused_step_can_be_retried_with_the_same_action_id(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(1)
+    rid, lid = _lease(client)
+    step = {"lease_id": lid, "action_id": "x", "actions": SHELL, "observe": False}
+    fake.act_error = InputError("click: coordinates (5000, 10) are off the 64x40 screen")
+    assert client.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).status_code == 422
+    fake.act_error = None
+    r = client.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH)
+    assert r.status_code == 200 and r.json()["replayed"] is False and len(fake.applied) == 1

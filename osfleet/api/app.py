@@ -52,7 +52,8 @@ from osfleet.config import AgentConfig
 from osfleet.errors import OsfleetError, VirtError
 from osfleet.replicas.actions import ActionResult
 from osfleet.replicas.episodes import AppliedStep, Episode, OsgymClient
-from osfleet.replicas.errors import LeaseError
+from osfleet.replicas.errors import LeaseError, ReplicaBusyError
+from osfleet.replicas.input import InputError
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks import runner
 from osfleet.tasks.model import Evaluation, Task, TaskError, find_task, parse_task
@@ -193,7 +194,12 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 live.data.pending = req.action_id
                 s.save(live)
                 start = time.monotonic()
-                results = s.host.act(rid, req.actions)
+                try:
+                    results = s.host.act(rid, req.actions)
+                except (InputError, ReplicaBusyError):  # refused before anything reached the guest
+                    live.data.pending = None
+                    s.save(live)
+                    raise
                 s.metrics.step.observe(time.monotonic() - start)
                 applied = AppliedStep(
                     action_id=req.action_id,

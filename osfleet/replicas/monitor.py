@@ -13,13 +13,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from osfleet.replicas.loop import Loop
+
 log = logging.getLogger(__name__)
 
 MONITOR_INTERVAL_SECONDS = 1.0
 RECOVERY_WORKERS = 2
 
 
-class Monitor:
+class Monitor(Loop):
     """Runs ``detect`` every ``interval`` seconds and hands what it finds to background workers.
 
     ``detect()`` returns replica ids due for ``recover``; ``expired()`` returns (replica, lease) pairs to
@@ -35,38 +37,25 @@ class Monitor:
         interval: float = MONITOR_INTERVAL_SECONDS,
         workers: int = RECOVERY_WORKERS,
     ) -> None:
+        self.name = "osfleet-monitor"
         self._detect, self._recover, self._expired, self._expire = detect, recover, expired, expire
         self.interval = interval
+        super().__init__()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="osfleet-recovery")
         self._inflight: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.ticks = 0
         self.last_tick = 0.0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="osfleet-monitor", daemon=True)
-        self._thread.start()
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def stop(self, timeout: float = 300.0) -> None:
         """Stop detecting, let running jobs finish (queued ones are dropped)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
+        super().stop(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def busy(self) -> int:
         """Jobs queued or running."""
         with self._lock:
             return len(self._inflight)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.tick()
 
     def tick(self) -> None:
         """One round of detection; never raises (a dead monitor would stop all recovery)."""
