@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from osfleet import __version__
+from osfleet import __version__, logs
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 
@@ -63,8 +63,18 @@ def host_options(fn: F) -> F:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="osfleet")
-def cli() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(logs.LEVELS, case_sensitive=False),
+    envvar=logs.ENV_VAR,
+    default=logs.DEFAULT_LEVEL,
+    show_default=True,
+    show_envvar=True,
+    help="log records at this level and above go to stderr",
+)
+def cli(log_level: str) -> None:
     """osfleet: fleets of copy-on-write desktop VM replicas for computer-use agents."""
+    logs.configure(log_level)
 
 
 # --- images ------------------------------------------------------------------------------------------------
