@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from osfleet.domain_xml import QEMU_NS, DiskSpec, DomainSpec
+from osfleet.errors import OsfleetError
 from osfleet.replicas.actions import ACTIONS
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.replicas.records import InvalidTransitionError, Lease, RecordStore, ReplicaRecord, State
@@ -116,3 +117,25 @@ def test_incoming_domains_wait_for_a_migration_stream() -> None:
     assert [a.get("value") for a in root.iter(f"{{{QEMU_NS}}}arg")] == ["-incoming", "defer"]
     chain = [e.get("file") for e in root.iter("source")]
     assert chain == ["/d", "/s", "/g"]
+
+
+class _FlakyQmp:
+    """Records input events; fails the n-th send, as a busy QEMU monitor may."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.sent: list[list[dict[str, object]]] = []
+        self.fail_at = fail_at
+
+    def qmp(self, domain: str, command: str, args: dict[str, list[dict[str, object]]]) -> None:
+        if len(self.sent) == self.fail_at:
+            self.sent.append([])
+            raise OsfleetError("QMP input-send-event: monitor busy")
+        self.sent.append(args["events"])
+
+
+def test_a_drag_that_fails_midway_still_lets_the_button_go() -> None:
+    qmp = _FlakyQmp(fail_at=3)  # move, press, one move ... then a move fails
+    with pytest.raises(OsfleetError):
+        Input(qmp, "osfleet-x", (1280, 800)).drag(10, 10, 200, 200)  # type: ignore[arg-type]
+    last = qmp.sent[-1]
+    assert last == [{"type": "btn", "data": {"down": False, "button": "left"}}]

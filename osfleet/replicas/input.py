@@ -161,10 +161,12 @@ class Input:
         self.move(x1, y1)
         self._abs(x2, y2)  # validate before pressing
         self._send([_btn("left", True)])
-        for i in range(1, steps + 1):
-            self.move(round(x1 + (x2 - x1) * i / steps), round(y1 + (y2 - y1) * i / steps))
-            time.sleep(0.01)
-        self._send([_btn("left", False)])
+        try:
+            for i in range(1, steps + 1):
+                self.move(round(x1 + (x2 - x1) * i / steps), round(y1 + (y2 - y1) * i / steps))
+                time.sleep(0.01)
+        finally:  # a failed move must not leave the guest's button held down for the next action
+            self._send([_btn("left", False)])
 
     def scroll(self, x: int, y: int, clicks: int) -> None:
         """Positive ``clicks`` scroll down, negative up."""
