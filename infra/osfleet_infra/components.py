@@ -144,7 +144,7 @@ class HostAgent(pulumi.ComponentResource):
         self.agent = _Agent(
             f"{name}-agent",
             {**t.conn(), "home": t.home, "name_prefix": t.name_prefix, "osfleet_bin": t.osfleet_bin,
-             "bind": t.addr, "port": args.port, "warm": args.warm, "mode": args.mode,
+             "bind": t.addr, "agent_port": args.port, "warm": args.warm, "mode": args.mode,
              "image": args.image.image_name, "token": pulumi.Output.secret(args.token)},
             pulumi.ResourceOptions(parent=self, depends_on=[args.image.published[t.name]],
                                    additional_secret_outputs=["token"]),

@@ -77,43 +77,50 @@ class HostPrepProvider(ResourceProvider):
                 host.probe(f"rmdir {q(home)} 2>/dev/null")
 
 
-def _prepare(host: Host, props: dict[str, Any]) -> dict[str, Any]:
-    missing = [
-        p
-        for p in props["packages"]
-        if not host.probe(f"dpkg-query -W -f='${{Status}}' {q(p)} | grep -q 'ok installed'")
+def prep_steps(packages: list[str], tune_kernel: bool, home: str) -> list[tuple[str, str]]:
+    """The host preparation as (what, shell command) steps, each idempotent: run over SSH by ``KvmHost`` and
+    as cloud-init ``runcmd`` on EC2, so both prepare a host the same way."""
+    pk = " ".join(q(p) for p in packages)
+    steps = [
+        (
+            "installing packages",
+            f"missing=$(for p in {pk}; do dpkg-query -W -f='${{Status}}' \"$p\" 2>/dev/null | grep -q 'ok installed' "
+            '|| echo "$p"; done); [ -z "$missing" ] || { apt-get update -q && DEBIAN_FRONTEND=noninteractive '
+            "apt-get install -y -q --no-install-recommends $missing; }",
+        ),
+        (
+            "giving /dev/kvm to group kvm",
+            'if [ -c /dev/kvm ] && [ "$(stat -c %G:%a /dev/kvm)" != kvm:660 ]; then '
+            "chgrp kvm /dev/kvm && chmod 0660 /dev/kvm; fi",
+        ),
+        (
+            "starting libvirtd",
+            "if [ -d /run/systemd/system ]; then systemctl enable --now virtlogd libvirtd; "
+            "else pgrep -x virtlogd >/dev/null || virtlogd -d; pgrep -x libvirtd >/dev/null || libvirtd -d; fi; "
+            "for i in $(seq 1 60); do virsh -c qemu:///system version >/dev/null 2>&1 && exit 0; sleep 0.5; done; "
+            "virsh -c qemu:///system version",
+        ),
     ]
-    if missing:
-        host.run(
-            "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-            + " ".join(q(p) for p in missing),
-            timeout=1800,
-            what=f"installing {', '.join(missing)}",
+    if tune_kernel:
+        body = "".join(f"{k} = {v}\\n" for k, v in FLEET_SYSCTLS.items())
+        ksm = "; ".join(f"[ -w /sys/kernel/mm/ksm/{k} ] && echo {v} > /sys/kernel/mm/ksm/{k}" for k, v in KSM.items())
+        steps.append(
+            (
+                "applying the fleet sysctls and KSM settings",
+                f"printf '# written by osfleet (KvmHost)\\n{body}' > {SYSCTL_FILE} "
+                f"&& sysctl -q -p {SYSCTL_FILE}; {ksm}; true",
+            )
         )
-    host.run(
-        'if [ -c /dev/kvm ] && [ "$(stat -c %G:%a /dev/kvm)" != kvm:660 ]; then '
-        "chgrp kvm /dev/kvm && chmod 0660 /dev/kvm; fi",
-        what="giving /dev/kvm to group kvm",
-    )
-    host.run(
-        "if [ -d /run/systemd/system ]; then systemctl enable --now virtlogd libvirtd; "
-        "else pgrep -x virtlogd >/dev/null || virtlogd -d; pgrep -x libvirtd >/dev/null || libvirtd -d; fi; "
-        "for i in $(seq 1 60); do virsh -c qemu:///system version >/dev/null 2>&1 && exit 0; sleep 0.5; done; "
-        "virsh -c qemu:///system version",
-        timeout=120,
-        what="starting libvirtd",
-    )
-    made_sysctl = False
-    if props["tune_kernel"]:
-        body = "".join(f"{k} = {v}\n" for k, v in FLEET_SYSCTLS.items())
-        made_sysctl = not host.exists(SYSCTL_FILE)
-        host.write_file(SYSCTL_FILE, "# written by osfleet (Pulumi KvmHost)\n" + body)
-        host.run(f"sysctl -q -p {SYSCTL_FILE}", what="applying the fleet sysctls")
-        for k, v in KSM.items():
-            host.probe(f"[ -w /sys/kernel/mm/ksm/{k} ] && echo {v} > /sys/kernel/mm/ksm/{k}")
+    steps.append(("creating the image store", f"mkdir -p {q(home + '/images')}"))
+    return steps
+
+
+def _prepare(host: Host, props: dict[str, Any]) -> dict[str, Any]:
     home = str(props["home"])
     made_home = not host.exists(home)
-    host.run(f"mkdir -p {q(home + '/images')}", what=f"creating the image store in {home}")
+    made_sysctl = bool(props["tune_kernel"]) and not host.exists(SYSCTL_FILE)
+    for what, command in prep_steps(list(props["packages"]), bool(props["tune_kernel"]), home):
+        host.run(command, timeout=1800, what=what)
     version = host.run(f"{q(str(props['osfleet_bin']))} --version", what="checking the osfleet command").strip()
     return {"made_home": made_home, "made_sysctl_file": made_sysctl, "osfleet_version": version}
 
@@ -199,19 +206,27 @@ class AgentProvider(ResourceProvider):
     """The host agent under a small restart-loop supervisor (setsid + pid file), or a systemd unit's
     equivalent where none runs; healthy on ``/health`` before create or update returns."""
 
-    KEYS = [*CONN_KEYS, "home", "name_prefix", "osfleet_bin", "bind", "port", "warm", "mode", "image", "token"]
+    KEYS = [*CONN_KEYS, "home", "name_prefix", "osfleet_bin", "bind", "agent_port", "warm", "mode", "image", "token"]
     REPLACE = (*CONN_KEYS, "home", "name_prefix")
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        props = _ints(props)
         with host_of(props) as host:
-            _start_agent(host, props)
-        return CreateResult(id_=f"{props['addr']}:{props['port']}", outs={**props, "url": _url(props)})
+            try:
+                _start_agent(host, props)
+            except BaseException:
+                # A failed create is not recorded in the state, so nothing would ever delete it: undo it here.
+                _stop_agent(host, props)
+                host.probe(f"rm -rf {q(_agent_dir(props))}")
+                raise
+        return CreateResult(id_=f"{props['addr']}:{props['agent_port']}", outs={**props, "url": _url(props)})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         return _diff(olds, news, self.KEYS, self.REPLACE)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         """Restart only the agent with its new settings (its replicas' records stay in its home)."""
+        olds, news = _ints(olds), _ints(news)
         with host_of(news) as host:
             _stop_agent(host, olds)
             _start_agent(host, news)
@@ -219,6 +234,7 @@ class AgentProvider(ResourceProvider):
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         """Stop the agent, then remove its replicas, saved states and its folder."""
+        props = _ints(props)
         with host_of(props) as host:
             _stop_agent(host, props)
             host.run(
@@ -229,12 +245,17 @@ class AgentProvider(ResourceProvider):
             host.run(f"rm -rf {q(_agent_dir(props))}", what="removing the agent's folder")
 
 
+def _ints(props: dict[str, Any]) -> dict[str, Any]:
+    """Numbers come back from the engine as floats (8080.0); the agent's command line needs whole numbers."""
+    return {**props, **{k: int(props[k]) for k in ("port", "agent_port", "warm") if k in props}}
+
+
 def _agent_dir(props: dict[str, Any]) -> str:
     return f"{props['home']}/agent"
 
 
 def _url(props: dict[str, Any]) -> str:
-    return f"http://{props['bind']}:{props['port']}"
+    return f"http://{props['bind']}:{props['agent_port']}"
 
 
 def _env(props: dict[str, Any]) -> str:
@@ -247,7 +268,7 @@ def _supervisor(props: dict[str, Any]) -> str:
     serve = " ".join(
         q(str(a))
         for a in [
-            props["osfleet_bin"], "host", "serve", "--bind", props["bind"], "--port", props["port"],
+            props["osfleet_bin"], "host", "serve", "--bind", props["bind"], "--port", props["agent_port"],
             "--warm", props["warm"], "--mode", props["mode"], "--image", props["image"],
             "--token-file", f"{d}/token",
         ]

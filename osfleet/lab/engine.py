@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +102,8 @@ def stack(name: str, settings: Settings | None = None, work_dir: Path | None = N
 
     if work_dir is not None:
         work_dir.mkdir(parents=True, exist_ok=True)
-        (work_dir / "Pulumi.yaml").write_text((project / "Pulumi.yaml").read_text())
+        # The program is inline: the folder only holds the project's name and runtime and the stack file.
+        (work_dir / "Pulumi.yaml").write_text(f"name: {PROJECT}\nruntime: python\n")
     opts = auto.LocalWorkspaceOptions(
         work_dir=str(work_dir or project),
         pulumi_home=env["PULUMI_HOME"],
@@ -112,15 +114,22 @@ def stack(name: str, settings: Settings | None = None, work_dir: Path | None = N
     return call(auto.create_or_select_stack, stack_name=name, project_name=PROJECT, program=run, opts=opts)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception)): (.+)$")
 _GENERIC = ("update failed", "preview failed", "destroy failed", "an unhandled error occurred", "one or more errors")
 
 
 def engine_error(exc: Exception) -> str:
     """The one line of an engine failure a user can act on (the resource's or the program's own error)."""
-    text = "\n".join(str(getattr(exc, attr, "") or "") for attr in ("stdout", "stderr")) or str(exc)
+    parts = [str(getattr(exc, attr, "") or "") for attr in ("stdout", "stderr")] + [str(exc)]
+    text = "\n".join(p for p in parts if p)
+    # A dynamic provider's failure arrives as a Python traceback: its last line names the error and says why.
+    raised = [(ln.strip(), m) for ln in text.splitlines() if (m := _EXCEPTION_LINE.match(ln.strip()))]
+    if raised:  # osfleet's own errors read as sentences; anything else keeps its type for the bug report
+        line, m = raised[-1]
+        return m.group(2) if line.startswith("osfleet.") else f"{m.group(1)}: {m.group(2)}"
     found = []
     for line in text.splitlines():
-        s = line.strip()
+        s = line.strip().removeprefix("stderr:").strip()
         if s.startswith("error:"):
             msg = s.removeprefix("error:").strip()
             if msg and not any(g in msg.lower() for g in _GENERIC):
