@@ -587,5 +587,14 @@ def report_cmd(run_dir: Path) -> None:
         click.echo(path)
 
 
+from osfleet.bench.infra import bench_infra  # noqa: E402  (commands of issue 9 live in their own modules)
+from osfleet.lab.cli import lab  # noqa: E402
+from osfleet.lab.infra_cli import infra  # noqa: E402
+
+cli.add_command(lab)
+cli.add_command(infra)
+bench.add_command(bench_infra)
+
+
 def main() -> None:
     cli(prog_name="osfleet")
