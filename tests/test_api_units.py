@@ -319,3 +319,10 @@ def test_a_refused_step_can_be_retried_with_the_same_action_id(fake: FakeHost, c
     fake.act_error = None
     r = client.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH)
     assert r.status_code == 200 and r.json()["replayed"] is False and len(fake.applied) == 1
+
+
+def test_a_body_that_is_not_json_is_a_422_and_405_names_every_method(client: TestClient) -> None:
+    r = client.post("/shutdown", content=b"\xff\x12", headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["kind"] == "invalid_request"
+    r = client.options("/v1/replicas", headers=AUTH)
+    assert r.status_code == 405 and r.headers["allow"] == "GET, POST"

@@ -6,6 +6,8 @@ cannot run) are 503 with ``"kind": "infrastructure"``, so a trainer never mistak
 
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -72,10 +74,13 @@ def install(app: FastAPI, on_error: object = None) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {401: "unauthorized", 404: "not_found", 405: "invalid_request"}.get(exc.status_code, "invalid_request")
-        return JSONResponse(
-            status_code=exc.status_code, content={"error": str(exc.detail), "kind": kind}, headers=exc.headers
-        )
+        code, headers = exc.status_code, dict(exc.headers or {})
+        if code == 400:  # a body that is not JSON at all: malformed like any other request (documented 422)
+            code = 422
+        if code == 405:  # Starlette names only the first matching route's methods; a path may have several
+            headers["Allow"] = ", ".join(sorted(_methods_of(app, request.url.path)))
+        kind = {401: "unauthorized", 404: "not_found"}.get(code, "invalid_request")
+        return JSONResponse(status_code=code, content={"error": str(exc.detail), "kind": kind}, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -95,3 +100,12 @@ def jsonable(errors: object) -> object:
     from fastapi.encoders import jsonable_encoder
 
     return jsonable_encoder(errors, custom_encoder={Exception: str})
+
+
+def _methods_of(app: FastAPI, path: str) -> set[str]:
+    """Every method the published API serves at ``path`` (from the OpenAPI, which lists them all)."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\\{[^/]+\\}", "[^/]+", re.escape(template)), path):
+            methods |= {m.upper() for m in operations}
+    return methods
