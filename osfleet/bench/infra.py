@@ -77,7 +77,7 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
     from pulumi import automation as auto
 
     from osfleet.lab import lab as lab_ops
-    from osfleet.lab.engine import call, engine_root, engine_version, stack
+    from osfleet.lab.engine import call, engine_root, engine_version, purge_stack_files, stack, stack_files
 
     engine = engine_version(engine_root(settings))
     root = lab_ops.lab_root(settings)
@@ -126,6 +126,7 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
         call(st.destroy, on_output=lambda line: say("  " + line.rstrip()))
         result["destroy_seconds"] = round(time.monotonic() - t, 2)
         call(st.workspace.remove_stack, STACK)
+        purge_stack_files(STACK, settings)
         st = None
 
         say("[6/7] leftovers on the lab hosts after destroy")
@@ -136,6 +137,7 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
             try:
                 call(st.destroy, on_output=lambda line: say("  " + line.rstrip()))
                 call(st.workspace.remove_stack, STACK)
+                purge_stack_files(STACK, settings)
             except OsfleetError as exc:
                 say(f"destroy after failure also failed: {exc}")
         say("[7/7] lab down")
@@ -145,7 +147,11 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     after_down = lab_ops.leftovers(root, settings.libvirt_uri)
     after_down.pop("state_hosts", None)
-    result["leftovers"] = {**after_destroy, **{f"lab_{k}": v for k, v in after_down.items()}}
+    result["leftovers"] = {
+        **after_destroy,
+        **{f"lab_{k}": v for k, v in after_down.items()},
+        "engine_state_files": len(stack_files(STACK, settings)),
+    }
     return result
 
 

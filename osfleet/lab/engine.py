@@ -152,3 +152,21 @@ def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except CommandError as exc:
         raise EngineError(engine_error(exc)) from None
+
+
+def stack_files(name: str, settings: Settings | None = None) -> list[Path]:
+    """The file backend's files of stack ``name`` (checkpoint, its backups and update history)."""
+    base = (settings or Settings.from_env()).home / "pulumi" / "state" / ".pulumi"
+    found = sorted((base / "stacks" / PROJECT).glob(f"{name}.json*"))
+    found += [d for d in (base / "backups" / PROJECT / name, base / "history" / PROJECT / name) if d.exists()]
+    return found
+
+
+def purge_stack_files(name: str, settings: Settings | None = None) -> int:
+    """Remove what the engine keeps of a removed throwaway stack (backups, history); return how many."""
+    import shutil
+
+    files = stack_files(name, settings)
+    for f in files:
+        shutil.rmtree(f) if f.is_dir() else f.unlink()
+    return len(files)

@@ -1,0 +1,154 @@
+"""The Pulumi program against lab hosts with the real engine (scripts/build-pulumi): config errors at preview,
+and the whole cycle up -> health + screenshot -> second up -> config change -> destroy -> nothing left."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from osfleet.config import Settings
+from osfleet.errors import MissingToolError
+from osfleet.lab import lab as lab_ops
+from osfleet.lab.engine import EngineError, call, engine_root, engine_version, purge_stack_files, stack
+from osfleet.lab.state import LabState, load
+
+REPO = Path(__file__).resolve().parent.parent
+OSFLEET = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "osfleet")
+STACK = "test-lab"
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    try:
+        return engine_version(engine_root())
+    except MissingToolError as exc:
+        pytest.fail(f"the Pulumi engine is not built: {exc}")
+
+
+@pytest.fixture(scope="module")
+def lab(engine: str) -> Iterator[LabState]:
+    root = lab_ops.lab_root()
+    assert load(root) is None, f"a lab is already up ({root}); these tests make and remove their own"
+    state = lab_ops.up(2, root, lambda m: None)
+    yield state
+    lab_ops.down(root, lambda m: None)
+
+
+@pytest.fixture
+def lab_stack(lab: LabState, tmp_path: Path) -> Iterator[Any]:
+    """A throwaway stack on the lab in a folder of its own, its state removed afterwards."""
+    from pulumi import automation as auto
+
+    st = stack(STACK, work_dir=tmp_path)
+    st.set_config("osfleet:platform", auto.ConfigValue("lab"))
+    st.set_config("osfleet:hosts", auto.ConfigValue("2"))
+    st.set_config("osfleet:agentToken", auto.ConfigValue("t0k3n-" + os.urandom(8).hex(), secret=True))
+    yield st
+    try:
+        call(st.destroy)
+    finally:
+        call(st.workspace.remove_stack, STACK)
+        purge_stack_files(STACK)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("hosts", "0", "osfleet:hosts: 0 hosts: a stack needs at least one"),
+        ("hosts", "3", "osfleet:hosts: the lab has 2 hosts, the stack wants 3; run 'osfleet lab up --hosts 3'"),
+        ("mode", "warm", "osfleet:mode: 'warm' is not one of snapshot, cold"),
+        ("warm", "-1", "osfleet:warm: -1 is out of range 0..4096"),
+        ("recipe", "no/such/recipe.yaml", f"osfleet:recipe: no recipe file {REPO}/no/such/recipe.yaml"),
+        ("platform", "azure", "osfleet:platform: 'azure' is not one of lab, onprem, aws, k8s"),
+    ],
+)
+def test_bad_config_fails_at_preview_with_one_line_naming_the_key(
+    lab_stack: Any, key: str, value: str, expected: str
+) -> None:
+    from pulumi import automation as auto
+
+    lab_stack.set_config(f"osfleet:{key}", auto.ConfigValue(value))
+    with pytest.raises(EngineError) as err:
+        call(lab_stack.preview)
+    assert str(err.value) == expected
+
+
+def test_missing_secret_fails_at_preview(lab_stack: Any) -> None:
+    lab_stack.remove_config("osfleet:agentToken")
+    with pytest.raises(EngineError) as err:
+        call(lab_stack.preview)
+    assert str(err.value) == (
+        "osfleet:agentToken: missing secret; set it with 'pulumi config set --secret osfleet:agentToken'"
+    )
+
+
+def _get(url: str, token: str | None = None, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if data else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)
+
+
+def _ready(url: str, token: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r["state"] == "ready" for r in _get(f"{url}/v1/replicas", token)):
+            return
+        time.sleep(2)
+    raise AssertionError(f"no ready replica at {url} after {timeout:.0f} s")
+
+
+@pytest.mark.vm
+def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_agents_destroy_leaves_nothing(
+    lab: LabState, lab_stack: Any, settings: Settings
+) -> None:
+    from pulumi import automation as auto
+
+    from osfleet.bench.infra import infra_leftovers
+
+    lab_stack.set_config("osfleet:warm", auto.ConfigValue("1"))
+    up = call(lab_stack.up)
+    assert up.summary.resource_changes == {"create": 13}
+    urls: dict[str, str] = up.outputs["agentUrls"].value
+    token: str = up.outputs["agentToken"].value
+    assert sorted(urls) == ["lab1", "lab2"]
+    for url in urls.values():
+        assert _get(f"{url}/health")["status"] == "ok"
+        _ready(url, token, timeout=600)
+        lease = _get(f"{url}/v1/leases", token, "POST", {"holder": "test"})
+        obs = _get(f"{url}/v1/replicas/{lease['replica_id']}/observation?lease_id={lease['lease_id']}", token)
+        assert base64.b64decode(obs["screenshot"])[:8] == b"\x89PNG\r\n\x1a\n"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _get(f"{url}/v1/host", "wrong-token")
+        assert denied.value.code == 401
+
+    again = call(lab_stack.up)
+    assert again.summary.resource_changes == {"same": 13}
+
+    lab_stack.set_config("osfleet:warm", auto.ConfigValue("0"))
+    changed = call(lab_stack.up)
+    assert changed.summary.resource_changes == {"same": 11, "update": 2}  # the two agents, nothing else
+
+    call(lab_stack.destroy)
+    assert infra_leftovers(lab, settings) == {
+        "domains": 0, "agent_processes": 0, "agent_folders": 0, "published_images": 0,
+    }  # fmt: skip
+    for h in lab.hosts:
+        done = subprocess.run(
+            [OSFLEET, "replicas", "ls", "--json"], capture_output=True, text=True, env={**os.environ, **h.env}
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == []
