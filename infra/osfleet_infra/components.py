@@ -25,13 +25,14 @@ class HostTarget:
     """How to reach one host and where osfleet lives on it."""
 
     name: str
-    addr: str
+    addr: pulumi.Input[str]  # an Output when the host is made by the same stack (EC2)
     user: str = "root"
     port: int = 22
     key_file: str = ""
     home: str = "/var/lib/osfleet"
     name_prefix: str = "osfleet-"
     osfleet_bin: str = "osfleet"
+    bind: str = ""  # address the agent listens on; default: addr (EC2: 0.0.0.0, its public address is NATed)
 
     def conn(self) -> dict[str, object]:
         return conn_inputs(self.addr, self.user, self.port, self.key_file)
@@ -144,8 +145,8 @@ class HostAgent(pulumi.ComponentResource):
         self.agent = _Agent(
             f"{name}-agent",
             {**t.conn(), "home": t.home, "name_prefix": t.name_prefix, "osfleet_bin": t.osfleet_bin,
-             "bind": t.addr, "agent_port": args.port, "warm": args.warm, "mode": args.mode,
-             "image": args.image.image_name, "token": pulumi.Output.secret(args.token)},
+             "bind": t.bind or t.addr, "url_host": t.addr, "agent_port": args.port, "warm": args.warm,
+             "mode": args.mode, "image": args.image.image_name, "token": pulumi.Output.secret(args.token)},
             pulumi.ResourceOptions(parent=self, depends_on=[args.image.published[t.name]],
                                    additional_secret_outputs=["token"]),
         )  # fmt: skip

@@ -119,6 +119,8 @@ def _prepare(host: Host, props: dict[str, Any]) -> dict[str, Any]:
     home = str(props["home"])
     made_home = not host.exists(home)
     made_sysctl = bool(props["tune_kernel"]) and not host.exists(SYSCTL_FILE)
+    # A fresh cloud host may still be running its own preparation (cloud-init holds the apt lock).
+    host.run("if command -v cloud-init >/dev/null; then cloud-init status --wait >/dev/null || true; fi", timeout=1800)
     for what, command in prep_steps(list(props["packages"]), bool(props["tune_kernel"]), home):
         host.run(command, timeout=1800, what=what)
     version = host.run(f"{q(str(props['osfleet_bin']))} --version", what="checking the osfleet command").strip()
@@ -206,7 +208,19 @@ class AgentProvider(ResourceProvider):
     """The host agent under a small restart-loop supervisor (setsid + pid file), or a systemd unit's
     equivalent where none runs; healthy on ``/health`` before create or update returns."""
 
-    KEYS = [*CONN_KEYS, "home", "name_prefix", "osfleet_bin", "bind", "agent_port", "warm", "mode", "image", "token"]
+    KEYS = [
+        *CONN_KEYS,
+        "home",
+        "name_prefix",
+        "osfleet_bin",
+        "bind",
+        "url_host",
+        "agent_port",
+        "warm",
+        "mode",
+        "image",
+        "token",
+    ]
     REPLACE = (*CONN_KEYS, "home", "name_prefix")
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -255,7 +269,7 @@ def _agent_dir(props: dict[str, Any]) -> str:
 
 
 def _url(props: dict[str, Any]) -> str:
-    return f"http://{props['bind']}:{props['agent_port']}"
+    return f"http://{props.get('url_host') or props['bind']}:{props['agent_port']}"
 
 
 def _env(props: dict[str, Any]) -> str:

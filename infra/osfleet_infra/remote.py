@@ -14,7 +14,7 @@ from osfleet.imaging.host import Host
 CONNECT_TIMEOUT = 15
 
 
-def conn_inputs(addr: str, user: str, port: int, key_file: str) -> dict[str, Any]:
+def conn_inputs(addr: Any, user: str, port: int, key_file: str) -> dict[str, Any]:
     """The connection inputs every host-acting resource takes (changing any of them replaces the resource)."""
     return {"addr": addr, "user": user, "port": port, "key_file": key_file}
 

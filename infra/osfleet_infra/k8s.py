@@ -1,0 +1,210 @@
+"""The ``k8s`` stack: the host agent as a privileged DaemonSet on KVM-labelled nodes, its token in a Secret,
+and Locust master + workers with the locustfile in a ConfigMap.
+
+Nodes are expected to run libvirtd themselves (prepared like any KvmHost); the agent reaches it through the
+node's libvirt socket and keeps images and records in a hostPath store. The agent's requests reserve what
+its warm replicas use on the node (the QEMU processes run under the node's libvirtd, outside the pod).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from osfleet_infra.settings import REPO, Common, ConfigError
+
+DEFAULT_NAMESPACE = "osfleet"
+DEFAULT_NODE_LABEL = "osfleet.io/kvm=true"
+DEFAULT_STORE = "/var/lib/osfleet"
+DEFAULT_LOCUST_WORKERS = 2
+# Per-replica footprint; set them from a run's measured figures (osfleet report prints them).
+DEFAULT_REPLICA_MEMORY_MIB = 350
+DEFAULT_REPLICA_CPU = 0.25
+AGENT_MEMORY_MIB = 512
+AGENT_CPU = 0.5
+LOCUSTFILE = REPO / "loadtest" / "trajectories.py"
+
+
+@dataclass(frozen=True)
+class K8sConfig:
+    namespace: str
+    container_image: str
+    node_label: tuple[str, str]
+    store: str
+    locust_workers: int
+    replica_memory_mib: int
+    replica_cpu: float
+
+
+def read_k8s(cfg: pulumi.Config) -> K8sConfig:
+    image = cfg.get("containerImage")
+    if not image:
+        raise ConfigError("containerImage", "missing; the container image with osfleet installed")
+    label = cfg.get("kvmNodeLabel") or DEFAULT_NODE_LABEL
+    key, eq, value = label.partition("=")
+    if not eq or not key or not value:
+        raise ConfigError("kvmNodeLabel", f"{label!r} is not key=value")
+    workers = cfg.get_int("locustWorkers")
+    workers = DEFAULT_LOCUST_WORKERS if workers is None else workers
+    if workers < 0:
+        raise ConfigError("locustWorkers", f"{workers} is negative")
+    mem = cfg.get_int("replicaMemoryMiB") or DEFAULT_REPLICA_MEMORY_MIB
+    cpu = cfg.get_float("replicaCpu") or DEFAULT_REPLICA_CPU
+    return K8sConfig(
+        namespace=cfg.get("namespace") or DEFAULT_NAMESPACE, container_image=image, node_label=(key, value),
+        store=cfg.get("imageStorePath") or DEFAULT_STORE, locust_workers=workers, replica_memory_mib=mem,
+        replica_cpu=cpu,
+    )  # fmt: skip
+
+
+def agent_resources(warm: int, k: K8sConfig) -> dict[str, dict[str, str]]:
+    """Requests for the agent plus its warm replicas; limits leave the agent room to start more."""
+    mem = AGENT_MEMORY_MIB + warm * k.replica_memory_mib
+    cpu = AGENT_CPU + warm * k.replica_cpu
+    return {
+        "requests": {"memory": f"{mem}Mi", "cpu": f"{int(cpu * 1000)}m"},
+        "limits": {"memory": f"{2 * mem}Mi", "cpu": f"{int(2 * cpu * 1000)}m"},
+    }
+
+
+def _host_path(core: Any, name: str, path: str, kind: str) -> Any:
+    return core.VolumeArgs(name=name, host_path=core.HostPathVolumeSourceArgs(path=path, type=kind))
+
+
+class K8sFleet(pulumi.ComponentResource):
+    """Namespace, token Secret, host-agent DaemonSet + Service, Locust ConfigMap, master and workers."""
+
+    def __init__(self, name: str, k: K8sConfig, common: Common, opts: pulumi.ResourceOptions | None = None) -> None:
+        import pulumi_kubernetes as kube
+
+        super().__init__("osfleet:infra:K8sFleet", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        meta = kube.meta.v1.ObjectMetaArgs
+        core, apps = kube.core.v1, kube.apps.v1
+        port = self.agent_port = common.agent_port
+        self.namespace = core.Namespace(name, metadata=meta(name=k.namespace), opts=child)
+        ns = self.namespace.metadata.name
+        self.secret = core.Secret(
+            f"{name}-token", metadata=meta(name="osfleet-agent-token", namespace=ns),
+            string_data={"token": common.token}, opts=child,
+        )  # fmt: skip
+        token_env = core.EnvVarArgs(
+            name="OSFLEET_API_TOKEN",
+            value_from=core.EnvVarSourceArgs(
+                secret_key_ref=core.SecretKeySelectorArgs(name="osfleet-agent-token", key="token")
+            ),
+        )
+        agent_labels = {"app.kubernetes.io/name": "osfleet-agent"}
+        probe = core.ProbeArgs(http_get=core.HTTPGetActionArgs(path="/health", port=port), period_seconds=10)
+        self.daemonset = apps.DaemonSet(
+            f"{name}-agent",
+            metadata=meta(name="osfleet-agent", namespace=ns),
+            spec=apps.DaemonSetSpecArgs(
+                selector=kube.meta.v1.LabelSelectorArgs(match_labels=agent_labels),
+                template=core.PodTemplateSpecArgs(
+                    metadata=meta(labels=agent_labels),
+                    spec=core.PodSpecArgs(
+                        node_selector={k.node_label[0]: k.node_label[1]},
+                        containers=[
+                            core.ContainerArgs(
+                                name="agent",
+                                image=k.container_image,
+                                command=["osfleet", "host", "serve", "--bind", "0.0.0.0", "--port", str(port),
+                                         "--warm", str(common.warm), "--mode", common.mode],
+                                env=[token_env, core.EnvVarArgs(name="OSFLEET_HOME", value=k.store)],
+                                ports=[core.ContainerPortArgs(container_port=port, name="api")],
+                                security_context=core.SecurityContextArgs(privileged=True),
+                                volume_mounts=[
+                                    core.VolumeMountArgs(name="kvm", mount_path="/dev/kvm"),
+                                    core.VolumeMountArgs(name="store", mount_path=k.store),
+                                    core.VolumeMountArgs(name="libvirt", mount_path="/var/run/libvirt"),
+                                ],
+                                liveness_probe=probe,
+                                readiness_probe=probe,
+                                resources=core.ResourceRequirementsArgs(**agent_resources(common.warm, k)),
+                            )
+                        ],
+                        volumes=[
+                            _host_path(core, "kvm", "/dev/kvm", "CharDevice"),
+                            _host_path(core, "store", k.store, "DirectoryOrCreate"),
+                            _host_path(core, "libvirt", "/var/run/libvirt", "Directory"),
+                        ],
+                    ),
+                ),
+            ),
+            opts=child,
+        )  # fmt: skip
+        self.agent_service = core.Service(
+            f"{name}-agent-svc",
+            metadata=meta(name="osfleet-agent", namespace=ns),
+            spec=core.ServiceSpecArgs(selector=agent_labels, ports=[core.ServicePortArgs(port=port, target_port=port)]),
+            opts=child,
+        )
+        self.agent_url = pulumi.Output.concat("http://osfleet-agent.", ns, f".svc:{port}")
+        self.locust: list[pulumi.Resource] = []
+        if k.locust_workers:
+            self._locust(name, k, ns, token_env, child)
+        self.register_outputs({"agent_url": self.agent_url})
+
+    def _locust(
+        self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: object, child: pulumi.ResourceOptions
+    ) -> None:
+        import pulumi_kubernetes as kube
+
+        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
+        cm = core.ConfigMap(
+            f"{name}-locustfile", metadata=meta(name="osfleet-locustfile", namespace=ns),
+            data={"trajectories.py": LOCUSTFILE.read_text()}, opts=child,
+        )  # fmt: skip
+        mount = [core.VolumeMountArgs(name="locustfile", mount_path="/locust")]
+        volume = [
+            core.VolumeArgs(name="locustfile", config_map=core.ConfigMapVolumeSourceArgs(name="osfleet-locustfile"))
+        ]
+
+        def deployment(role: str, replicas: int, args: list[str]) -> object:
+            labels = {"app.kubernetes.io/name": f"osfleet-locust-{role}"}
+            return apps.Deployment(
+                f"{name}-locust-{role}",
+                metadata=meta(name=f"osfleet-locust-{role}", namespace=ns),
+                spec=apps.DeploymentSpecArgs(
+                    replicas=replicas,
+                    selector=kube.meta.v1.LabelSelectorArgs(match_labels=labels),
+                    template=core.PodTemplateSpecArgs(
+                        metadata=meta(labels=labels),
+                        spec=core.PodSpecArgs(
+                            containers=[core.ContainerArgs(
+                                name="locust", image=k.container_image,
+                                command=["locust", "-f", "/locust/trajectories.py", *args],
+                                env=[token_env], volume_mounts=mount,
+                            )],
+                            volumes=volume,
+                        ),
+                    ),
+                ),
+                opts=child,
+            )  # fmt: skip
+
+        # Until the fleet gateway exists, Locust drives the agents' Service (a lease's calls must reach the agent
+        # that granted it, so this holds for one KVM node).
+        master = deployment("master", 1, ["--master", "--host", f"http://osfleet-agent:{self.agent_port}"])
+        svc = core.Service(
+            f"{name}-locust-master-svc",
+            metadata=meta(name="osfleet-locust-master", namespace=ns),
+            spec=core.ServiceSpecArgs(
+                selector={"app.kubernetes.io/name": "osfleet-locust-master"},
+                ports=[core.ServicePortArgs(name="web", port=8089), core.ServicePortArgs(name="workers", port=5557)],
+            ),
+            opts=child,
+        )
+        workers = deployment("worker", k.locust_workers, ["--worker", "--master-host", "osfleet-locust-master"])
+        self.locust = [cm, master, svc, workers]  # type: ignore[list-item]
+
+
+def deploy_k8s(cfg: pulumi.Config, common: Common) -> None:
+    k = read_k8s(cfg)
+    fleet = K8sFleet("osfleet", k, common)
+    pulumi.export("namespace", fleet.namespace.metadata.name)
+    pulumi.export("agentUrl", fleet.agent_url)
+    pulumi.export("agentToken", common.token)
