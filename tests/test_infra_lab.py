@@ -70,6 +70,8 @@ def lab_stack(lab: LabState, tmp_path: Path) -> Iterator[Any]:
         ("warm", "-1", "osfleet:warm: -1 is out of range 0..4096"),
         ("recipe", "no/such/recipe.yaml", f"osfleet:recipe: no recipe file {REPO}/no/such/recipe.yaml"),
         ("platform", "azure", "osfleet:platform: 'azure' is not one of lab, onprem, aws, k8s"),
+        ("footprintRun", "/no/such/run", "osfleet:footprintRun: no run directory /no/such/run"),
+        ("usdPerHostHour", "-1", "osfleet:usdPerHostHour: -1.0 is negative"),
     ],
 )
 def test_bad_config_fails_at_preview_with_one_line_naming_the_key(
@@ -118,10 +120,24 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
     from pulumi import automation as auto
 
     from osfleet.bench.infra import infra_leftovers
+    from osfleet.cost import HostType, replicas_per_host
+    from osfleet.report.load import load as load_run
 
+    run_dir = REPO / "tests" / "data" / "run-sample"
     lab_stack.set_config("osfleet:warm", auto.ConfigValue("1"))
+    lab_stack.set_config("osfleet:footprintRun", auto.ConfigValue(str(run_dir)))
+    lab_stack.set_config("osfleet:usdPerHostHour", auto.ConfigValue("0.5"))
     up = call(lab_stack.up)
     assert up.summary.resource_changes == {"create": 13}
+    # Capacity from the measured footprint and this machine's size (the lab hosts share it).
+    mem_gib = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 2)
+    cost = load_run(run_dir).cost
+    assert cost is not None
+    n, binding = replicas_per_host(HostType("lab", os.cpu_count() or 1, mem_gib, 0.5, "test"), cost.footprint)
+    assert up.outputs["replicaCapacity"].value == {"lab1": n, "lab2": n}
+    assert up.outputs["bindingResource"].value == {"lab1": binding, "lab2": binding}
+    if n:
+        assert up.outputs["usdPerReplicaDay"].value == {"lab1": round(12 / n, 4), "lab2": round(12 / n, 4)}
     urls: dict[str, str] = up.outputs["agentUrls"].value
     token: str = up.outputs["agentToken"].value
     assert sorted(urls) == ["lab1", "lab2"]

@@ -32,6 +32,7 @@ class HostTarget:
     home: str = "/var/lib/osfleet"
     name_prefix: str = "osfleet-"
     osfleet_bin: str = "osfleet"
+    osfleet_pip_spec: str = ""  # pip requirement installed into osfleet_bin's venv when the command is missing
     bind: str = ""  # address the agent listens on; default: addr (EC2: 0.0.0.0, its public address is NATed)
 
     def conn(self) -> dict[str, object]:
@@ -39,9 +40,12 @@ class HostTarget:
 
 
 class _HostPrep(Resource):
+    vcpus: pulumi.Output[int]
+    memory_gib: pulumi.Output[float]
+
     def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
-        super().__init__(HostPrepProvider(), name, {**props, "made_home": None, "made_sysctl_file": None,
-                                                     "osfleet_version": None}, opts)  # fmt: skip
+        outs = {"made_home": None, "made_sysctl_file": None, "osfleet_version": None, "vcpus": None, "memory_gib": None}
+        super().__init__(HostPrepProvider(), name, {**props, **outs}, opts)
 
 
 class _ImageBuild(Resource):
@@ -87,12 +91,21 @@ class KvmHost(pulumi.ComponentResource):
         self.prep = _HostPrep(
             f"{name}-prep",
             {**t.conn(), "packages": args.packages, "home": t.home, "osfleet_bin": t.osfleet_bin,
-             "tune_kernel": args.tune_kernel},
+             "osfleet_pip_spec": t.osfleet_pip_spec, "tune_kernel": args.tune_kernel},
             pulumi.ResourceOptions(parent=self),
         )  # fmt: skip
         self.address = pulumi.Output.from_input(t.addr)
         self.image_store = self.prep.id.apply(lambda _: f"{t.home}/images")
-        self.register_outputs({"address": self.address, "image_store": self.image_store})
+        self.vcpus = self.prep.vcpus
+        self.memory_gib = self.prep.memory_gib
+        self.register_outputs(
+            {
+                "address": self.address,
+                "image_store": self.image_store,
+                "vcpus": self.vcpus,
+                "memory_gib": self.memory_gib,
+            }
+        )
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pulumi
 
@@ -100,6 +101,7 @@ def onprem_targets(cfg: pulumi.Config) -> list[HostTarget]:
                 name=f"host{i}", addr=addr, user=user, port=port, key_file=key,
                 home=cfg.get("home") or DEFAULT_HOME, name_prefix=cfg.get("namePrefix") or "osfleet-",
                 osfleet_bin=cfg.get("osfleetBin") or DEFAULT_OSFLEET_BIN,
+                osfleet_pip_spec=cfg.get("osfleetPipSpec") or "",
             )
         )  # fmt: skip
     return targets
@@ -123,3 +125,28 @@ def deploy_bare_metal(targets: list[HostTarget], common: Common, tune_kernel: bo
     pulumi.export("agentUrls", {a_h.target.name: a.url for a, a_h in zip(agents, hosts, strict=True)})
     pulumi.export("goldenImage", image.image_name)
     pulumi.export("agentToken", common.token)
+    if common.footprint is not None:
+        capacity = {h.target.name: _capacity(h, common) for h in hosts}
+        pulumi.export("replicaCapacity", {n: c.apply(lambda x: x[0]) for n, c in capacity.items()})
+        pulumi.export("bindingResource", {n: c.apply(lambda x: x[1]) for n, c in capacity.items()})
+        if common.usd_per_host_hour is not None:
+            price = common.usd_per_host_hour
+            pulumi.export(
+                "usdPerReplicaDay",
+                {n: c.apply(lambda x: round(price * 24 / x[0], 4) if x[0] else None) for n, c in capacity.items()},
+            )
+    else:
+        pulumi.log.info("no osfleet:footprintRun: replica capacity and cost outputs need a measured footprint")
+
+
+def _capacity(h: KvmHost, common: Common) -> pulumi.Output[tuple[int, str]]:
+    """Replicas the host holds by the measured footprint, and the resource that binds first (osfleet.cost)."""
+    from osfleet.cost import HostType, replicas_per_host
+
+    def compute(v: list[Any]) -> tuple[int, str]:
+        host = HostType(
+            h.target.name, int(v[0]), float(v[1]), common.usd_per_host_hour or 0.0, "osfleet:usdPerHostHour"
+        )
+        return replicas_per_host(host, common.footprint)
+
+    return pulumi.Output.all(h.vcpus, h.memory_gib).apply(compute)

@@ -43,7 +43,7 @@ def _diff(olds: dict[str, Any], news: dict[str, Any], keys: list[str], replace_k
 class HostPrepProvider(ResourceProvider):
     """Packages, daemons, /dev/kvm, kernel settings, image store and the osfleet command on one host."""
 
-    KEYS = [*CONN_KEYS, "packages", "home", "osfleet_bin", "tune_kernel"]
+    KEYS = [*CONN_KEYS, "packages", "home", "osfleet_bin", "osfleet_pip_spec", "tune_kernel"]
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         with host_of(props) as host:
@@ -123,8 +123,26 @@ def _prepare(host: Host, props: dict[str, Any]) -> dict[str, Any]:
     host.run("if command -v cloud-init >/dev/null; then cloud-init status --wait >/dev/null || true; fi", timeout=1800)
     for what, command in prep_steps(list(props["packages"]), bool(props["tune_kernel"]), home):
         host.run(command, timeout=1800, what=what)
-    version = host.run(f"{q(str(props['osfleet_bin']))} --version", what="checking the osfleet command").strip()
-    return {"made_home": made_home, "made_sysctl_file": made_sysctl, "osfleet_version": version}
+    bin_ = str(props["osfleet_bin"])
+    spec = str(props.get("osfleet_pip_spec") or "")
+    if spec and not host.probe(f"{q(bin_)} --version"):
+        venv = str(Path(bin_).parent.parent)
+        host.run(
+            f"python3 -m venv {q(venv)} && {q(venv)}/bin/pip install -q {q(spec)}",
+            timeout=1800,
+            what=f"installing osfleet into {venv}",
+        )
+    version = host.run(f"{q(bin_)} --version", what="checking the osfleet command").strip()
+    # What the capacity outputs divide by the measured per-replica footprint.
+    vcpus = int(host.run("nproc").strip())
+    mem_kib = int(host.run("awk '/^MemTotal:/ {print $2}' /proc/meminfo").strip())
+    return {
+        "made_home": made_home,
+        "made_sysctl_file": made_sysctl,
+        "osfleet_version": version,
+        "vcpus": vcpus,
+        "memory_gib": round(mem_kib / 2**20, 2),
+    }
 
 
 # --- GoldenImage: build once here, publish to every host -----------------------------------------------------

@@ -39,6 +39,8 @@ class Common:
     """Keys every stack reads."""
 
     platform: str
+    footprint: Any  # osfleet.cost.Footprint measured in osfleet:footprintRun, or None
+    usd_per_host_hour: float | None
     recipe: Path
     recipe_hash: str
     agent_port: int
@@ -93,8 +95,13 @@ def read_common(cfg: pulumi.Config, stack: str) -> Common:
     if cfg.get_secret("agentToken") is None:
         raise ConfigError("agentToken", "missing secret; set it with 'pulumi config set --secret osfleet:agentToken'")
     token = cfg.require_secret("agentToken")
+    price = cfg.get_float("usdPerHostHour")
+    if price is not None and price < 0:
+        raise ConfigError("usdPerHostHour", f"{price} is negative")
     return Common(
         platform=platform,
+        footprint=read_footprint(cfg),
+        usd_per_host_hour=price,
         recipe=recipe,
         recipe_hash=recipe_hash,
         agent_port=_int(cfg, "agentPort", DEFAULT_AGENT_PORT, 1, 65535),
@@ -102,6 +109,25 @@ def read_common(cfg: pulumi.Config, stack: str) -> Common:
         mode=_choice(cfg, "mode", DEFAULT_MODE, MODES),
         token=token,
     )
+
+
+def read_footprint(cfg: pulumi.Config) -> Any:
+    """The per-replica footprint measured in a run directory (``osfleet bench all``), for capacity outputs."""
+    raw = cfg.get("footprintRun")
+    if not raw:
+        return None
+    from osfleet.report.load import load
+
+    run_dir = Path(raw).expanduser()
+    if not run_dir.is_dir():
+        raise ConfigError("footprintRun", f"no run directory {run_dir}")
+    try:
+        cost = load(run_dir).cost
+    except OsfleetError as exc:
+        raise ConfigError("footprintRun", str(exc)) from None
+    if cost is None:
+        raise ConfigError("footprintRun", f"{run_dir} has no measured footprint (needs its load test and reset bench)")
+    return cost.footprint
 
 
 def parse_target(key: str, spec: str) -> tuple[str, str, int]:

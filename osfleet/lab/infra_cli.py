@@ -68,3 +68,21 @@ def infra_outputs(stack_name: str, show_secrets: bool) -> None:
     st = stack(stack_name)
     outs = call(st.outputs)
     click.echo(json.dumps({k: v.value for k, v in outs.items() if show_secrets or not v.secret}, indent=2))
+
+
+@infra.command("pulumi", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@friendly
+def infra_pulumi(args: tuple[str, ...]) -> None:
+    """Run the engine built here on the project with its state, secrets and offline settings, e.g.
+    ``osfleet infra pulumi config set --secret osfleet:agentToken T --stack lab`` (``up``/``preview`` need
+    the Python language host, which is not built here: use ``osfleet infra up``)."""
+    import os
+
+    from osfleet.lab.engine import engine_env, engine_root, engine_version, project_dir
+
+    root = engine_root()
+    engine_version(root)
+    env = {**os.environ, **engine_env()}
+    os.chdir(project_dir())
+    os.execve(str(root / "bin" / "pulumi"), ["pulumi", *args], env)
