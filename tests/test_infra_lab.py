@@ -115,7 +115,7 @@ def _ready(url: str, token: str, timeout: float) -> None:
 
 @pytest.mark.vm
 def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_agents_destroy_leaves_nothing(
-    lab: LabState, lab_stack: Any, settings: Settings
+    lab: LabState, lab_stack: Any, settings: Settings, tmp_path: Path
 ) -> None:
     from pulumi import automation as auto
 
@@ -157,6 +157,14 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
     lab_stack.set_config("osfleet:warm", auto.ConfigValue("0"))
     changed = call(lab_stack.up)
     assert changed.summary.resource_changes == {"same": 11, "update": 2}  # the two agents, nothing else
+
+    # A new recipe replaces only the image (its build and each host's copy) and restarts the agents onto it.
+    recipe = tmp_path / "desktop-1024.yaml"
+    recipe.write_text((REPO / "golden_images/recipes/desktop.yaml").read_text().replace("width: 1280", "width: 1024"))
+    lab_stack.set_config("osfleet:recipe", auto.ConfigValue(str(recipe)))
+    preview = call(lab_stack.preview)
+    assert preview.change_summary == {"same": 8, "replace": 3, "update": 2}
+    lab_stack.remove_config("osfleet:recipe")
 
     call(lab_stack.destroy)
     assert infra_leftovers(lab, settings) == {

@@ -123,7 +123,10 @@ class K8sFleet(pulumi.ComponentResource):
                                 ],
                                 liveness_probe=probe,
                                 readiness_probe=probe,
-                                resources=core.ResourceRequirementsArgs(**agent_resources(common.warm, k)),
+                                resources=core.ResourceRequirementsArgs(
+                                    requests=agent_resources(common.warm, k)["requests"],
+                                    limits=agent_resources(common.warm, k)["limits"],
+                                ),
                             )
                         ],
                         volumes=[
@@ -149,7 +152,7 @@ class K8sFleet(pulumi.ComponentResource):
         self.register_outputs({"agent_url": self.agent_url})
 
     def _locust(
-        self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: object, child: pulumi.ResourceOptions
+        self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
     ) -> None:
         import pulumi_kubernetes as kube
 
