@@ -272,7 +272,7 @@ def test_health_fails_when_a_background_thread_died(fake: FakeHost, client: Test
 
 def test_osgym_step_without_a_task_or_after_expiry_is_a_4xx(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
-    r = client.post("/reset", json={"task_config": TASK, "timeout": 1}, headers=AUTH)
+    r = client.post("/reset", json={"task_config": osworld(), "timeout": 1}, headers=AUTH)
     assert r.status_code == 200, r.text
     vm = r.json()["vm_id"]
     time.sleep(1.1)  # the OSGym lease (timeout) runs out
@@ -288,7 +288,7 @@ def test_an_unknown_task_id_is_404_and_a_broken_task_is_422(fake: FakeHost, clie
     r = client.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task_id": "nope"}, headers=AUTH)
     assert r.status_code == 404 and "no built-in task 'nope'" in r.json()["error"]
     r = client.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": {"id": "x"}}, headers=AUTH)
-    assert r.status_code == 422 and r.json()["kind"] == "invalid_task"
+    assert r.status_code == 422 and r.json()["kind"] == "invalid_request" and "task.osfleet" in r.json()["error"]
 
 
 def test_scale_up_beyond_capacity_is_503_capacity(fake: FakeHost, client: TestClient) -> None:

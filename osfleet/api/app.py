@@ -56,7 +56,8 @@ from osfleet.replicas.errors import LeaseError, ReplicaBusyError
 from osfleet.replicas.input import InputError
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks import runner
-from osfleet.tasks.model import Evaluation, Task, TaskError, find_task, parse_task
+from osfleet.tasks.model import Evaluation, Task, TaskError, find_task
+from osfleet.tasks.osworld import OsworldTask, from_osworld
 
 
 class StepOutcomeUnknownError(OsfleetError):
@@ -78,7 +79,9 @@ def _task_from(req: ResetRequest) -> Task | None:
             return find_task(req.task_id)
         except TaskError as exc:
             raise NotFound(str(exc)) from None
-    return parse_task(req.task, "in request") if req.task is not None else None
+    if isinstance(req.task, OsworldTask):
+        return from_osworld(req.task)
+    return req.task
 
 
 def _set_task(live: LiveEpisode, task: Task | None) -> None:
@@ -258,7 +261,7 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
     @r.post("/reset", responses=documented(503))
     def reset(req: OsgymReset, request: Request) -> OsgymResetResponse:
         s, who = state(), auth.caller(request)
-        task = parse_task(req.task_config, "task_config")
+        task = from_osworld(req.task_config)
         rec, lease_ = s.host.lease(who, float(req.timeout))
         try:
             start = time.monotonic()

@@ -86,10 +86,14 @@ def install(app: FastAPI, on_error: object = None) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = str(first.get("msg"))
+        given = first.get("input")
+        if isinstance(given, str | int | float) and not isinstance(given, bool):
+            message += f" (got {str(given)[:80]!r})"  # names the unsupported value, e.g. a metric osfleet lacks
         return JSONResponse(
             status_code=422,
             content={
-                "error": f"{where}: {first.get('msg')}" if where else str(first.get("msg")),
+                "error": f"{where}: {message}" if where else message,
                 "kind": "invalid_request",
                 "detail": jsonable(exc.errors()),
             },

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from osfleet.config import Mode
 from osfleet.replicas.actions import Action, ActionResult
+from osfleet.tasks.model import Task
+from osfleet.tasks.osworld import OsworldTask
 
 
 class _Strict(BaseModel):
@@ -61,9 +63,21 @@ class LeaseBody(_Strict):
     lease_id: str = Field(min_length=1, max_length=200)
 
 
+def _task_format(data: Any) -> str:
+    """Which format a task is in, as ``parse_task`` decides: OSWorld's has ``evaluator``/``config``."""
+    if isinstance(data, dict):
+        return "osworld" if ("evaluator" in data or "config" in data) else "osfleet"
+    return "osworld" if isinstance(data, OsworldTask) else "osfleet"
+
+
+AnyTask = Annotated[
+    Annotated[Task, Tag("osfleet")] | Annotated[OsworldTask, Tag("osworld")], Discriminator(_task_format)
+]
+
+
 class ResetRequest(LeaseBody):
-    task_id: str | None = Field(None, min_length=1, max_length=200)
-    task: dict[str, Any] | None = None
+    task_id: str | None = Field(None, min_length=1, max_length=200, description="a built-in task")
+    task: AnyTask | None = Field(None, description="an inline task, osfleet's format or OSWorld's")
     observe: bool = True
 
 
@@ -107,7 +121,7 @@ class Health(BaseModel):
 
 # --- OSGym's wire format ---------------------------------------------------------------------------------------
 class OsgymReset(BaseModel):
-    task_config: dict[str, Any]
+    task_config: OsworldTask
     timeout: int = Field(1000, gt=0, le=86400)
 
 

@@ -59,6 +59,19 @@ SetupStep = Annotated[Run | Launch | Sleep, Field(discriminator="type")]
 class Match(_M):
     """How a text is compared: exactly (after stripping trailing whitespace), by inclusion, or by regex."""
 
+    # The published schema says what the validator below checks: at least one of them, given for real.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["equals"], "properties": {"equals": {"type": "string"}}},
+                {"required": ["include"], "properties": {"include": {"minItems": 1}}},
+                {"required": ["exclude"], "properties": {"exclude": {"minItems": 1}}},
+                {"required": ["regex"], "properties": {"regex": {"type": "string", "format": "regex"}}},
+            ]
+        },
+    )
+
     equals: str | None = None
     include: list[str] = []
     exclude: list[str] = []
@@ -82,6 +95,16 @@ class Match(_M):
 
 class CommandOutput(_M):
     """A command's standard output (and optionally its exit code) in the guest."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["match"], "properties": {"match": {"type": "object"}}},
+                {"required": ["exit_code"], "properties": {"exit_code": {"type": "integer"}}},
+            ]
+        },
+    )
 
     type: Literal["command_output"]
     command: str
