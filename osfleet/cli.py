@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from osfleet import __version__, logs
-from osfleet.config import Settings
+from osfleet.config import MODES, Mode, Settings
 from osfleet.errors import OsfleetError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,7 +30,8 @@ def _friendly(fn: F) -> F:
             click.echo(f"osfleet: error: {exc}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("osfleet: interrupted; everything this command created was removed", err=True)
+            # Commands that undo their work on Ctrl-C say what they removed themselves, before this line.
+            click.echo("osfleet: interrupted", err=True)
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
@@ -289,18 +291,53 @@ def bench_reset(
     click.echo(json.dumps(result, indent=2) if as_json else reset_table(result))
 
 
+@bench.command("density")
+@click.option("--max", "max_replicas", default=None, type=click.IntRange(1, 100000), help="stop at N replicas")
+@click.option("--compare", is_flag=True, help="also run with template memory off (full-stream restores)")
+@click.option(
+    "--ksm-wait", default=0.0, show_default=True, help="seconds to let KSM merge before measuring (when it is on)"
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_density(
+    max_replicas: int | None, compare: bool, ksm_wait: float, image_ref: str | None, as_json: bool, out: Path | None
+) -> None:
+    """Ready desktops held at once until memory runs out: each answers; memory, idle CPU, bring-up per replica."""
+    from osfleet.bench import density
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = density.run(find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for label, r in [("sharing on", result), ("sharing off", result.get("sharing_off"))]:
+        if r:
+            cpu = (r["cpu_per_idle_replica"] or 0) * 100
+            click.echo(
+                f"{label}: {r['held_ready']} held, {r['answering']} answering, {r['mib_per_replica'] or 0:.0f} MiB and "
+                f"{cpu:.1f} % of a core each, bring-up p50 {r['bringup_p50_s'] or 0:.2f} s ({r['stop_reason']})"
+            )
+
+
 # --- replicas ----------------------------------------------------------------------------------------------
 @cli.group()
 def replicas() -> None:
     """Replicas on this host: bring up, list, screenshot, reset, tear down."""
 
 
-def _replica_host(image_ref: str | None, mode: str = "snapshot") -> Any:
+def _replica_host(image_ref: str | None, mode: Mode = "snapshot") -> Any:
     from osfleet.images import find_image
     from osfleet.replicas.manager import ReplicaHost
 
     settings = Settings.from_env()
-    return ReplicaHost(find_image(image_ref, settings), settings, mode=mode, say=lambda m: click.echo(m, err=True))  # type: ignore[arg-type]
+    return ReplicaHost(find_image(image_ref, settings), settings, mode=mode, say=lambda m: click.echo(m, err=True))
 
 
 def _refuse_foreign(report: Any, ids: list[str]) -> None:
@@ -315,14 +352,14 @@ def _refuse_foreign(report: Any, ids: list[str]) -> None:
 @click.option("--count", default=1, show_default=True, type=click.IntRange(1, 4096))
 @click.option(
     "--mode",
-    type=click.Choice(["snapshot", "cold"]),
+    type=click.Choice(MODES),
     default="snapshot",
     show_default=True,
     help="snapshot: restore a saved running desktop; cold: boot",
 )
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
 @_friendly
-def replicas_up(count: int, mode: str, image_ref: str | None) -> None:
+def replicas_up(count: int, mode: Mode, image_ref: str | None) -> None:
     """Bring up COUNT replicas and leave them running (adopting any left by an earlier run)."""
     with _replica_host(image_ref, mode) as host:
         report = host.adopt()
@@ -330,9 +367,21 @@ def replicas_up(count: int, mode: str, image_ref: str | None) -> None:
             click.echo(
                 f"cleaned up {len(report.cleaned)} half-made replica(s), {len(report.orphan_domains)} orphan domain(s)"
             )
-        for i in range(count):
-            t = host.create()
-            click.echo(f"{t.replica}  ready in {t.seconds:.2f} s  ({i + 1}/{count}, {mode})")
+        made = 0
+        try:
+            for i in range(count):
+                t = host.create()
+                made += 1
+                click.echo(f"{t.replica}  ready in {t.seconds:.2f} s  ({i + 1}/{count}, {mode})")
+        except KeyboardInterrupt:
+            half = [r.id for r in host.replicas() if r.state.value in ("provisioning", "booting")]
+            host.down(half)
+            click.echo(
+                f"interrupted: {made} replica(s) made are left running (osfleet replicas ls); "
+                f"{len(half)} half-made one(s) removed",
+                err=True,
+            )
+            raise
 
 
 @replicas.command("ls")
@@ -390,9 +439,9 @@ def replicas_screenshot(replica_id: str, out: Path | None, jpeg: bool) -> None:
 
 @replicas.command("reset")
 @click.argument("replica_id")
-@click.option("--mode", type=click.Choice(["snapshot", "cold"]), default=None, help="default: the replica's own mode")
+@click.option("--mode", type=click.Choice(MODES), default=None, help="default: the replica's own mode")
 @_friendly
-def replicas_reset(replica_id: str, mode: str | None) -> None:
+def replicas_reset(replica_id: str, mode: Mode | None) -> None:
     """Reset a replica to its exact initial state."""
     from osfleet.replicas.records import RecordStore
 
@@ -450,7 +499,7 @@ def host() -> None:
 @click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
-@click.option("--mode", type=click.Choice(["snapshot", "cold"]), default="snapshot", show_default=True)
+@click.option("--mode", type=click.Choice(MODES), default="snapshot", show_default=True)
 @click.option("--warm", default=1, show_default=True, type=click.IntRange(0, 4096), help="replicas kept ready")
 @click.option("--lease-seconds", default=900.0, show_default=True, help="default lease length")
 @click.option(
@@ -460,16 +509,23 @@ def host() -> None:
     help="bearer token file (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/api-token, made if missing)",
 )
 @click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
+@click.option(
+    "--max-replicas",
+    default=None,
+    type=click.IntRange(1, 100000),
+    help="most replicas this host holds (default: from its memory, ~350 MiB each)",
+)
 @_friendly
 def host_serve(
     bind: str,
     port: int,
     image_ref: str | None,
-    mode: str,
+    mode: Mode,
     warm: int,
     lease_seconds: float,
     token_file: Path | None,
     osgym_allow: tuple[str, ...],
+    max_replicas: int | None,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
     import os
@@ -500,13 +556,30 @@ def host_serve(
         lambda: ReplicaHost(
             image,
             settings,
-            mode=mode,  # type: ignore[arg-type]
+            mode=mode,
             warm=warm,
             say=lambda m: click.echo(m, err=True),
+            max_replicas=max_replicas,
         ),
     )
     click.echo(f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm)", err=True)
-    uvicorn.run(app, host=bind, port=port, log_level="warning")
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
+    uvicorn.run(app, host=bind, port=port, log_level=level)
+
+
+@host.command("tune")
+@click.option("--ksm/--no-ksm", default=None, help="KSM on or off (default: on unless OSFLEET_TENANCY=multi)")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def host_tune(ksm: bool | None, as_json: bool) -> None:
+    """Host settings for density: KSM with sane scan rates (kept off when replicas serve different users)."""
+    from osfleet.host_tune import tune
+
+    result = tune(Settings.from_env(), ksm)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"KSM {result['ksm_reason']}; now saving {result['ksm'].get('saved_bytes', 0) >> 20} MiB")
 
 
 # --- tasks ----------------------------------------------------------------------------------------------------

@@ -13,12 +13,14 @@ import json
 import logging
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import libvirt
 import libvirt_qemu
+import psutil
 from PIL import Image
 
 from osfleet.domain_xml import DomainSpec
@@ -220,6 +222,19 @@ class Virt:
         text = out[0] if isinstance(out, tuple) else out
         return json.loads(text).get("return")
 
+    def qemu_ids(self) -> tuple[int, int] | None:
+        """The uid and gid QEMU processes run as (libvirt's DAC label), or None when libvirt names none."""
+        try:
+            caps = self.conn.getCapabilities()
+        except libvirt.libvirtError as exc:
+            raise translate(exc, "host", "reading the capabilities of") from None
+        for model in ET.fromstring(caps).iterfind("host/secmodel"):
+            label = model.find("baselabel[@type='qemu']")
+            if model.findtext("model") == "dac" and label is not None and label.text:
+                uid, _, gid = label.text.replace("+", "").partition(":")
+                return int(uid), int(gid)
+        return None
+
     def qemu_pid(self, name: str) -> int | None:
         """PID of the domain's QEMU process (from libvirt's pid file), or None when it is not running."""
         pidfile = Path("/run/libvirt/qemu") / f"{name}.pid"
@@ -235,12 +250,9 @@ class Virt:
         if pid is None:
             return None
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
+            return int(psutil.Process(pid).memory_info().rss)
+        except psutil.Error:
             return None
-        return None
 
     def wait_for_agent(self, name: str, timeout: float, interval: float = 0.05) -> float:
         """Poll guest-ping until the agent answers; returns the seconds waited.

@@ -9,7 +9,10 @@ from tests.conftest import REPO, VENV_BIN
 
 def test_ruff_is_clean() -> None:
     proc = subprocess.run(
-        [str(VENV_BIN / "ruff"), "check", "osfleet", "golden_images", "tests"], cwd=REPO, capture_output=True, text=True
+        [str(VENV_BIN / "ruff"), "check", "osfleet", "golden_images", "loadtest", "infra", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout
 
