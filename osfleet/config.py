@@ -16,9 +16,16 @@ from osfleet.errors import ConfigError
 
 DEFAULT_HOME = Path("/var/lib/osfleet")
 DEFAULT_LIBVIRT_URI = "qemu:///system"
+# Template RAM files (osfleet.replicas.template_memory): a tmpfs every libvirt QEMU can see.
+DEFAULT_MEMORY_DIR = Path("/dev/shm/osfleet")
 NAME_PREFIX = "osfleet-"
 GOLDEN_PREFIX = "golden-"
 _PREFIX_PATTERN = re.compile(r"^osfleet-([a-z0-9]+-)?$")
+
+Tenancy = Literal["single", "multi"]
+"""Whether this host's replicas all serve one user (``single``) or different users (``multi``): with
+``multi``, host settings that share pages between replicas' private memory (KSM) stay off."""
+TENANCIES: tuple[Tenancy, ...] = get_args(Tenancy)
 
 Mode = Literal["cold", "snapshot"]
 """How a replica is brought up and reset: a cold boot, or a restore of the image's saved running state."""
@@ -55,12 +62,19 @@ class Settings:
     # Every domain this host makes starts with it. Hosts sharing one libvirtd (a lab) each get their own,
     # so one host's clean-up never touches another's replicas.
     name_prefix: str = NAME_PREFIX
+    # Where saved states keep their RAM for clones to map (tmpfs); None: template memory off (full-stream
+    # restores). OSFLEET_MEMORY_DIR, empty for off.
+    memory_dir: Path | None = DEFAULT_MEMORY_DIR
+    # OSFLEET_TENANCY: single (default) or multi (replicas belong to different users; KSM stays off).
+    tenancy: Tenancy = "single"
 
     def __post_init__(self) -> None:
         if not _PREFIX_PATTERN.match(self.name_prefix):
             raise ConfigError(
                 f"OSFLEET_NAME_PREFIX {self.name_prefix!r} must look like 'osfleet-' or 'osfleet-<letters/digits>-'"
             )
+        if self.tenancy not in TENANCIES:
+            raise ConfigError(f"OSFLEET_TENANCY {self.tenancy!r} must be one of {', '.join(TENANCIES)}")
 
     @property
     def replica_prefix(self) -> str:
@@ -111,4 +125,6 @@ class Settings:
             home=Path(os.environ.get("OSFLEET_HOME", str(DEFAULT_HOME))),
             libvirt_uri=os.environ.get("OSFLEET_LIBVIRT_URI", DEFAULT_LIBVIRT_URI),
             name_prefix=os.environ.get("OSFLEET_NAME_PREFIX", NAME_PREFIX),
+            memory_dir=Path(md) if (md := os.environ.get("OSFLEET_MEMORY_DIR", str(DEFAULT_MEMORY_DIR))) else None,
+            tenancy=os.environ.get("OSFLEET_TENANCY", "single"),  # type: ignore[arg-type]  # checked above
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,10 @@ ET.register_namespace("osfleet", METADATA_NS)
 ET.register_namespace("qemu", QEMU_NS)
 
 Accel = Literal["kvm", "qemu"]
+
+# QOM id of the guest RAM backend osfleet gives QEMU when RAM lives in a file (see MemoryFile). It is also
+# the RAM block's name in migration streams, so a template and its clones must use the same id.
+MEMORY_BACKEND_ID = "osfleet-ram"
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,34 @@ class DiskSpec:
     # image): declared so libvirt neither probes their formats nor chowns them (they are shared).
     backing: tuple[Path, ...] = ()
     backing_fmt: str = "qcow2"
+
+
+@dataclass(frozen=True)
+class MemoryFile:
+    """Guest RAM mapped from a file (template memory; see ``osfleet.replicas.template_memory``).
+
+    ``share=True``: the guest writes into the file (the template a state is saved from). ``share=False``:
+    a private copy-on-write mapping, the file is never written (a clone). ``rom_off``: open the file
+    read-only but map it writable (QEMU >= 8.2 ``readonly=on,rom=off``), so the file can stay root's.
+    """
+
+    path: Path
+    share: bool
+    rom_off: bool = False
+
+    def qemu_args(self, memory_mib: int) -> tuple[str, ...]:
+        """libvirt builds its own RAM backend; a later ``-machine memory-backend=`` replaces it as the
+        machine's RAM (libvirt's then stays an unused, untouched reservation and is not migrated)."""
+        props: dict[str, object] = {
+            "qom-type": "memory-backend-file",
+            "id": MEMORY_BACKEND_ID,
+            "size": memory_mib * 2**20,
+            "mem-path": str(self.path),
+            "share": self.share,
+        }
+        if self.rom_off and not self.share:
+            props.update({"readonly": True, "rom": "off"})
+        return ("-object", json.dumps(props, separators=(",", ":")), "-machine", f"memory-backend={MEMORY_BACKEND_ID}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +83,7 @@ class DomainSpec:
     serial_log: Path | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     qemu_args: tuple[str, ...] = ()
+    memory_file: MemoryFile | None = None
 
     def to_xml(self) -> str:
         dom = ET.Element("domain", type=self.accel)
@@ -109,9 +143,10 @@ class DomainSpec:
         rng = ET.SubElement(devices, "rng", model="virtio")
         ET.SubElement(rng, "backend", model="random").text = "/dev/urandom"
         ET.SubElement(devices, "memballoon", model="none")
-        if self.qemu_args:
+        extra = self.qemu_args + (self.memory_file.qemu_args(self.memory_mib) if self.memory_file else ())
+        if extra:
             cmd = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
-            for arg in self.qemu_args:
+            for arg in extra:
                 ET.SubElement(cmd, f"{{{QEMU_NS}}}arg", value=arg)
         ET.indent(dom)
         return ET.tostring(dom, encoding="unicode")

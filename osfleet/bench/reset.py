@@ -1,7 +1,10 @@
 """``osfleet bench reset``: cold and snapshot resets on N replicas, side by side in one run.
 
 Between two measured resets the host is allowed to finish its background work (tearing down the old
-generation, starting the standby), as it would during an agent's episode; the JSON says so.
+generation, making the spare), as it would during an agent's episode; the JSON says so.
+
+``snapshot`` uses template memory where this host can (``memory_mode`` says which); ``snapshot_stream``
+repeats the snapshot resets with full-stream restores (template memory off) in the same run.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from typing import Any
 
 from PIL import ImageChops
 
+from osfleet.bench.density import process_memory
 from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
-from osfleet.replicas import saved_state
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.stats import percentile
@@ -78,6 +81,19 @@ def _latencies(host: ReplicaHost, rid: str) -> dict[str, Any]:
     return out
 
 
+def _memory(host: ReplicaHost, rid: str) -> dict[str, int]:
+    """RSS and PSS of a replica's QEMU (PSS divides the template pages it maps among their mappers)."""
+    pid = host.virt.qemu_pid(host.get(rid).domain)
+    return process_memory(pid) if pid is not None else {}
+
+
+def _spare_memory(host: ReplicaHost, rid: str) -> dict[str, int]:
+    """The same for the replica's spare (its next generation, paused)."""
+    rec = host.get(rid)
+    pid = host.virt.qemu_pid(host.generations.domain_name(rid, rec.generation + 1))
+    return process_memory(pid) if pid is not None else {}
+
+
 def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Say) -> tuple[dict[str, Any], list[str]]:
     made: list[str] = []
     bringup: list[float] = []
@@ -88,6 +104,8 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
         say(f"  {mode}: replica {i + 1}/{replicas} ready in {t.seconds:.2f} s")
     host.settle()
     rss = [host.rss_bytes(r) or 0 for r in made]
+    mem = [_memory(host, r) for r in made]
+    spare = [_spare_memory(host, r) for r in made]
     samples: list[float] = []
     for r in range(resets):
         for rid in made:
@@ -99,6 +117,9 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
     result = _dist(samples)
     result["bringup_seconds"] = _dist(bringup)
     result["rss_bytes_per_replica"] = sum(rss) / len(rss)
+    result["pss_bytes_per_replica"] = sum(m.get("pss", 0) for m in mem) / len(mem)
+    if any(spare):
+        result["spare_pss_bytes_per_replica"] = sum(m.get("pss", 0) for m in spare) / len(spare)
     return result, made
 
 
@@ -152,15 +173,16 @@ def run(
     hold_max: int = 64,
     settings: Settings | None = None,
     say: Say = print,
+    compare_stream: bool = True,
 ) -> dict[str, Any]:
     if replicas < 1 or resets < 1:
         raise OsfleetError("--replicas and --resets must be at least 1")
     settings = settings or Settings.from_env()
     host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
+    stream_host: ReplicaHost | None = None
     mine: list[str] = []
     try:
-        key = saved_state.state_key(image, host.accel, host.shape)
-        existed = (settings.states_dir / f"{image.name}-{key}" / "meta.json").exists()
+        started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         state = host.saved()
         result: dict[str, Any] = {
             "benchmark": "reset",
@@ -168,29 +190,46 @@ def run(
             "accelerator": host.accel,
             "replicas": replicas,
             "resets_per_replica": resets,
-            "between_resets": "background teardown and standby start allowed to finish (as during an episode)",
+            "memory_mode": state.memory_mode,
+            "spares": host.generations.spares,
+            "between_resets": "background teardown and the next spare allowed to finish (as during an episode)",
         }
         for mode in MODES:
-            say(f"{mode} mode: {replicas} replicas, {resets} resets each")
+            say(f"{mode} mode: {replicas} replicas, {resets} resets each ({state.memory_mode} memory)")
             result[mode], made = _mode_run(host, mode, replicas, resets, say)
             mine += made
             if mode == "snapshot":
                 result["latency"] = _latencies(host, made[0])
             host.down(made)
         result["saved_state"] = {
+            "memory_mode": state.memory_mode,
             "memory_bytes": state.meta["memory_bytes"],
+            "ram_file_bytes": state.meta.get("ram_resident_bytes"),
             "save_seconds": state.meta["save_seconds"],
-            "made_in_this_run": not existed,
+            "made_in_this_run": state.meta["saved_at"] >= started_at,
             "saved_at": state.meta["saved_at"],
         }
         result["speedup_snapshot_vs_cold"] = result["cold"]["p50"] / result["snapshot"]["p50"]
+        if compare_stream and state.memory_mode == "template":
+            say(f"snapshot resets with full-stream restores: {replicas} replicas, {resets} resets each")
+            stream_host = ReplicaHost(
+                image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say, memory="stream"
+            )
+            stream_host.saved()
+            result["snapshot_stream"], made = _mode_run(stream_host, "snapshot", replicas, resets, say)
+            mine += made
+            stream_host.down(made)
         if hold:
             say(f"hold: as many snapshot replicas as fit (at most {hold_max})")
             result["hold"] = _hold(host, hold_max, say)
         result["machine"] = describe(host.accel)
         return result
     finally:
-        leftover = [r.id for r in host.replicas() if r.id in mine]
-        if leftover:
-            host.down(leftover)
+        for h in (host, stream_host):
+            if h is not None:
+                leftover = [r.id for r in h.replicas() if r.id in mine]
+                if leftover:
+                    h.down(leftover)
+        if stream_host is not None:
+            stream_host.close()
         host.close()

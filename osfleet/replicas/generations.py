@@ -1,8 +1,13 @@
 """Making and unmaking a replica's generations: each generation is one transient domain on its own overlay.
 
 A reset makes the next generation and hands the previous one to a background clean-up, so destroying the
-old guest (1-2 s) is off the critical path. For snapshot replicas the next generation's QEMU is started
-paused ahead of time (a standby), so a reset only loads memory into it.
+old guest (1-2 s) is off the critical path. For snapshot replicas the next generation is made ahead of
+time, in the background, as a *spare*: restored from the saved state, given the replica's identity
+(hostname, machine id, fresh entropy, clock) and paused. A reset then only pauses the old generation,
+resumes the spare, sets the guest clock (it stood still while the spare was paused) and checks the
+screen. A spare that is still being made is waited for (it is doing what the reset would do); one that
+failed, or was only started (``spares=False``: QEMU waiting for the stream, the older "standby"), is
+finished on the normal path.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from osfleet import qcow2, screen
@@ -25,13 +31,25 @@ from osfleet.readiness import wait_until_ready
 from osfleet.replicas import saved_state
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
+from osfleet.replicas.template_memory import MemoryMode
 from osfleet.virt import Virt
 
 log = logging.getLogger(__name__)
 
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
 AGENT_TIMEOUT_SECONDS = 60.0
+CLOCK_TIMEOUT_SECONDS = 10.0
+CLOCK_POLL_SECONDS = 0.005
 CLEANUP_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Spare:
+    """The next generation of a replica, made ahead of time. ``restored``: memory loaded, identity set,
+    paused (a reset only resumes it); else its QEMU waits for the stream (a reset loads it)."""
+
+    name: str
+    restored: bool
 
 
 class Generations:
@@ -45,20 +63,29 @@ class Generations:
         shape: ReplicaShape,
         settings: Settings,
         say: Callable[[str], None],
+        memory: MemoryMode | None = None,
+        spares: bool = True,
     ) -> None:
+        """``memory``: the saved state's memory mode; None picks ``template`` where this host can, else
+        ``stream``. ``spares``: make the next generation ahead of time (restored with template memory,
+        where a spare costs ~50 MiB; only its QEMU started with full streams, where a restored one would
+        cost a whole guest's RAM). False: no spare, every reset starts QEMU (densest)."""
         self.virt = virt
         self.image = image
         self.accel = accel
         self.shape = shape
         self.settings = settings
         self.say = say
+        self.memory = memory
+        self.spares = spares
         self._saved: saved_state.SavedState | None = None
         self._saved_lock = threading.Lock()
         self._lock = threading.Lock()
         self._cleanup = ThreadPoolExecutor(max_workers=CLEANUP_WORKERS, thread_name_prefix="osfleet-cleanup")
         self._pending: list[Future[None]] = []
-        self._standby: dict[str, Future[str | None]] = {}
+        self._standby: dict[str, Future[Spare | None]] = {}
         self._standby_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-standby")
+        self._clock_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="osfleet-clock")
         self._closing = threading.Event()
 
     def domain_name(self, replica_id: str, generation: int) -> str:
@@ -71,8 +98,13 @@ class Generations:
     def saved(self) -> saved_state.SavedState:
         with self._saved_lock:
             if self._saved is None:
+                memory = self.memory
+                if memory is None:
+                    memory, reason = saved_state.choose_memory_mode(self.settings, self.shape)
+                    if reason:
+                        self.say(f"restoring full memory streams: {reason}")
                 self._saved = saved_state.ensure_saved_state(
-                    self.virt, self.image, self.accel, self.shape, self.settings, self.say
+                    self.virt, self.image, self.accel, self.shape, self.settings, self.say, memory
                 )
             return self._saved
 
@@ -93,13 +125,23 @@ class Generations:
         if mode == "snapshot":
             state = self.saved()
             rec.layers = [str(state.disk), str(self.image.disk)]
-            if not self._take_standby(rec.id, rec.domain):
-                saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
-            saved_state.load_memory(self.virt, state, rec.domain)
-            self.set_identity(rec)
-            shot = self.virt.screenshot(rec.domain)
-            if not screen.desktop_drawn(shot, self.image.background, self.image.screen):
-                raise OsfleetError(f"{rec.domain}: restored desktop is not drawn")
+            spare = self._take_standby(rec.id, rec.domain)
+            clock: Future[None] | None = None
+            if spare is not None and spare.restored:
+                self.virt.resume(rec.domain)
+                clock = self._clock_pool.submit(self.set_clock, rec.domain)  # while the screen is checked
+            else:
+                if spare is None:
+                    saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
+                saved_state.load_memory(self.virt, state, rec.domain)
+                self.set_identity(rec)
+            try:
+                shot = self.virt.screenshot(rec.domain)
+                if not screen.desktop_drawn(shot, self.image.background, self.image.screen):
+                    raise OsfleetError(f"{rec.domain}: restored desktop is not drawn")
+            finally:
+                if clock is not None:
+                    clock.result()
         else:
             rec.layers = [str(self.image.disk)]
             disk.unlink(missing_ok=True)
@@ -116,7 +158,8 @@ class Generations:
         Restored clones would otherwise share all of them with the saved template; one guest-exec does it
         all (guest-set-time would also write the RTC, which waits for a second boundary).
         """
-        self.virt.wait_for_agent(rec.domain, AGENT_TIMEOUT_SECONDS)
+        domain = rec.domain
+        self.virt.wait_for_agent(domain, AGENT_TIMEOUT_SECONDS)
         seed = secrets.token_hex(64)
         host, machine = shlex.quote(rec.hostname), shlex.quote(rec.machine_id)
         # Shell builtins only, and one exec (date): every process start is slow in a just-resumed TCG guest.
@@ -125,50 +168,86 @@ class Generations:
             f"echo {machine} > /etc/machine-id && printf %s {seed} > /dev/urandom && "
             f"exec date -u -s @{time.time():.3f} >/dev/null"
         )
-        code, _, err = self.virt.guest_exec(rec.domain, ["/bin/sh", "-c", script], timeout=30)
+        code, _, err = self.virt.guest_exec(domain, ["/bin/sh", "-c", script], timeout=30)
         if code != 0:
-            raise OsfleetError(f"{rec.domain}: setting identity failed: {err.strip()[:200]}")
+            raise OsfleetError(f"{domain}: setting identity failed: {err.strip()[:200]}")
 
-    # --- standby: the next generation's QEMU, started paused ahead of time ---------------------------------
+    def set_clock(self, domain: str) -> None:
+        """Set the guest's clock to now: a paused guest's clock stands still. One exec, polled closely."""
+        started = self.virt.agent(
+            domain, "guest-exec", {"path": "/bin/date", "arg": ["-u", "-s", f"@{time.time():.3f}"]}, timeout=5
+        )
+        deadline = time.monotonic() + CLOCK_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            status = self.virt.agent(domain, "guest-exec-status", {"pid": started["pid"]})
+            if status.get("exited"):
+                if status.get("exitcode", 0) != 0 or "signal" in status:
+                    raise OsfleetError(f"{domain}: setting the clock failed ({status})")
+                return
+            time.sleep(CLOCK_POLL_SECONDS)
+        raise OsfleetError(f"{domain}: setting the clock took longer than {CLOCK_TIMEOUT_SECONDS:.0f} s")
+
+    # --- spares: the next generation, made ahead of time ---------------------------------------------------
     def prepare_standby(self, rec: ReplicaRecord) -> None:
-        """Start generation ``rec.generation + 1`` paused in the background, so a snapshot reset skips the
-        ~0.6 s of starting QEMU. It waits for a migration stream and costs only QEMU's own memory."""
-        if rec.mode != "snapshot" or self._closing.is_set():
+        """Make generation ``rec.generation + 1`` in the background: restored, with the replica's identity,
+        paused (a spare), so a snapshot reset only resumes it. With full-stream states only its QEMU is
+        started (waiting for the stream; a reset then loads memory and sets the identity)."""
+        if rec.mode != "snapshot" or not self.spares or self._closing.is_set():
             return
         rid, gen = rec.id, rec.generation + 1
         name = self.domain_name(rid, gen)
         disk = self.replica_dir(rid) / f"disk-g{gen}.qcow2"
         meta = {"replica": rid, "generation": str(gen), "image": self.image.name, "role": "standby"}
+        identity = rec.model_copy(update={"domain": name})  # a copy: the caller keeps its record
 
-        def work() -> str | None:
+        def work() -> Spare | None:
             try:
-                saved_state.start_incoming(self.virt, self.saved(), self.image, name, disk, self.shape, meta)
-                return name
-            except Exception as exc:  # a standby is an optimisation: the reset starts QEMU itself instead
-                self.say(f"standby for {rid}: {as_osfleet(exc, 'starting a standby')}")
+                state = self.saved()
+                saved_state.start_incoming(self.virt, state, self.image, name, disk, self.shape, meta)
+                if state.memory_mode != "template":
+                    return Spare(name, restored=False)
+                saved_state.load_memory(self.virt, state, name)
+                self.set_identity(identity)
+                self.virt.suspend(name)
+                return Spare(name, restored=True)
+            except Exception as exc:  # a spare is an optimisation: the reset makes the generation itself
+                self.say(f"spare for {rid}: {as_osfleet(exc, 'making a spare')}")
+                try:
+                    self.virt.destroy(name)
+                except OsfleetError as err:
+                    log.warning("removing the failed spare %s: %s", name, err)
                 return None
 
         with self._lock:
             self._standby[rid] = self._standby_pool.submit(work)
 
-    def _take_standby(self, rid: str, name: str) -> bool:
-        """Use the prepared standby if it is the generation being made; else discard it."""
+    def _take_standby(self, rid: str, name: str) -> Spare | None:
+        """The prepared spare if it is the generation being made and still there; else discard it."""
         with self._lock:
             future = self._standby.pop(rid, None)
         if future is None:
+            return None
+        spare = future.result()
+        if spare is not None and spare.name == name and self.virt.is_running(name):
+            return spare
+        if spare is not None:
+            self.virt.destroy(spare.name)
+        return None
+
+    def spare_ready(self, rid: str) -> bool:
+        """A restored spare is waiting for this replica's next reset."""
+        with self._lock:
+            future = self._standby.get(rid)
+        if future is None or not future.done():
             return False
-        ready = future.result()
-        if ready == name and self.virt.is_running(name):
-            return True
-        if ready is not None:
-            self.virt.destroy(ready)
-        return False
+        spare = future.result()
+        return spare is not None and spare.restored
 
     def drop_standby(self, rid: str) -> None:
         with self._lock:
             future = self._standby.pop(rid, None)
-        if future is not None and (name := future.result()):
-            self.virt.destroy(name)
+        if future is not None and (spare := future.result()):
+            self.virt.destroy(spare.name)
 
     # --- taking generations down ---------------------------------------------------------------------------
     def retire_generation(self, domain: str, disk: Path) -> None:
@@ -205,6 +284,7 @@ class Generations:
         for rid in list(self._standby):
             self.drop_standby(rid)
         self._standby_pool.shutdown(wait=True)
+        self._clock_pool.shutdown(wait=True)
         with self._lock:
             pending = list(self._pending)
         for f in pending:

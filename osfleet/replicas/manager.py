@@ -37,6 +37,7 @@ from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
+from osfleet.replicas.template_memory import MemoryMode
 from osfleet.virt import Virt
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class ReplicaHost:
         auto_recover: bool = True,
         say: Callable[[str], None] | None = None,
         max_replicas: int | None = None,
+        memory: MemoryMode | None = None,
+        spares: bool = True,
     ) -> None:
         if mode not in MODES:
             raise OsfleetError(f"unknown reset mode {mode!r} (cold or snapshot)")
@@ -91,7 +94,9 @@ class ReplicaHost:
         self.virt = Virt(self.settings.libvirt_uri)
         self.accel = detect_accelerator(image.kernel, self.settings)
         self.registry = Registry(RecordStore(self.settings.replicas_dir))
-        self.generations = Generations(self.virt, image, self.accel, self.shape, self.settings, self.say)
+        self.generations = Generations(
+            self.virt, image, self.accel, self.shape, self.settings, self.say, memory=memory, spares=spares
+        )
         self.lifecycle = Lifecycle(self.registry, self.generations, mode)
         self.leases = LeaseBook(self.registry, lambda rec, then: self.lifecycle.reset_locked(rec, then=then))
         self.monitor = Monitor(

@@ -7,6 +7,12 @@ starts paused with ``-incoming defer`` and reads the stream the same way, then r
 QEMU's documented migration commands: libvirt's save files are tied to one domain UUID and their format
 is never touched. libvirt marks such domains "tainted" (custom monitor commands and argv); that is
 expected.
+
+Two memory modes (``template_memory.MemoryMode``): ``template`` keeps the guest RAM in a file on tmpfs
+that every replica maps privately, and the stream carries only device state (``x-ignore-shared``; see
+``osfleet.replicas.template_memory`` for how and why it is safe); ``stream`` puts all RAM in the stream
+and every restore copies it (the fallback where the template path is unavailable). Each mode is its own
+saved state (the key includes it).
 """
 
 from __future__ import annotations
@@ -23,16 +29,20 @@ from typing import Any
 
 from osfleet import qcow2
 from osfleet.config import ReplicaShape, Settings
-from osfleet.domain_xml import Accel
+from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
+from osfleet.replicas import template_memory
 from osfleet.replicas.spec import replica_spec
+from osfleet.replicas.template_memory import MemoryMode
 from osfleet.virt import Virt
 
 STATE_FORMAT = "2"
 MIGRATION_TIMEOUT_SECONDS = 120.0
+MIGRATION_POLL_SECONDS = 0.005
 FD_NAME = "osfleet-state"
+IGNORE_SHARED = [{"capability": "x-ignore-shared", "state": True}]
 
 
 @dataclass(frozen=True)
@@ -47,33 +57,91 @@ class SavedState:
 
     @property
     def memory(self) -> Path:
+        """The migration stream: all of memory (``stream`` mode) or device state only (``template``)."""
         return self.directory / "memory.bin"
 
+    @property
+    def memory_mode(self) -> MemoryMode:
+        return "template" if self.meta.get("memory_mode") == "template" else "stream"
 
-def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape) -> str:
-    raw = json.dumps([STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib])
-    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+    @property
+    def ram(self) -> Path | None:
+        """The template RAM file on tmpfs that replicas map (``template`` mode only)."""
+        return Path(self.meta["ram_path"]) if self.memory_mode == "template" else None
+
+    @property
+    def ram_copy(self) -> Path:
+        """The RAM file's sparse copy on disk, put back on tmpfs after a reboot."""
+        return self.directory / "ram.bin"
+
+    def memory_file(self) -> MemoryFile | None:
+        """How a replica restored from this state maps the template RAM (None: no file)."""
+        if self.ram is None:
+            return None
+        return MemoryFile(self.ram, share=False, rom_off=template_memory.maps_readonly_files())
+
+
+def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: MemoryMode = "stream") -> str:
+    fields: list[Any] = [STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib]
+    if memory == "template":  # stream states keep the key they had before template memory existed
+        fields.append(memory)
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
+
+
+def choose_memory_mode(settings: Settings, shape: ReplicaShape) -> tuple[MemoryMode, str | None]:
+    """``template`` where this host can keep template RAM on tmpfs, else ``stream`` and the reason."""
+    reason = template_memory.unavailable(settings.memory_dir, shape.memory_mib * 2**20)
+    return ("stream", reason) if reason else ("template", None)
+
+
+def _load(virt: Virt, final: Path) -> SavedState:
+    state = SavedState(final, json.loads((final / "meta.json").read_text()))
+    if state.ram is not None and not state.ram.exists():  # tmpfs emptied by a reboot: put the RAM back
+        template_memory.put_back(state.ram_copy, state.ram, virt.qemu_ids())
+    return state
 
 
 def ensure_saved_state(
-    virt: Virt, image: GoldenImage, accel: Accel, shape: ReplicaShape, settings: Settings, say: Any = None
+    virt: Virt,
+    image: GoldenImage,
+    accel: Accel,
+    shape: ReplicaShape,
+    settings: Settings,
+    say: Any = None,
+    memory: MemoryMode = "stream",
 ) -> SavedState:
-    """The saved state for this image and shape, made once (about one cold boot) and reused after."""
-    key = state_key(image, accel, shape)
+    """The saved state for this image, shape and memory mode, made once (about one cold boot), reused after."""
+    key = state_key(image, accel, shape, memory)
     final = settings.states_dir / f"{image.name}-{key}"
     if (final / "meta.json").exists():
-        return SavedState(final, json.loads((final / "meta.json").read_text()))
+        return _load(virt, final)
     settings.states_dir.mkdir(parents=True, exist_ok=True)
     work = settings.states_dir / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
     work.mkdir()
     work.chmod(0o755)
     name = f"{settings.template_prefix}{uuid.uuid4().hex[:8]}"
+    ram: Path | None = None
+    published = False
     try:
         if say:
-            say(f"saving a ready running state of {image.name} (one cold boot, done once per image)")
+            say(f"saving a ready running state of {image.name} ({memory} memory; one cold boot, once per image)")
         qcow2.create_overlay(work / "disk.qcow2", image.disk)
+        mem_file = None
+        if memory == "template":
+            assert settings.memory_dir is not None  # choose_memory_mode checked it
+            template_id = uuid.uuid4().hex[:12]
+            ram = settings.memory_dir / f"{image.name}-{key}-{template_id}.ram"
+            template_memory.create(ram, shape.memory_mib * 2**20, virt.qemu_ids())
+            mem_file = MemoryFile(ram, share=True)
         spec = replica_spec(
-            image, name, work / "disk.qcow2", (image.disk,), accel, shape, metadata={"role": "template"}
+            image,
+            name,
+            work / "disk.qcow2",
+            (image.disk,),
+            accel,
+            shape,
+            metadata={"role": "template"},
+            memory=mem_file,
         )
         start = time.monotonic()
         virt.start_transient(spec)
@@ -82,33 +150,45 @@ def ensure_saved_state(
         virt.guest_exec(name, ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
         started = time.monotonic()
         virt.suspend(name)
+        if ram is not None:
+            virt.qmp(name, "migrate-set-capabilities", {"capabilities": IGNORE_SHARED})
         _hand_over(virt, name, work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         virt.qmp(name, "migrate", {"uri": f"fd:{FD_NAME}"})
         _wait_migration(virt, name)
         save_seconds = time.monotonic() - started
-        virt.destroy(name)
-        meta = {
+        virt.destroy(name)  # the RAM file is final from here on
+        meta: dict[str, Any] = {
             "image": image.name,
             "key": key,
             "accel": accel,
             "shape": shape.__dict__,
+            "memory_mode": memory,
             "memory_bytes": (work / "memory.bin").stat().st_size,
             "boot_to_agent_seconds": agent_s,
             "boot_to_desktop_seconds": desktop_s,
             "save_seconds": save_seconds,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if ram is not None:
+            template_memory.seal(ram, virt.qemu_ids())
+            meta["ram_path"] = str(ram)
+            meta["ram_bytes"] = ram.stat().st_size
+            meta["ram_resident_bytes"] = ram.stat().st_blocks * 512
+            template_memory.copy_sparse(ram, work / "ram.bin")
         (work / "disk.qcow2").chmod(0o444)
         (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         try:
             work.rename(final)
         except OSError:  # another process saved the same state first: use theirs
             shutil.rmtree(work, ignore_errors=True)
-            return SavedState(final, json.loads((final / "meta.json").read_text()))
+            return _load(virt, final)
+        published = True
         return SavedState(final, meta)
     finally:
         virt.destroy(name)
         shutil.rmtree(work, ignore_errors=True)
+        if ram is not None and not published:
+            ram.unlink(missing_ok=True)
 
 
 def start_incoming(
@@ -127,13 +207,23 @@ def start_incoming(
     overlay.unlink(missing_ok=True)  # a standby made before a crash may have left this generation's file
     qcow2.create_overlay(overlay, state.disk)
     spec = replica_spec(
-        image, name, overlay, (state.disk, image.disk), state.meta["accel"], shape, incoming=True, metadata=metadata
+        image,
+        name,
+        overlay,
+        (state.disk, image.disk),
+        state.meta["accel"],
+        shape,
+        incoming=True,
+        metadata=metadata,
+        memory=state.memory_file(),
     )
     virt.start_transient(spec, paused=True)
 
 
 def load_memory(virt: Virt, state: SavedState, name: str) -> None:
     """Feed the saved memory into a domain made by ``start_incoming`` and let it run."""
+    if state.memory_mode == "template":
+        virt.qmp(name, "migrate-set-capabilities", {"capabilities": IGNORE_SHARED})
     _hand_over(virt, name, state.memory, os.O_RDONLY)
     virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
     _wait_migration(virt, name)
@@ -158,7 +248,7 @@ def _wait_migration(virt: Virt, name: str) -> None:
             return
         if state in ("failed", "cancelled"):
             raise OsfleetError(f"{name}: migration stream {state}: {status.get('error-desc', 'no reason given')}")
-        time.sleep(0.02)
+        time.sleep(MIGRATION_POLL_SECONDS)
     raise GuestTimeoutError(f"{name}: migration stream did not complete within {MIGRATION_TIMEOUT_SECONDS:.0f} s")
 
 
@@ -168,6 +258,12 @@ def remove_saved_states(settings: Settings) -> int:
         return 0
     n = 0
     for d in settings.states_dir.iterdir():
+        try:
+            ram = json.loads((d / "meta.json").read_text()).get("ram_path")
+        except (OSError, ValueError):
+            ram = None
+        if ram:
+            Path(ram).unlink(missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)
         n += 1
     return n

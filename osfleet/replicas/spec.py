@@ -1,7 +1,8 @@
 """The domain of a replica: one place that turns an image, a disk chain and a shape into a DomainSpec.
 
 Saved states restore only into identical devices, so every replica (and the template a state is saved
-from) gets its domain from here.
+from) gets its domain from here. The only thing that differs between a template and its clones is how
+the RAM file is mapped (``MemoryFile.share``): devices and machine arguments are the same.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from osfleet.config import ReplicaShape
-from osfleet.domain_xml import Accel, DiskSpec, DomainSpec
+from osfleet.domain_xml import Accel, DiskSpec, DomainSpec, MemoryFile
 from osfleet.images import GoldenImage
 
 INCOMING_ARGS = ("-incoming", "defer")
@@ -24,8 +25,10 @@ def replica_spec(
     shape: ReplicaShape,
     incoming: bool = False,
     metadata: dict[str, str] | None = None,
+    memory: MemoryFile | None = None,
 ) -> DomainSpec:
-    """``incoming``: start waiting for a migration stream (a saved state) instead of booting."""
+    """``incoming``: start waiting for a migration stream (a saved state) instead of booting.
+    ``memory``: guest RAM mapped from a template file instead of libvirt's anonymous RAM."""
     return DomainSpec(
         name=name,
         kernel=image.kernel,
@@ -38,4 +41,5 @@ def replica_spec(
         tb_cache_mib=shape.tb_cache_mib,
         metadata=metadata or {},
         qemu_args=INCOMING_ARGS if incoming else (),
+        memory_file=memory,
     )

@@ -1,0 +1,222 @@
+"""``osfleet bench density``: how many ready desktops this host holds at once, and what each one costs.
+
+Snapshot replicas are brought up one after another until the host's available memory falls to a reserve
+(or ``--max``, or a bring-up takes too long); then every one must answer (guest agent ping and a drawn
+desktop on its screen), their idle CPU is measured from their QEMU processes' own CPU time, and all are
+torn down. Replicas are held without reset spares (a spare costs about as much as a replica; ``bench
+reset`` measures them). ``--compare`` repeats the run with template memory off (full-stream restores) in
+the same invocation, so both figures come from one machine state.
+
+Memory per replica is the host's view (MemAvailable before the first bring-up minus after the last,
+divided by the count: QEMU, libvirt, page cache and all); ``pss_mib_per_replica`` is the replicas' QEMU
+processes' proportional set size, which another workload on the host cannot disturb. The template RAM
+file on tmpfs exists before the first bring-up and is reported on its own (``template_ram_mib``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from osfleet import screen
+from osfleet.config import ReplicaShape, Settings
+from osfleet.errors import OsfleetError
+from osfleet.host_tune import ksm_status
+from osfleet.images import GoldenImage
+from osfleet.machine import describe
+from osfleet.replicas.manager import ReplicaHost
+from osfleet.replicas.template_memory import MemoryMode
+from osfleet.stats import percentile
+
+MEMORY_RESERVE_BYTES = 2 * 2**30
+MAX_BRINGUP_SECONDS = 20.0
+SAMPLE_EVERY = 8  # replicas between two points of the memory curve
+SETTLE_SECONDS = 5.0  # after the last bring-up, before answering and CPU are measured
+CPU_WINDOW_SECONDS = 10.0
+KSM_POLL_SECONDS = 5.0
+UNLIMITED = 100_000
+
+Say = Callable[[str], None]
+
+
+def mem_available() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def process_memory(pid: int) -> dict[str, int]:
+    """RSS, PSS and private bytes of one process (``/proc/PID/smaps_rollup``); empty if it is gone."""
+    out: dict[str, int] = {}
+    keys = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "private", "Private_Dirty:": "private"}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] in keys:
+                out[keys[fields[0]]] = out.get(keys[fields[0]], 0) + int(fields[1]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_per_replica(pids: list[int], window: float = CPU_WINDOW_SECONDS) -> float | None:
+    """Cores used per replica while idle: the QEMU processes' CPU time over ``window``, averaged."""
+    before = {p: cpu_seconds(p) for p in pids}
+    start = time.monotonic()
+    time.sleep(window)
+    elapsed = time.monotonic() - start
+    used = []
+    for p, b in before.items():
+        a = cpu_seconds(p)
+        if a is not None and b is not None:
+            used.append(a - b)
+    return sum(used) / elapsed / len(used) if used else None
+
+
+def wait_for_ksm(timeout: float, say: Say) -> dict[str, Any]:
+    """Wait until KSM stops finding new pages to merge (or ``timeout``); its status after."""
+    status = ksm_status()
+    if timeout <= 0 or not status.get("available") or status.get("run") != 1:
+        return status
+    deadline = time.monotonic() + timeout
+    last = -1
+    while time.monotonic() < deadline:
+        time.sleep(KSM_POLL_SECONDS)
+        status = ksm_status()
+        say(f"  KSM: {status['saved_bytes'] >> 20} MiB saved")
+        if status["pages_sharing"] == last:
+            break
+        last = status["pages_sharing"]
+    return status
+
+
+def _answers(host: ReplicaHost, rid: str) -> bool:
+    """Guest agent ping and a drawn desktop: the replica is really there."""
+    try:
+        domain = host.get(rid).domain
+        host.virt.agent(domain, "guest-ping", timeout=10)
+        return screen.desktop_drawn(host.virt.screenshot(domain), host.image.background, host.image.screen)
+    except OsfleetError:
+        return False
+
+
+def hold(
+    image: GoldenImage,
+    settings: Settings,
+    memory: MemoryMode | None,
+    max_replicas: int | None,
+    say: Say,
+    ksm_wait: float = 0.0,
+    reserve: int = MEMORY_RESERVE_BYTES,
+) -> dict[str, Any]:
+    """Bring up snapshot replicas until memory runs out (or ``max_replicas``), check them, tear them down."""
+    limit = max_replicas or UNLIMITED
+    host = ReplicaHost(
+        image,
+        settings,
+        ReplicaShape(),
+        mode="snapshot",
+        auto_recover=False,
+        say=say,
+        max_replicas=limit,
+        memory=memory,
+        spares=False,
+    )
+    made: list[str] = []
+    try:
+        state = host.saved()  # made once, before anything is measured
+        sharing = state.memory_mode == "template"
+        say(f"density, template memory {'on' if sharing else 'off'}: up to {limit if max_replicas else 'memory'}")
+        before = mem_available()
+        times: list[float] = []
+        curve: list[dict[str, float]] = []
+        stop_reason = f"reached --max {limit}"
+        while len(made) < limit:
+            if mem_available() < reserve:
+                stop_reason = f"less than {reserve >> 20} MiB of memory left (the reserve)"
+                break
+            try:
+                t = host.create("snapshot")
+            except OsfleetError as exc:
+                stop_reason = f"bring-up {len(made) + 1} failed: {exc}"
+                break
+            made.append(t.replica)
+            times.append(t.seconds)
+            n = len(made)
+            if n % SAMPLE_EVERY == 0 or n == 1:
+                used = before - mem_available()
+                curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
+                say(f"  {n} ready (last bring-up {t.seconds:.2f} s, {used / n / 2**20:.0f} MiB each so far)")
+            if t.seconds > MAX_BRINGUP_SECONDS:
+                stop_reason = f"bring-up slower than {MAX_BRINGUP_SECONDS:.0f} s"
+                break
+        host.settle()
+        time.sleep(SETTLE_SECONDS)
+        ksm = wait_for_ksm(ksm_wait, say)
+        n = len(made)
+        used = before - mem_available()
+        if n and (not curve or curve[-1]["replicas"] != n):
+            curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
+        pids = [p for rid in made if (p := host.virt.qemu_pid(host.get(rid).domain)) is not None]
+        say(f"  measuring idle CPU of {len(pids)} replicas for {CPU_WINDOW_SECONDS:.0f} s")
+        cpu = idle_cpu_per_replica(pids)
+        pss = [process_memory(p).get("pss", 0) for p in pids]
+        say(f"  checking that each of {n} replicas answers (guest agent + drawn desktop)")
+        answering = sum(1 for rid in made if _answers(host, rid))
+        return {
+            "template_sharing": sharing,
+            "memory_mode": state.memory_mode,
+            "spares": False,
+            "held_ready": n,
+            "answering": answering,
+            "stop_reason": stop_reason,
+            "mib_per_replica": used / n / 2**20 if n else None,
+            "pss_mib_per_replica": sum(pss) / len(pss) / 2**20 if pss else None,
+            "host_memory_used_mib": used / 2**20,
+            "template_ram_mib": (state.ram.stat().st_blocks * 512) / 2**20 if state.ram else 0,
+            "cpu_per_idle_replica": cpu,
+            "bringup_p50_s": percentile(times, 50) if times else None,
+            "bringup_p95_s": percentile(times, 95) if times else None,
+            "memory_curve": curve,
+            "ksm": ksm,
+        }
+    finally:
+        if made:
+            say(f"  tearing down {len(made)} replicas")
+        try:
+            host.down([r.id for r in host.replicas() if r.id in set(made)])
+        finally:
+            host.close()
+
+
+def run(
+    image: GoldenImage,
+    max_replicas: int | None = None,
+    compare: bool = False,
+    ksm_wait: float = 0.0,
+    settings: Settings | None = None,
+    say: Say = print,
+) -> dict[str, Any]:
+    """One density run (template memory where this host can); ``compare`` adds one with it off."""
+    if max_replicas is not None and max_replicas < 1:
+        raise OsfleetError("--max must be at least 1")
+    settings = settings or Settings.from_env()
+    result: dict[str, Any] = {"benchmark": "density", "image": image.name, "reserve_mib": MEMORY_RESERVE_BYTES >> 20}
+    result.update(hold(image, settings, None, max_replicas, say, ksm_wait))
+    if compare:
+        say("the same with template memory off (full-stream restores)")
+        result["sharing_off"] = hold(image, settings, "stream", max_replicas, say, ksm_wait)
+    result["machine"] = describe()
+    return result
