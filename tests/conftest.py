@@ -123,8 +123,8 @@ def no_leftovers(settings: Settings) -> Iterator[None]:
     from osfleet.virt import Virt
 
     def state() -> tuple[list[str], list[str]]:
-        with Virt(settings.libvirt_uri) as v:
-            names = v.names(NAME_PREFIX)
+        with Virt(settings.libvirt_uri) as v:  # lab hosts have their own prefix and their own tests
+            names = [n for n in v.names(NAME_PREFIX) if not n.startswith(f"{NAME_PREFIX}lab")]
         scratch = sorted(p.name for p in settings.scratch_dir.glob("*")) if settings.scratch_dir.exists() else []
         return names, scratch
 
