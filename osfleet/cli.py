@@ -668,6 +668,12 @@ cli.add_command(lab)
 cli.add_command(infra)
 bench.add_command(bench_infra)
 
+from osfleet.chaos.cli import chaos  # noqa: E402  (issue 10: fault injectors and the capacity plan)
+from osfleet.plan import plan_cmd  # noqa: E402
+
+cli.add_command(chaos)
+cli.add_command(plan_cmd)
+
 
 def main() -> None:
     cli(prog_name="osfleet")
