@@ -20,7 +20,7 @@ from osfleet.config import Mode, Settings
 from osfleet.errors import OsfleetError
 from osfleet.replicas.actions import Action, ActionResult
 from osfleet.replicas.adoption import AdoptReport
-from osfleet.replicas.errors import ReplicaBusyError
+from osfleet.replicas.errors import CapacityError, ReplicaBusyError
 from osfleet.replicas.leases import LeaseBook
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
@@ -46,6 +46,8 @@ class FakeHost:
     act_error: BaseException | None = None
     alive: bool = True
     files: dict[str, str] = field(default_factory=dict)
+    max_replicas: int = 8
+    rss: int = 300 * 2**20  # what each fake replica "uses", for placement
 
     def __post_init__(self) -> None:
         self.settings = Settings(home=self.home, libvirt_uri="test:///default")
@@ -122,6 +124,8 @@ class FakeHost:
         self.registry.remove(rid)
 
     def up_async(self, count: int, mode: Mode | None = None) -> None:
+        if len(self.registry.all()) + count > self.max_replicas:
+            raise CapacityError(f"this host can take {self.max_replicas - len(self.registry.all())} more replica(s)")
         for _ in range(count):
             self._make()
 
@@ -165,6 +169,9 @@ class FakeHost:
             return {"exit_code": 0, "stdout": "absent\n", "stderr": ""}
         out = "yes\n" if self.files else ""  # a shell action has run in this generation
         return {"exit_code": 0, "stdout": out, "stderr": ""}
+
+    def rss_bytes(self, rid: str) -> int | None:
+        return self.rss
 
     def read_file(self, rid: str, path: str, limit: int) -> bytes:
         raise OsfleetError("no files in the fake guest")

@@ -212,9 +212,11 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 live.data.remember(applied)
                 live.data.pending = None
                 s.save(live)
+                s.audit(rid, live.data.lease_id, req.action_id)
                 replayed = False
             else:
                 replayed = True
+                s.metrics.replays.inc()
             return StepResponse(
                 action_id=req.action_id,
                 replayed=replayed,

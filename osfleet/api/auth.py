@@ -63,6 +63,16 @@ def require_loopback_or_token(request: Request) -> None:
     require_token(request)
 
 
+ON_BEHALF_OF = "X-Osfleet-Client"
+
+
 def caller(request: Request) -> str:
-    """Who is calling, for OSGym's per-caller replica ownership."""
-    return ("token:" if _bearer_ok(request) else "ip:") + _client(request)
+    """Who is calling, for OSGym's per-caller replica ownership.
+
+    A caller with the token (the fleet gateway) may name the client it acts for; a client reached only
+    through the IP allow-list cannot.
+    """
+    if _bearer_ok(request):
+        client = request.headers.get(ON_BEHALF_OF)
+        return f"via:{client[:200]}" if client else f"token:{_client(request)}"
+    return f"ip:{_client(request)}"

@@ -28,6 +28,10 @@ class Metrics:
         )
         self.failures = Counter("osfleet_failures_total", "Failed requests by kind", ["kind"], registry=self.registry)
         self.disk = Gauge("osfleet_disk_allocated_bytes", "Allocated bytes on disk", ["kind"], registry=self.registry)
+        # The recovery layers acted on this host: 1 a step retried by its action id (replayed), 2 a reset,
+        # 3 a rebuild of a failed replica (detected failures and recoveries).
+        self.replays = Counter("osfleet_step_replays_total", "Steps retried by action id", registry=self.registry)
+        self.events = Gauge("osfleet_replica_events", "Replica events since start", ["event"], registry=self.registry)
 
     def failure(self, kind: str) -> None:
         self.failures.labels(kind=kind).inc()
@@ -46,7 +50,15 @@ class Metrics:
         }
         for kind, n in disk.items():
             self.disk.labels(kind=kind).set(n)
-        return {"replicas": counts, "disk_allocated_bytes": disk, "counters": host.counters.snapshot()}
+        counters = host.counters.snapshot()
+        for event, n in counters.items():
+            self.events.labels(event=event).set(n)
+        return {
+            "replicas": counts,
+            "disk_allocated_bytes": disk,
+            "counters": counters,
+            "capacity": capacity(host, counts),
+        }
 
     def render(self, host: ReplicaHost) -> bytes:
         self.sample(host)
@@ -66,4 +78,15 @@ def host_usage() -> dict[str, Any]:
         "cpus": psutil.cpu_count(),
         "memory_total_bytes": mem.total,
         "memory_used_bytes": mem.total - mem.available,
+    }
+
+
+def capacity(host: ReplicaHost, counts: dict[str, int]) -> dict[str, Any]:
+    """What a gateway places by: the host's maximum and the measured memory of its running replicas."""
+    running = [r for r in host.replicas() if r.state in (State.READY, State.LEASED)]
+    rss = [b for b in (host.rss_bytes(r.id) for r in running) if b]
+    return {
+        "max_replicas": host.max_replicas,
+        "replicas": sum(n for state, n in counts.items() if state != State.RETIRED.value),
+        "rss_bytes_per_replica": sum(rss) / len(rss) if rss else None,
     }

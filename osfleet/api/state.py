@@ -6,7 +6,10 @@ replicas still hold, so ``evaluate``, step replay and OSGym vm ids keep working 
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from osfleet.api.errors import Conflict, NotFound
@@ -16,6 +19,8 @@ from osfleet.replicas.episodes import Episode, EpisodeStore
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import State
 from osfleet.tasks.model import Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,6 +38,8 @@ class AgentState:
         self.config = config
         self.metrics = Metrics()
         self.store = EpisodeStore(host.settings.replicas_dir)
+        self.audit_dir = host.settings.home / "audit"
+        self.audit_dir.mkdir(parents=True, exist_ok=True)
         self._episodes: dict[str, LiveEpisode] = {}
         self._osgym: dict[int, str] = {}  # vm id -> replica
         self._next_vm = 0
@@ -66,6 +73,16 @@ class AgentState:
 
     def save(self, live: LiveEpisode) -> None:
         self.store.save(live.data)
+
+    def audit(self, rid: str, lease_id: str, action_id: str) -> None:
+        """Append an applied step to the host's audit log (kept after the replica is gone, so a load test can
+        check that every step acknowledged to a client was applied exactly once)."""
+        line = json.dumps({"time": time.time(), "replica": rid, "lease": lease_id, "action_id": action_id})
+        try:
+            with open(self.audit_dir / f"{rid}.jsonl", "a") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            log.error("audit log of %s: %s", rid, exc)
 
     def forget(self, rid: str) -> None:
         with self._lock:

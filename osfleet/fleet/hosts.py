@@ -1,0 +1,188 @@
+"""The gateway's view of its hosts, rebuilt from the hosts themselves: health, samples, drains.
+
+Each host is polled (``/health`` then ``/v1/host``) every ``POLL_SECONDS``. A host that fails
+``FAILS_TO_DRAIN`` polls in a row, or refuses a connection during a proxied call, is drained: its episodes
+end as 503 infrastructure with the reason, and nothing new goes to it. It rejoins on its first good poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from osfleet.api.auth import ON_BEHALF_OF
+from osfleet.api.errors import NotFound
+from osfleet.errors import ConfigError, OsfleetError, first_problem
+from osfleet.fleet.ids import HOST_NAME
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 2.0
+POLL_TIMEOUT_SECONDS = 5.0
+FAILS_TO_DRAIN = 2
+
+
+class HostUnavailableError(OsfleetError):
+    """The host that holds a replica is drained or did not answer: an infrastructure failure (503)."""
+
+
+class HostTimeoutError(OsfleetError):
+    """The host did not answer a proxied call within its deadline (503 infrastructure)."""
+
+
+class HostEntry(BaseModel):
+    """One host agent behind the gateway: its name in fleet ids, its URL and the token it expects."""
+
+    name: str = Field(pattern=HOST_NAME.pattern)
+    url: str = Field(pattern=r"^https?://[^/\s]+$")
+    token: str = Field(min_length=1)
+
+
+def load_hosts(path: Path) -> list[HostEntry]:
+    """A hosts file: YAML or JSON list of {name, url, token | token_file}."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read hosts file {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"hosts file {path}: expected a non-empty list of hosts")
+    entries = []
+    for i, item in enumerate(raw):
+        if isinstance(item, dict) and "token_file" in item and "token" not in item:
+            try:
+                item = {**item, "token": Path(item.pop("token_file")).read_text().strip()}
+            except OSError as exc:
+                raise ConfigError(f"hosts file {path}: host {i + 1}: {exc.strerror}: {exc.filename}") from None
+        try:
+            entries.append(HostEntry.model_validate(item))
+        except ValidationError as exc:
+            raise ConfigError(f"hosts file {path}: host {i + 1}: {first_problem(exc, 'host')}") from None
+    check_unique(entries)
+    return entries
+
+
+def check_unique(entries: list[HostEntry]) -> None:
+    names = [e.name for e in entries]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"host names must be unique; repeated: {', '.join(dup)}")
+
+
+@dataclass
+class HostState:
+    entry: HostEntry
+    index: int
+    healthy: bool = False
+    reason: str = "not polled yet"
+    sample: dict[str, Any] | None = None
+    failures: int = 0
+    drains: int = 0
+    since: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+
+class HostPool:
+    """The hosts, their state, and calls to them with deadlines."""
+
+    def __init__(self, entries: list[HostEntry], client: httpx.AsyncClient) -> None:
+        check_unique(entries)
+        self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
+        self._by_name = {h.name: h for h in self.hosts}
+        self.client = client
+
+    def get(self, name: str) -> HostState:
+        host = self._by_name.get(name)
+        if host is None:
+            raise NotFound(f"no host {name} in this fleet")
+        return host
+
+    def by_index(self, index: int) -> HostState:
+        if not 0 <= index < len(self.hosts):
+            raise NotFound(f"no host number {index} in this fleet")
+        return self.hosts[index]
+
+    def healthy(self) -> list[HostState]:
+        return [h for h in self.hosts if h.healthy]
+
+    # --- health ----------------------------------------------------------------------------------------------
+    async def poll_forever(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll(h) for h in self.hosts))
+
+    async def _poll(self, host: HostState) -> None:
+        try:
+            health = await self._get(host, "/health", auth=False)
+            if health.status_code != 200:
+                raise HostUnavailableError(f"health {health.status_code}: {health.text[:120]}")
+            sample = await self._get(host, "/v1/host", auth=True)
+            if sample.status_code != 200:
+                raise HostUnavailableError(f"/v1/host answered {sample.status_code}")
+            host.sample = sample.json()
+        except (httpx.HTTPError, HostUnavailableError, ValueError) as exc:
+            host.failures += 1
+            if host.failures >= FAILS_TO_DRAIN:
+                self.drain(host, f"host {host.name} is not answering its health checks ({_reason(exc)})")
+            return
+        host.failures = 0
+        if not host.healthy:
+            log.warning("host %s is healthy: it takes replicas and leases (again)", host.name)
+            host.healthy, host.reason, host.since = True, "ok", time.time()
+
+    async def _get(self, host: HostState, path: str, auth: bool) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {host.entry.token}"} if auth else {}
+        return await self.client.get(host.entry.url + path, headers=headers, timeout=POLL_TIMEOUT_SECONDS)
+
+    def drain(self, host: HostState, reason: str) -> None:
+        if host.healthy:
+            host.drains += 1
+            log.warning("draining %s: %s", host.name, reason)
+        host.healthy, host.reason, host.since = False, reason, time.time()
+
+    # --- proxied calls ---------------------------------------------------------------------------------------
+    async def call(
+        self,
+        host: HostState,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout: float,
+        client_id: str | None = None,
+    ) -> httpx.Response:
+        """Call a host with its own token and a deadline. A drained host, a refused connection or a timeout
+        is a 503 infrastructure error naming the host; a refused connection also drains it."""
+        if not host.healthy:
+            raise HostUnavailableError(f"{host.reason}; lease again")
+        headers = {"Authorization": f"Bearer {host.entry.token}"}
+        if client_id:
+            headers[ON_BEHALF_OF] = client_id
+        try:
+            return await self.client.request(
+                method, host.entry.url + path, json=json, params=params, headers=headers, timeout=timeout
+            )
+        except httpx.TimeoutException:
+            raise HostTimeoutError(f"host {host.name} did not answer {method} {path} within {timeout:.0f} s") from None
+        except httpx.TransportError as exc:
+            self.drain(host, f"host {host.name} is not answering ({_reason(exc)})")
+            raise HostUnavailableError(f"{host.reason}; lease again") from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:160]

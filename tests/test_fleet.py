@@ -1,0 +1,194 @@
+"""The fleet gateway over real host agents on loopback (fake guests, no VM): routing by fleet ids,
+placement on uneven hosts, failover when a host dies, OSGym clients, a restarted gateway."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from osfleet.api.app import create_app
+from osfleet.config import AgentConfig
+from osfleet.fleet import placement
+from osfleet.fleet.app import create_gateway
+from osfleet.fleet.hosts import HostEntry
+from tests.fakes import FakeHost
+
+TOKEN = "gateway-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SHELL = [{"type": "shell", "command": "echo hi"}]
+TASK = {
+    "id": "t1",
+    "instruction": "Run something.",
+    "evaluator": {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": "check"},
+        "expected": {"type": "rule", "rules": {"expected": "yes"}},
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Agent:
+    """A real host agent (uvicorn on loopback) over a fake host."""
+
+    name: str
+    host: FakeHost
+    port: int
+    server: uvicorn.Server | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def entry(self) -> HostEntry:
+        return HostEntry(name=self.name, url=f"http://127.0.0.1:{self.port}", token=f"token-{self.name}")
+
+    def start(self) -> None:
+        app = create_app(AgentConfig(token=f"token-{self.name}"), lambda: self.host)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.server.started
+
+    def stop(self) -> None:
+        if self.server is not None and self.thread is not None:
+            self.server.should_exit = True
+            self.thread.join(10)
+            self.server = None
+
+
+@pytest.fixture
+def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Agent]]:
+    # The fake hosts share this (busy, 2-core) machine: give them a steady one, so rooms are exact.
+    machine = {"cpu_busy_share": 0.0, "cpus": 64, "memory_total_bytes": 256 * 2**30, "memory_used_bytes": 0}
+    monkeypatch.setattr("osfleet.api.app.host_usage", lambda: dict(machine))
+    made = {
+        "big": Agent("big", FakeHost(tmp_path / "big", ready=1, max_replicas=10), free_port()),
+        "small": Agent("small", FakeHost(tmp_path / "small", ready=1, max_replicas=3), free_port()),
+    }
+    for a in made.values():
+        a.start()
+    yield made
+    for a in made.values():
+        a.stop()
+
+
+def gateway(agents: dict[str, Agent]) -> TestClient:
+    return TestClient(create_gateway(TOKEN, [a.entry for a in agents.values()], osgym_allowed_ips=()))
+
+
+def test_placement_packs_on_the_binding_resource() -> None:
+    sample = {
+        "replicas": {"ready": 1},
+        "cpus": 64,
+        "cpu_busy_share": 0.0,
+        "memory_total_bytes": 64 * 2**30,
+        "memory_used_bytes": 4 * 2**30,
+    }
+    big = placement.room(
+        "big", {**sample, "capacity": {"max_replicas": 100, "replicas": 2, "rss_bytes_per_replica": 2**30}}
+    )
+    assert big.binding == "memory" and big.replicas == (64 - 4 - 2) * 2**30 // 2**30
+    small = placement.room("small", {**sample, "capacity": {"max_replicas": 5, "replicas": 2}})
+    assert small.binding == "max_replicas" and small.replicas == 3
+    assert placement.scale_plan([big, small], 2) == {"small": 2}  # best fit: the big host stays free
+    assert placement.scale_plan([big, small], 10) == {"big": 10}
+    assert placement.scale_plan([big, small], 60) == {"big": 58, "small": 2}
+    assert placement.scale_plan([big, small], 62) == {}
+    assert placement.lease_order([big, small]) == ["small", "big"]  # the fuller host first
+
+
+def test_a_client_cannot_tell_the_fleet_from_one_host(agents: dict[str, Agent]) -> None:
+    with gateway(agents) as gw:
+        r = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
+        assert r.status_code == 201, r.text
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        host = rid.split(".")[0]
+        assert host in agents and lid.startswith(f"{host}.")
+        r = gw.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK, "observe": False}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["replica_id"] == rid
+        step = {"lease_id": lid, "action_id": "a1", "actions": SHELL, "observe": False}
+        assert gw.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["replayed"] is False
+        assert gw.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["replayed"] is True
+        assert gw.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH).json()["reward"] == 1.0
+        other = "small" if host == "big" else "big"
+        r = gw.post(f"/v1/replicas/{other}.{rid.split('.')[1]}/evaluate", json={"lease_id": lid}, headers=AUTH)
+        assert r.status_code == 409 and "does not hold" in r.json()["error"]
+        assert gw.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
+        listed = gw.get("/v1/replicas", headers=AUTH).json()
+        assert {x["host"] for x in listed} == {"big", "small"} and all(x["id"].startswith(x["host"]) for x in listed)
+        assert gw.get("/v1/leases", headers=AUTH).status_code == 405
+        assert gw.post("/v1/leases", json={}).status_code == 401
+
+
+def test_scale_up_goes_where_it_fits_most_tightly(agents: dict[str, Agent]) -> None:
+    with gateway(agents) as gw:
+        r = gw.post("/v1/replicas", json={"count": 2}, headers=AUTH)
+        assert r.status_code == 202, r.text
+        assert r.json()["placement"] == {"small": 2}
+        gw.app.state  # noqa: B018 - the next poll sees the new replicas
+        time.sleep(2.5)
+        r = gw.post("/v1/replicas", json={"count": 5}, headers=AUTH)
+        assert r.json()["placement"] == {"big": 5}
+        r = gw.post("/v1/replicas", json={"count": 50}, headers=AUTH)
+        assert r.status_code == 503 and r.json()["kind"] == "capacity"
+
+
+def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go_elsewhere(
+    agents: dict[str, Agent],
+) -> None:
+    with gateway(agents) as gw:
+        first = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH).json()
+        dead = first["replica_id"].split(".")[0]
+        agents[dead].stop()
+        step = {"lease_id": first["lease_id"], "action_id": "a1", "actions": SHELL, "observe": False}
+        r = gw.post(f"/v1/replicas/{first['replica_id']}/step", json=step, headers=AUTH)
+        assert r.status_code == 503 and r.json()["kind"] == "infrastructure" and dead in r.json()["error"]
+        assert r.json()["error"] != "" and "reward" not in r.json()
+        nxt = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
+        assert nxt.status_code == 201 and not nxt.json()["replica_id"].startswith(f"{dead}.")
+        health = gw.get("/health").json()
+        assert health["status"] == "ok" and health["hosts"][dead]["healthy"] is False
+        metrics = gw.get("/metrics", headers=AUTH).text
+        assert f'osfleet_gateway_drains{{host="{dead}"}} 1.0' in metrics
+        agents[dead].start()  # it comes back: the next good poll lets it rejoin
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not gw.get("/health").json()["hosts"][dead]["healthy"]:
+            time.sleep(0.2)
+        assert gw.get("/health").json()["hosts"][dead]["healthy"] is True
+
+
+def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, Agent]) -> None:
+    with gateway(agents) as gw:
+        a = gw.post("/reset", json={"task_config": TASK, "timeout": 600}, headers=AUTH)
+        assert a.status_code == 200, a.text
+        vm = a.json()["vm_id"]
+        r = gw.post("/step", json={"action": "click(1,2)", "vm_id": vm}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["is_finish"] is False
+        assert gw.get("/screenshot", params={"vmId": vm}, headers=AUTH).json()["vm_id"] == vm
+        assert gw.post("/shutdown", json={"vm_id": "all"}, headers=AUTH).status_code == 200
+        assert gw.post("/step", json={"action": "finish()", "vm_id": vm}, headers=AUTH).status_code == 404
+        assert gw.post("/step", json={"action": "finish()", "vm_id": 7_000_000}, headers=AUTH).status_code == 404
+
+
+def test_a_restarted_gateway_carries_on_with_the_same_fleet_ids(agents: dict[str, Agent]) -> None:
+    with gateway(agents) as gw:
+        r = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH).json()
+    with gateway(agents) as gw:  # a new process: nothing remembered but the hosts list
+        step = {"lease_id": r["lease_id"], "action_id": "a1", "actions": SHELL, "observe": False}
+        assert gw.post(f"/v1/replicas/{r['replica_id']}/step", json=step, headers=AUTH).status_code == 200
