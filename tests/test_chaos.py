@@ -16,9 +16,13 @@ import psutil
 import pytest
 
 from osfleet.chaos import faults as F
-from osfleet.chaos.hosts import ChaosHost
+from osfleet.chaos.hosts import ChaosHost, local_host
 from osfleet.chaos.runner import FAULTS_FILE, ChaosPlan, ChaosRunner, FaultSpec
+from osfleet.config import Settings
+from osfleet.images import GoldenImage
+from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import RecordStore, ReplicaRecord, State
+from osfleet.virt import GuestAgentUnavailableError
 from tests.conftest import VENV_BIN
 
 OSFLEET = str(VENV_BIN / "osfleet")
@@ -257,7 +261,7 @@ def test_cut_link_drops_everything_until_healed(link_host: tuple[ChaosHost, str]
     with pytest.raises(F.FaultError, match="already cut"):
         F.cut_link(host, mechanism="iptables")
     healed = F.heal(fault)
-    assert healed.healed == f"removed the {F.CUT_CHAIN} DROP rules on {dev} in {NS}"
+    assert healed.healed == f"removed the {F.CUT_CHAIN} rules on {dev} in {NS}"
     assert round_trip(timeout=5) is not None
     assert F.heal(healed) == healed
 
@@ -275,22 +279,39 @@ def test_cut_link_with_netem(link_host: tuple[ChaosHost, str]) -> None:
 
 def test_delay_link_adds_its_delay(link_host: tuple[ChaosHost, str]) -> None:
     host, _dev = link_host
-    if not F.netem_available(host):
-        pytest.skip("this kernel has no sch_netem (CONFIG_NET_SCH_NETEM unset)")
     fault = F.delay_link(host, delay_ms=300)
+    assert fault.mechanism == ("tc netem" if F.netem_available(host) else "nfqueue delay")
     took = round_trip(timeout=5)
-    assert took is not None and took >= 0.3
-    F.heal(fault)
+    assert took is not None and took >= 0.3  # the SYN-ACK and the echo each wait 300 ms
+    healed = F.heal(fault)
     took = round_trip(timeout=5)
     assert took is not None and took < 0.3
+    assert F.heal(healed) == healed
 
 
-def test_without_netem_delay_link_says_so_in_one_line(link_host: tuple[ChaosHost, str]) -> None:
+def test_a_dead_delayer_lets_packets_pass_and_heal_still_cleans_up(link_host: tuple[ChaosHost, str]) -> None:
+    host, dev = link_host
+    fault = F.delay_link(host, delay_ms=300, mechanism="nfqueue")
+    assert isinstance(fault.undo, F.StopDelayer)
+    os.kill(fault.undo.pid, 9)
+    psutil.Process(fault.undo.pid).wait(timeout=5)
+    took = round_trip(timeout=5)
+    assert took is not None and took < 0.3  # --queue-bypass: no delayer bound, no delay
+    healed = F.heal(fault)
+    assert (
+        healed.healed
+        == f"removed the {F.DELAY_CHAIN} rules on {dev} in {NS}; the delayer (pid {fault.undo.pid}) was gone"
+    )
+
+
+def test_without_netem_asking_for_it_is_one_line(link_host: tuple[ChaosHost, str]) -> None:
     host, _dev = link_host
     if F.netem_available(host):
         pytest.skip("this kernel has sch_netem")
-    with pytest.raises(F.FaultError, match=r"^delay_link t1: this kernel has no sch_netem"):
-        F.delay_link(host, delay_ms=100)
+    with pytest.raises(
+        F.FaultError, match=r"^delay_link t1: this kernel has no sch_netem \(CONFIG_NET_SCH_NETEM unset\)$"
+    ):
+        F.delay_link(host, delay_ms=100, mechanism="netem")
 
 
 def test_link_faults_need_a_lab_host(tmp_path: Path) -> None:
@@ -397,3 +418,34 @@ def test_cli_inject_with_seconds_heals_by_itself(small_store: ChaosHost) -> None
     fault = F.Fault.model_validate_json(out.stdout)
     assert fault.healed_at is not None and not Path(fault.details["path"]).exists()
     assert F.ActiveFaults(small_store.home / "chaos" / "active").all() == []
+
+
+# --- a real replica ----------------------------------------------------------------------------------------
+@pytest.mark.vm
+def test_freeze_and_kill_a_real_replicas_qemu_found_from_its_record(
+    golden: GoldenImage, settings: Settings, no_leftovers: None
+) -> None:
+    h = ReplicaHost(golden, settings, mode="snapshot", auto_recover=False)
+    rid = None
+    try:
+        rid = h.create().replica
+        host = local_host(settings)
+        domain = F.replica_record(host, rid).domain
+        h.virt.agent(domain, "guest-ping", timeout=5)
+        frozen = F.freeze_qemu(host, rid)
+        assert frozen.details["pid"] == h.virt.qemu_pid(domain) and status(frozen.details["pid"]) == "stopped"
+        with pytest.raises(GuestAgentUnavailableError):
+            h.virt.agent(domain, "guest-ping", timeout=2)
+        F.heal(frozen)
+        h.virt.wait_for_agent(domain, timeout=30)
+        killed = F.kill_qemu(host, rid)
+        assert killed.details == {"pid": frozen.details["pid"], "domain": domain}
+        deadline = time.monotonic() + 10
+        while h.virt.is_running(domain) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not h.virt.is_running(domain)
+    finally:
+        h.stop_background()
+        if rid is not None:
+            h.down([rid])
+        h.close()

@@ -16,7 +16,10 @@ import errno
 import json
 import os
 import secrets
+import select
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +48,12 @@ SMALL_FS_BYTES = 8 * 2**30
 SAFE_RESERVE_BYTES = 4 * 2**30
 FILL_CHUNK_BYTES = 64 * 2**20
 FILLER_PREFIX = ".osfleet-chaos-fill-"
-# The chain the iptables fallback of cut_link adds inside a lab host's namespace.
+# The chains the fallbacks of cut_link and delay_link add inside a lab host's namespace, and the netfilter
+# queue the delayer serves (queues are per network namespace, so one number serves every lab host).
 CUT_CHAIN = "OSFLEET-CHAOS-CUT"
+DELAY_CHAIN = "OSFLEET-CHAOS-DELAY"
+DELAY_QUEUE = 7477
+_DELAYER_READY_S = 10.0
 _NETEM_MISSING = "qdisc kind is unknown"
 _SIGNAL_WAIT_S = 5.0
 
@@ -86,7 +93,18 @@ class DeleteChain(BaseModel):
     chain: str
 
 
-Undo = Annotated[Thaw | RemoveFile | DeleteQdisc | DeleteChain, Field(discriminator="action")]
+class StopDelayer(BaseModel):
+    """Remove the NFQUEUE rules of ``chain`` inside the namespace, then SIGTERM the delayer process."""
+
+    action: Literal["nfqueue_delayer_stop"] = "nfqueue_delayer_stop"
+    netns: str
+    dev: str
+    chain: str
+    pid: int
+    started: float
+
+
+Undo = Annotated[Thaw | RemoveFile | DeleteQdisc | DeleteChain | StopDelayer, Field(discriminator="action")]
 
 
 class Fault(BaseModel):
@@ -98,7 +116,7 @@ class Fault(BaseModel):
     replica: str | None = None
     target: str  # "lab1/r-1a2b3c" or "lab1"
     injected_at: float  # wall-clock seconds (time.time())
-    mechanism: str  # "SIGKILL", "SIGSTOP", "unlink", "fallocate", "tc netem", "iptables DROP"
+    mechanism: str  # "SIGKILL", "SIGSTOP", "unlink", "fallocate", "tc netem", "iptables DROP", "nfqueue delay"
     did: str  # one line: what the injector did
     undo: Undo | None = None
     healed_at: float | None = None
@@ -466,23 +484,71 @@ def cut_link(host: ChaosHost, mechanism: Literal["auto", "netem", "iptables"] = 
     )  # fmt: skip
 
 
-def delay_link(host: ChaosHost, delay_ms: int = 200, jitter_ms: int = 0) -> Fault:
-    """Delay every packet the lab host sends on its link by ``delay_ms`` (tc netem delay in its namespace),
-    so each round trip through it takes that much longer. Needs the kernel's sch_netem."""
+def delay_link(
+    host: ChaosHost, delay_ms: int = 200, jitter_ms: int = 0, mechanism: Literal["auto", "netem", "nfqueue"] = "auto"
+) -> Fault:
+    """Delay every packet the lab host sends on its link by ``delay_ms`` (tc netem delay on its end inside its
+    namespace), so each round trip through the link takes that much longer.
+
+    Kernels without sch_netem get the same from a packet delayer (``osfleet.chaos.delayer``) started in the
+    namespace on an NFQUEUE that an iptables rule feeds with the link's outgoing packets (``auto``; the rule
+    has ``--queue-bypass``, so packets pass undelayed if the delayer dies). ``heal`` removes the qdisc, or the
+    rules and then the delayer.
+    """
     if delay_ms <= 0:
         raise FaultError("delay_link: the delay must be a positive number of milliseconds")
     netns, dev = _link(host, "delay_link")
-    params = ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
-    undo = _netem(host, "delay_link", params)
-    if undo is None:
-        raise FaultError(
-            f"delay_link {host.name}: this kernel has no sch_netem (CONFIG_NET_SCH_NETEM unset); "
-            "cut_link works without it"
-        )
+    details = {"netns": netns, "dev": dev, "delay_ms": delay_ms, "jitter_ms": jitter_ms}
+    if mechanism in ("auto", "netem"):
+        params = ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+        undo = _netem(host, "delay_link", params)
+        if undo is not None:
+            return _new(
+                "delay_link", host, None, "tc netem", f"netem delay {delay_ms} ms on {dev} in {netns}",
+                undo=undo, details=details,
+            )  # fmt: skip
+        if mechanism == "netem":
+            raise FaultError(f"delay_link {host.name}: this kernel has no sch_netem (CONFIG_NET_SCH_NETEM unset)")
+    if jitter_ms:
+        raise FaultError(f"delay_link {host.name}: jitter needs sch_netem, which this kernel does not have")
+    undo_delayer = _start_delayer(host, netns, dev, delay_ms)
     return _new(
-        "delay_link", host, None, "tc netem", f"netem delay {delay_ms} ms on {dev} in {netns}",
-        undo=undo, details={"netns": netns, "dev": dev, "delay_ms": delay_ms, "jitter_ms": jitter_ms},
+        "delay_link", host, None, "nfqueue delay",
+        f"NFQUEUE delayer pid {undo_delayer.pid} holds each packet {delay_ms} ms on {dev} in {netns} (no sch_netem)",
+        undo=undo_delayer, details={**details, "pid": undo_delayer.pid},
     )  # fmt: skip
+
+
+def _start_delayer(host: ChaosHost, netns: str, dev: str, delay_ms: int) -> StopDelayer:
+    """Start the delayer detached (``setsid -f``: not our child, so it outlives a CLI call) and wait until it
+    has bound the queue; then send the link's outgoing packets to that queue."""
+    what = f"delay_link {host.name}"
+    argv = ["setsid", "-f", "ip", "netns", "exec", netns, sys.executable, "-m", "osfleet.chaos.delayer"]
+    argv += ["--queue", str(DELAY_QUEUE), "--delay-ms", str(delay_ms)]
+    try:
+        _in_ns(host, ["iptables", "-w", "-N", DELAY_CHAIN], what)
+    except CommandFailedError as exc:
+        raise FaultError(f"{what}: {exc} (is the link already delayed?)") from None
+    undo = StopDelayer(netns=netns, dev=dev, chain=DELAY_CHAIN, pid=0, started=0.0)
+    try:
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL) as p:
+            assert p.stdout is not None
+            ready, _, _ = select.select([p.stdout], [], [], _DELAYER_READY_S)
+            line = p.stdout.readline().decode().strip() if ready else ""
+        words = line.split()
+        if len(words) != 2 or words[0] != "ready":
+            raise FaultError(f"{what}: the packet delayer did not start: {line or 'no answer'}")
+        pid = int(words[1])
+        undo = undo.model_copy(update={"pid": pid, "started": _started(pid, what)})
+        rule = ["-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"]
+        _in_ns(host, ["iptables", "-w", "-A", DELAY_CHAIN, *rule], what)
+        _in_ns(host, ["iptables", "-w", "-I", "OUTPUT", "-o", dev, "-j", DELAY_CHAIN], what)
+    except BaseException as exc:
+        _heal_delayer(undo)
+        if isinstance(exc, CommandFailedError):
+            raise FaultError(str(exc)) from None
+        raise
+    return undo
 
 
 # --- healing -----------------------------------------------------------------------------------------------
@@ -498,8 +564,10 @@ def heal(fault: Fault) -> Fault:
         note = _heal_file(u)
     elif isinstance(u, DeleteQdisc):
         note = _heal_qdisc(u)
-    else:
+    elif isinstance(u, DeleteChain):
         note = _heal_chain(u)
+    else:
+        note = _heal_delayer(u)
     return fault.model_copy(update={"healed_at": time.time(), "healed": note})
 
 
@@ -556,7 +624,26 @@ def _heal_chain(u: DeleteChain) -> str:
             if "No chain" in str(exc) or "does not exist" in str(exc):
                 return f"no {u.chain} chain in {u.netns} any more"
             raise FaultError(str(exc)) from None
-    return f"removed the {u.chain} DROP rules on {u.dev} in {u.netns}"
+    return f"removed the {u.chain} rules on {u.dev} in {u.netns}"
+
+
+def _heal_delayer(u: StopDelayer) -> str:
+    rules = _heal_chain(DeleteChain(netns=u.netns, dev=u.dev, chain=u.chain))
+    if u.pid <= 0:
+        return rules
+    try:
+        p = psutil.Process(u.pid)
+        if abs(p.create_time() - u.started) > 0.01:
+            return f"{rules}; the delayer (pid {u.pid}) was gone"
+        p.terminate()
+        try:
+            p.wait(timeout=_SIGNAL_WAIT_S)
+        except psutil.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=_SIGNAL_WAIT_S)
+    except psutil.NoSuchProcess:
+        return f"{rules}; the delayer (pid {u.pid}) was gone"
+    return f"{rules}; stopped the delayer (pid {u.pid})"
 
 
 def _netns_gone(netns: str) -> bool:
