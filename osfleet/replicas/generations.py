@@ -13,6 +13,7 @@ finished on the normal path.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import shlex
 import threading
@@ -22,13 +23,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image
+
 from osfleet import qcow2, screen
 from osfleet.config import Mode, ReplicaShape, Settings
 from osfleet.domain_xml import Accel
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
-from osfleet.replicas import saved_state
+from osfleet.replicas import guest_clock, saved_state
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
@@ -38,8 +41,6 @@ log = logging.getLogger(__name__)
 
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
 AGENT_TIMEOUT_SECONDS = 60.0
-CLOCK_TIMEOUT_SECONDS = 10.0
-CLOCK_POLL_SECONDS = 0.005
 CLEANUP_WORKERS = 4
 
 
@@ -50,6 +51,7 @@ class Spare:
 
     name: str
     restored: bool
+    clock_helper: int | None = None  # pid of the guest's clock helper (``guest_clock``), if it started
 
 
 class Generations:
@@ -87,6 +89,7 @@ class Generations:
         self._standby_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-standby")
         self._clock_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="osfleet-clock")
         self._closing = threading.Event()
+        self._screens_ok: bool | None = None
 
     def domain_name(self, replica_id: str, generation: int) -> str:
         return f"{self.settings.name_prefix}{replica_id}-g{generation}"
@@ -129,15 +132,15 @@ class Generations:
             clock: Future[None] | None = None
             if spare is not None and spare.restored:
                 self.virt.resume(rec.domain)
-                clock = self._clock_pool.submit(self.set_clock, rec.domain)  # while the screen is checked
+                # the clock stood still while the spare was paused; set it while the screen is checked
+                clock = self._clock_pool.submit(guest_clock.set_now, self.virt, rec.domain, spare.clock_helper)
             else:
                 if spare is None:
                     saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
                 saved_state.load_memory(self.virt, state, rec.domain)
                 self.set_identity(rec)
             try:
-                shot = self.virt.screenshot(rec.domain)
-                if not screen.desktop_drawn(shot, self.image.background, self.image.screen):
+                if not self.desktop_drawn(rec.domain):
                     raise OsfleetError(f"{rec.domain}: restored desktop is not drawn")
             finally:
                 if clock is not None:
@@ -151,6 +154,40 @@ class Generations:
             self.virt.start_transient(spec)
             wait_until_ready(self.virt, self.image, rec.domain, start, COLD_BOOT_TIMEOUT_SECONDS)
             self.set_identity(rec)
+
+    def desktop_drawn(self, domain: str) -> bool:
+        """The replica's screen shows the desktop. On the reset path: QMP ``screendump`` straight into a
+        file on tmpfs (about half of libvirt's screenshot stream), judged on every 4th pixel."""
+        shots = self.settings.memory_dir / "screens" if self.settings.memory_dir else None
+        if shots is None or not self._screens_dir(shots):
+            shot = self.virt.screenshot(domain)
+        else:
+            path = shots / f"{domain}.ppm"
+            try:
+                self.virt.qmp(domain, "screendump", {"filename": str(path)})
+                with Image.open(path) as img:
+                    shot = img.convert("RGB")
+            finally:
+                path.unlink(missing_ok=True)
+        if shot.size != self.image.screen:
+            return False
+        small = shot.resize((shot.width // 4, shot.height // 4), Image.Resampling.NEAREST)  # exact colours kept
+        return screen.desktop_drawn(small, self.image.background, small.size)
+
+    def _screens_dir(self, path: Path) -> bool:
+        """A directory QEMU's user can write screendumps into (made once)."""
+        if self._screens_ok is None:
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                owner = self.virt.qemu_ids()
+                if owner is not None:
+                    os.chown(path, *owner)
+                path.chmod(0o700)
+                self._screens_ok = True
+            except OSError as exc:
+                log.info("screendumps through libvirt: %s", exc)
+                self._screens_ok = False
+        return self._screens_ok
 
     def set_identity(self, rec: ReplicaRecord) -> None:
         """Give the guest its own hostname and machine id, fresh randomness and the right time.
@@ -171,21 +208,6 @@ class Generations:
         code, _, err = self.virt.guest_exec(domain, ["/bin/sh", "-c", script], timeout=30)
         if code != 0:
             raise OsfleetError(f"{domain}: setting identity failed: {err.strip()[:200]}")
-
-    def set_clock(self, domain: str) -> None:
-        """Set the guest's clock to now: a paused guest's clock stands still. One exec, polled closely."""
-        started = self.virt.agent(
-            domain, "guest-exec", {"path": "/bin/date", "arg": ["-u", "-s", f"@{time.time():.3f}"]}, timeout=5
-        )
-        deadline = time.monotonic() + CLOCK_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            status = self.virt.agent(domain, "guest-exec-status", {"pid": started["pid"]})
-            if status.get("exited"):
-                if status.get("exitcode", 0) != 0 or "signal" in status:
-                    raise OsfleetError(f"{domain}: setting the clock failed ({status})")
-                return
-            time.sleep(CLOCK_POLL_SECONDS)
-        raise OsfleetError(f"{domain}: setting the clock took longer than {CLOCK_TIMEOUT_SECONDS:.0f} s")
 
     # --- spares: the next generation, made ahead of time ---------------------------------------------------
     def prepare_standby(self, rec: ReplicaRecord) -> None:
@@ -208,8 +230,13 @@ class Generations:
                     return Spare(name, restored=False)
                 saved_state.load_memory(self.virt, state, name)
                 self.set_identity(identity)
+                try:
+                    helper: int | None = guest_clock.start_helper(self.virt, name)
+                except OsfleetError as exc:  # the reset sets the clock the slower way
+                    log.info("spare %s has no clock helper: %s", name, exc)
+                    helper = None
                 self.virt.suspend(name)
-                return Spare(name, restored=True)
+                return Spare(name, restored=True, clock_helper=helper)
             except Exception as exc:  # a spare is an optimisation: the reset makes the generation itself
                 self.say(f"spare for {rid}: {as_osfleet(exc, 'making a spare')}")
                 try:
