@@ -170,6 +170,31 @@ def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: 
     assert len(mocks.of("kubernetes:core/v1:Service")) == 2
 
 
+def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks: Mocks) -> None:
+    _stack(
+        mocks,
+        "k8s",
+        {"containerImage": "registry.example.org/osfleet:0.1.0", "kvmNodes": '["kvm-a=10.0.0.11", "kvm-b=10.0.0.12"]'},
+    )
+    _run_program()
+    deployments = {d.inputs["metadata"]["name"]: d for d in mocks.of("kubernetes:apps/v1:Deployment")}
+    gw = deployments["osfleet-gateway"].inputs["spec"]["template"]["spec"]
+    (c,) = gw["containers"]
+    assert c["command"] == [
+        "osfleet", "fleet", "serve", "--bind", "0.0.0.0", "--port", "8090",
+        "--host", "kvm-a=http://10.0.0.11:8080", "--host", "kvm-b=http://10.0.0.12:8080",
+        "--hosts-token-file", "/run/osfleet/token",
+    ]  # fmt: skip
+    assert gw["volumes"] == [{"name": "token", "secret": {"secretName": "osfleet-agent-token"}}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8090}
+    (ds,) = mocks.of("kubernetes:apps/v1:DaemonSet")
+    assert ds.inputs["spec"]["template"]["spec"]["hostNetwork"] is True  # agents answer on the nodes' addresses
+    services = {s.inputs["metadata"]["name"] for s in mocks.of("kubernetes:core/v1:Service")}
+    assert services == {"osfleet-agent", "osfleet-gateway", "osfleet-locust-master"}
+    master = deployments["osfleet-locust-master"].inputs["spec"]["template"]["spec"]["containers"][0]
+    assert master["command"][-1] == "http://osfleet-gateway:8090"
+
+
 def test_k8s_needs_a_container_image(mocks: Mocks) -> None:
     from osfleet_infra.program import run
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pulumi
 
-from osfleet_infra.settings import REPO, Common, ConfigError
+from osfleet_infra.settings import REPO, Common, ConfigError, list_value
 
 DEFAULT_NAMESPACE = "osfleet"
 DEFAULT_NODE_LABEL = "osfleet.io/kvm=true"
@@ -27,8 +27,12 @@ AGENT_CPU = 0.5
 LOCUSTFILE = REPO / "loadtest" / "trajectories.py"
 
 
+GATEWAY_PORT = 8090
+
+
 @dataclass(frozen=True)
 class K8sConfig:
+    kvm_nodes: tuple[tuple[str, str], ...]  # (name, address) of each KVM node: the gateway's host list
     namespace: str
     container_image: str
     node_label: tuple[str, str]
@@ -50,9 +54,16 @@ def read_k8s(cfg: pulumi.Config) -> K8sConfig:
     workers = DEFAULT_LOCUST_WORKERS if workers is None else workers
     if workers < 0:
         raise ConfigError("locustWorkers", f"{workers} is negative")
+    nodes = []
+    for spec in list_value(cfg, "kvmNodes") or []:
+        node, eq, addr = str(spec).partition("=")
+        if not eq or not node or not addr:
+            raise ConfigError("kvmNodes", f"{spec!r} is not name=address")
+        nodes.append((node, addr))
     mem = cfg.get_int("replicaMemoryMiB") or DEFAULT_REPLICA_MEMORY_MIB
     cpu = cfg.get_float("replicaCpu") or DEFAULT_REPLICA_CPU
     return K8sConfig(
+        kvm_nodes=tuple(nodes),
         namespace=cfg.get("namespace") or DEFAULT_NAMESPACE, container_image=image, node_label=(key, value),
         store=cfg.get("imageStorePath") or DEFAULT_STORE, locust_workers=workers, replica_memory_mib=mem,
         replica_cpu=cpu,
@@ -107,6 +118,9 @@ class K8sFleet(pulumi.ComponentResource):
                     metadata=meta(labels=agent_labels),
                     spec=core.PodSpecArgs(
                         node_selector={k.node_label[0]: k.node_label[1]},
+                        # With a gateway, each agent answers on its node's address (the gateway's host list).
+                        host_network=bool(k.kvm_nodes) or None,
+                        dns_policy="ClusterFirstWithHostNet" if k.kvm_nodes else None,
                         containers=[
                             core.ContainerArgs(
                                 name="agent",
@@ -146,10 +160,59 @@ class K8sFleet(pulumi.ComponentResource):
             opts=child,
         )
         self.agent_url = pulumi.Output.concat("http://osfleet-agent.", ns, f".svc:{port}")
+        self.fleet_url: pulumi.Output[str] | None = None
+        if k.kvm_nodes:
+            self._gateway(name, k, ns, token_env, child)
         self.locust: list[pulumi.Resource] = []
         if k.locust_workers:
             self._locust(name, k, ns, token_env, child)
-        self.register_outputs({"agent_url": self.agent_url})
+        self.register_outputs({"agent_url": self.agent_url, "fleet_url": self.fleet_url})
+
+    def _gateway(
+        self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
+    ) -> None:
+        """``osfleet fleet serve`` over the KVM nodes' agents, as a Deployment behind a Service."""
+        import pulumi_kubernetes as kube
+
+        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
+        labels = {"app.kubernetes.io/name": "osfleet-gateway"}
+        hosts = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=http://{addr}:{self.agent_port}")]
+        probe = core.ProbeArgs(http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT), period_seconds=10)
+        token_volume = core.VolumeArgs(
+            name="token", secret=core.SecretVolumeSourceArgs(secret_name="osfleet-agent-token")
+        )
+        token_mount = core.VolumeMountArgs(name="token", mount_path="/run/osfleet", read_only=True)
+        self.gateway = apps.Deployment(
+            f"{name}-gateway",
+            metadata=meta(name="osfleet-gateway", namespace=ns),
+            spec=apps.DeploymentSpecArgs(
+                replicas=1,
+                selector=kube.meta.v1.LabelSelectorArgs(match_labels=labels),
+                template=core.PodTemplateSpecArgs(
+                    metadata=meta(labels=labels),
+                    spec=core.PodSpecArgs(
+                        containers=[core.ContainerArgs(
+                            name="gateway", image=k.container_image,
+                            command=["osfleet", "fleet", "serve", "--bind", "0.0.0.0", "--port", str(GATEWAY_PORT),
+                                     *hosts, "--hosts-token-file", "/run/osfleet/token"],
+                            env=[token_env],
+                            ports=[core.ContainerPortArgs(container_port=GATEWAY_PORT, name="api")],
+                            volume_mounts=[token_mount],
+                            liveness_probe=probe, readiness_probe=probe,
+                        )],
+                        volumes=[token_volume],
+                    ),
+                ),
+            ),
+            opts=child,
+        )  # fmt: skip
+        self.gateway_service = core.Service(
+            f"{name}-gateway-svc",
+            metadata=meta(name="osfleet-gateway", namespace=ns),
+            spec=core.ServiceSpecArgs(selector=labels, ports=[core.ServicePortArgs(port=GATEWAY_PORT)]),
+            opts=child,
+        )
+        self.fleet_url = pulumi.Output.concat("http://osfleet-gateway.", ns, f".svc:{GATEWAY_PORT}")
 
     def _locust(
         self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
@@ -189,9 +252,10 @@ class K8sFleet(pulumi.ComponentResource):
                 opts=child,
             )  # fmt: skip
 
-        # Until the fleet gateway exists, Locust drives the agents' Service (a lease's calls must reach the agent
-        # that granted it, so this holds for one KVM node).
-        master = deployment("master", 1, ["--master", "--host", f"http://osfleet-agent:{self.agent_port}"])
+        # Locust drives the gateway; without one (no kvmNodes) the agents' Service, which only holds for one KVM
+        # node (a lease's calls must reach the agent that granted it).
+        target = f"http://osfleet-gateway:{GATEWAY_PORT}" if k.kvm_nodes else f"http://osfleet-agent:{self.agent_port}"
+        master = deployment("master", 1, ["--master", "--host", target])
         svc = core.Service(
             f"{name}-locust-master-svc",
             metadata=meta(name="osfleet-locust-master", namespace=ns),
@@ -211,3 +275,5 @@ def deploy_k8s(cfg: pulumi.Config, common: Common) -> None:
     pulumi.export("namespace", fleet.namespace.metadata.name)
     pulumi.export("agentUrl", fleet.agent_url)
     pulumi.export("agentToken", common.token)
+    if fleet.fleet_url is not None:
+        pulumi.export("fleetUrl", fleet.fleet_url)
