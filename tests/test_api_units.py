@@ -326,3 +326,12 @@ def test_a_body_that_is_not_json_is_a_422_and_405_names_every_method(client: Tes
     assert r.status_code == 422 and r.json()["kind"] == "invalid_request"
     r = client.options("/v1/replicas", headers=AUTH)
     assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+
+
+def test_requests_take_exactly_what_the_schema_says(client: TestClient) -> None:
+    r = client.post("/shutdown", json={"vm_id": False}, headers=AUTH)
+    assert r.status_code == 422  # false is not a vm id
+    r = client.post("/shutdown", json={"vm_id": 3.0}, headers=AUTH)
+    assert r.status_code == 404  # 3.0 is (JSON Schema says so), and there is no vm 3
+    r = client.post("/v1/replicas", json={"count": "2"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"].startswith("count:")

@@ -10,10 +10,11 @@ from osfleet.config import Mode
 from osfleet.replicas.actions import Action, ActionResult
 from osfleet.tasks.model import Task
 from osfleet.tasks.osworld import OsworldTask
+from osfleet.wire import JsonInt
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no "1" or true where the schema says a number
 
 
 class LeaseRequest(_Strict):
@@ -22,7 +23,7 @@ class LeaseRequest(_Strict):
 
 
 class ScaleRequest(_Strict):
-    count: int = Field(ge=1, le=1024)
+    count: JsonInt = Field(ge=1, le=1024)
     mode: Mode | None = None
 
 
@@ -120,20 +121,26 @@ class Health(BaseModel):
 
 
 # --- OSGym's wire format ---------------------------------------------------------------------------------------
-class OsgymReset(BaseModel):
+class _Wire(BaseModel):
+    """OSGym's request bodies: extra keys are tolerated (OSGym clients may send more), types are strict."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class OsgymReset(_Wire):
     task_config: OsworldTask
-    timeout: int = Field(1000, gt=0, le=86400)
+    timeout: JsonInt = Field(1000, gt=0, le=86400)
 
 
 class OsgymResetResponse(BaseModel):
     screenshot: str
     problem: str
-    vm_id: int
+    vm_id: JsonInt
 
 
-class OsgymStep(BaseModel):
+class OsgymStep(_Wire):
     action: str = Field(max_length=100000)
-    vm_id: int
+    vm_id: JsonInt
 
 
 class OsgymStepResponse(BaseModel):
@@ -142,8 +149,8 @@ class OsgymStepResponse(BaseModel):
     reward: float
 
 
-class OsgymShutdown(BaseModel):
-    vm_id: int | Literal["all"]
+class OsgymShutdown(_Wire):
+    vm_id: JsonInt | Literal["all"]
 
 
 class OsgymShutdownResponse(BaseModel):

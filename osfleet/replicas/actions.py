@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.virt import Virt
+from osfleet.wire import JsonInt
 
 MAX_READ_BYTES = 8 * 2**20
 GUEST_USER = "user"
@@ -24,47 +25,47 @@ KILLED_BY_TIMEOUT = 137  # 128 + SIGKILL, as coreutils timeout -s KILL reports i
 
 
 class _Action(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Click(_Action):
     type: Literal["click"]
-    x: int
-    y: int
+    x: JsonInt
+    y: JsonInt
     button: Literal["left", "right", "middle"] = "left"
 
 
 class DoubleClick(_Action):
     type: Literal["double_click"]
-    x: int
-    y: int
+    x: JsonInt
+    y: JsonInt
 
 
 class RightClick(_Action):
     type: Literal["right_click"]
-    x: int
-    y: int
+    x: JsonInt
+    y: JsonInt
 
 
 class Move(_Action):
     type: Literal["move"]
-    x: int
-    y: int
+    x: JsonInt
+    y: JsonInt
 
 
 class Drag(_Action):
     type: Literal["drag"]
-    x1: int
-    y1: int
-    x2: int
-    y2: int
+    x1: JsonInt
+    y1: JsonInt
+    x2: JsonInt
+    y2: JsonInt
 
 
 class Scroll(_Action):
     type: Literal["scroll"]
-    x: int
-    y: int
-    clicks: int = Field(description="positive scrolls down, negative up", ge=-50, le=50)
+    x: JsonInt
+    y: JsonInt
+    clicks: JsonInt = Field(description="positive scrolls down, negative up", ge=-50, le=50)
 
 
 class TypeText(_Action):
@@ -107,7 +108,7 @@ class Terminate(_Action):
 class ReadFile(_Action):
     type: Literal["read_file"]
     path: str = Field(pattern=r"^/[^\x00]*$", max_length=4096)
-    max_bytes: int = Field(1 << 20, gt=0, le=MAX_READ_BYTES)
+    max_bytes: JsonInt = Field(1 << 20, gt=0, le=MAX_READ_BYTES)
 
 
 Action = Annotated[

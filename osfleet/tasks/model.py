@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from osfleet.errors import OsfleetError, first_problem
 from osfleet.replicas.actions import Action
+from osfleet.wire import JsonInt
 
 
 class TaskError(OsfleetError):
@@ -29,7 +30,7 @@ class UnsupportedTaskError(TaskError):
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Run(_M):
@@ -62,6 +63,7 @@ class Match(_M):
     # The published schema says what the validator below checks: at least one of them, given for real.
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "anyOf": [
                 {"required": ["equals"], "properties": {"equals": {"type": "string"}}},
@@ -98,6 +100,7 @@ class CommandOutput(_M):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "anyOf": [
                 {"required": ["match"], "properties": {"match": {"type": "object"}}},
@@ -110,7 +113,7 @@ class CommandOutput(_M):
     command: str
     as_root: bool = False
     match: Match | None = None
-    exit_code: int | None = None
+    exit_code: JsonInt | None = None
 
     @model_validator(mode="after")
     def _something(self) -> CommandOutput:

@@ -45,7 +45,7 @@ Command = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_l
 class _Open(BaseModel):
     """OSWorld objects often carry keys osfleet does not use; they are allowed and ignored."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class CommandParams(_Open):
@@ -151,7 +151,7 @@ def _evaluator_schema(schema: dict[str, Any]) -> None:
 
 
 class Evaluator(_Open):
-    model_config = ConfigDict(extra="allow", json_schema_extra=_evaluator_schema)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_evaluator_schema)
 
     func: Metric | Annotated[list[Metric], Field(min_length=1, max_length=MAX_CRITERIA)]
     result: Result | Annotated[list[Result], Field(min_length=1, max_length=MAX_CRITERIA)]
