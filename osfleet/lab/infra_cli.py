@@ -86,3 +86,20 @@ def infra_pulumi(args: tuple[str, ...]) -> None:
     env = {**os.environ, **engine_env()}
     os.chdir(project_dir())
     os.execve(str(root / "bin" / "pulumi"), ["pulumi", *args], env)
+
+
+@infra.command("token")
+@_stack_option
+@click.option("--value", default=None, help="the token (default: 32 random hex digits)")
+@friendly
+def infra_token(stack_name: str, value: str | None) -> None:
+    """Create the stack if needed and set osfleet:agentToken as a secret (encrypted with this machine's passphrase)."""
+    import secrets
+
+    from pulumi import automation as auto
+
+    from osfleet.lab.engine import call, stack
+
+    st = stack(stack_name)
+    call(st.set_config, "osfleet:agentToken", auto.ConfigValue(value or secrets.token_hex(16), secret=True))
+    click.echo(f"osfleet:agentToken set (secret) on stack {stack_name}", err=True)
