@@ -3,6 +3,8 @@ store, a namespace of the test's own for a lab link; one VM test freezes and kil
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import socket
 import subprocess
@@ -16,10 +18,12 @@ import psutil
 import pytest
 
 from osfleet.chaos import faults as F
-from osfleet.chaos.hosts import ChaosHost, local_host
+from osfleet.chaos.hosts import ChaosHost, lab_hosts, local_host, resolve
 from osfleet.chaos.runner import FAULTS_FILE, ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
+from osfleet.lab.lab import _host, lab_root
+from osfleet.lab.state import LabState, save
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import RecordStore, ReplicaRecord, State
 from osfleet.virt import GuestAgentUnavailableError
@@ -343,7 +347,7 @@ def test_runner_injects_on_time_heals_after_its_duration_and_writes_jsonl(
     assert kill.injected_at - start >= 0.8 and qemu.wait(timeout=5) == -9
     assert [f.spec.kind for f in runner.failures] == ["kill_host_agent"]
     lines = [line for line in (tmp_path / "run" / FAULTS_FILE).read_text().splitlines()]
-    events = [__import__("json").loads(line) for line in lines]
+    events = [json.loads(line) for line in lines]
     assert [(e["event"], e["kind"]) for e in events] == [
         ("failed", "kill_host_agent"),
         ("fault", "freeze_qemu"),
@@ -449,3 +453,15 @@ def test_freeze_and_kill_a_real_replicas_qemu_found_from_its_record(
         if rid is not None:
             h.down([rid])
         h.close()
+
+
+def test_hosts_resolve_to_this_machine_or_a_lab_host_from_the_lab_state(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert lab_hosts(settings) == [] and resolve("local", settings) == ChaosHost(name="local", home=tmp_path)
+    root = lab_root(settings)
+    lab1 = _host(1, ipaddress.IPv4Network("10.233.9.0/24"), root)
+    save(LabState(root=str(root), subnet="10.233.9.0/24", key="k", known_hosts="kh", hosts=[lab1]))
+    host = resolve("lab1", settings)
+    assert (host.netns, host.link, host.home) == ("osfl-lab1", "osfl-lab1-n", root / "lab1" / "home")
+    with pytest.raises(F.OsfleetError, match=r"^no host 'lab9' \(known: local, lab1;"):
+        resolve("lab9", settings)
