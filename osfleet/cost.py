@@ -45,6 +45,18 @@ class Footprint:
     disk_bytes: float
 
 
+def footprint_from_density(
+    density: dict[str, Any], cpu_cores: float | None = None, disk_bytes: float = 0.0
+) -> Footprint:
+    """A replica's footprint from ``osfleet bench density``: host memory per held replica (template memory
+    as measured, where it was on) and idle CPU unless a CPU figure under load is given."""
+    mib = density.get("mib_per_replica")
+    if not mib:
+        raise OsfleetError("the density result has no memory per replica")
+    cpu = cpu_cores if cpu_cores is not None else float(density.get("cpu_per_idle_replica") or 0.0)
+    return Footprint(cpu_cores=cpu, memory_bytes=float(mib) * 2**20, disk_bytes=disk_bytes)
+
+
 def load_prices(path: Path = PRICES) -> tuple[dict[str, Any], list[HostType]]:
     try:
         doc = yaml.safe_load(path.read_text())

@@ -40,9 +40,35 @@ def draw(results: RunResults) -> list[Figure]:
         figures += _resets(plt, out, results.resets)
     if results.load.trajectories or results.load.stats:
         figures += _load_test(plt, out, results)
+    if results.density is not None and results.density.get("memory_curve"):
+        figures.append(_density(plt, out, results.density))
     if results.cost is not None:
         figures.append(_cost(plt, out, results.cost, results.load.caption))
     return figures
+
+
+def _density(plt: Any, out: Path, d: dict[str, Any]) -> Figure:
+    """Host memory per replica against the number of replicas held, template memory on vs off."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    runs = [d, d.get("sharing_off")]
+    for run in (r for r in runs if r and r.get("memory_curve")):
+        on = bool(run.get("template_sharing"))
+        curve = run["memory_curve"]
+        ax.plot(
+            [p["replicas"] for p in curve],
+            [p["mib_per_replica"] for p in curve],
+            marker="o",
+            markersize=3,
+            color="#2f7f4f" if on else "#bf4f3f",
+            label=f"template memory {'on' if on else 'off'}: {run['held_ready']} held ({run['stop_reason']})",
+        )
+    ax.set_xlabel("replicas held ready")
+    ax.set_ylabel("host memory per replica, MiB")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Memory per replica against replica count")
+    ax.legend(fontsize=7)
+    _save(plt, fig, out / "density_memory.png", caption(d.get("machine", {})))
+    return Figure("density_memory.png", "Memory per replica against replica count, template memory on vs off")
 
 
 def _disk(plt: Any, out: Path, disk: dict[str, Any]) -> list[Figure]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from osfleet.cost import Footprint, cost_table, load_prices
+from osfleet.cost import Footprint, cost_table, footprint_from_density, load_prices
 from osfleet.errors import OsfleetError
 
 # Key spellings of run directories written before every bench said p50 (read, never written).
@@ -46,6 +46,7 @@ class RunResults:
     resets: dict[str, Any] | None
     load: LoadTest
     cost: Cost | None
+    density: dict[str, Any] | None = None  # density.json from ``osfleet bench density --out``
 
 
 def load(run_dir: Path) -> RunResults:
@@ -54,13 +55,23 @@ def load(run_dir: Path) -> RunResults:
     boot = _json(run_dir, "boot.json")
     resets = _json(run_dir, "reset.json")
     load_test = load_test_results(run_dir)
-    if disk is None and boot is None and resets is None and not load_test.trajectories:
+    if (
+        disk is None
+        and boot is None
+        and resets is None
+        and not load_test.trajectories
+        and not _json(run_dir, "density.json")
+    ):
         raise OsfleetError(
             f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
         )
     if disk is not None:
         _rename_old_keys(disk)
-    return RunResults(run_dir, disk, boot, resets, load_test, _cost(resets, load_test))
+    density = _json(run_dir, "density.json")
+    cost = _cost(resets, load_test)
+    if density is not None and density.get("mib_per_replica"):
+        cost = _density_cost(density, cost)
+    return RunResults(run_dir, disk, boot, resets, load_test, cost, density)
 
 
 def caption(machine: dict[str, Any]) -> str:
@@ -121,6 +132,23 @@ def _cost(resets: dict[str, Any] | None, load_test: LoadTest) -> Cost | None:
     fp = Footprint(cpu_cores=cpu, memory_bytes=memory, disk_bytes=disk)
     meta, hosts = load_prices()
     text = f"{cpu:.2f} CPU cores (under the load test), {memory / 2**20:.0f} MiB RAM, {disk / 2**20:.1f} MiB disk"
+    rows = [{**r, "footprint": text} for r in cost_table(hosts, fp)]
+    return Cost(footprint=fp, footprint_text=text, rows=rows, prices=meta)
+
+
+def _density_cost(density: dict[str, Any], under_load: Cost | None) -> Cost:
+    """Cost from the measured density: its memory per held replica; CPU and disk from the load test where
+    there was one, else the replicas' idle CPU."""
+    cpu = under_load.footprint.cpu_cores if under_load else None
+    disk = under_load.footprint.disk_bytes if under_load else 0.0
+    fp = footprint_from_density(density, cpu, disk)
+    sharing = "template memory" if density.get("template_sharing") else "no template memory"
+    where = "under the load test" if under_load else "idle"
+    text = (
+        f"{fp.cpu_cores:.3f} CPU cores ({where}), {fp.memory_bytes / 2**20:.0f} MiB RAM "
+        f"(bench density, {density.get('held_ready')} held, {sharing}), {fp.disk_bytes / 2**20:.1f} MiB disk"
+    )
+    meta, hosts = load_prices()
     rows = [{**r, "footprint": text} for r in cost_table(hosts, fp)]
     return Cost(footprint=fp, footprint_text=text, rows=rows, prices=meta)
 
