@@ -159,7 +159,8 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
 @click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 63), help="lab hosts")
 @click.option("--warm", default=0, show_default=True, type=click.IntRange(0, 64), help="warm replicas per agent")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document")
-def bench_infra(hosts: int, warm: int, as_json: bool) -> None:
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+def bench_infra(hosts: int, warm: int, as_json: bool, out: Path | None) -> None:
     """Lab up, pulumi up, health, second up, destroy, leftovers, lab down, with the real engine."""
     import sys
 
@@ -169,6 +170,9 @@ def bench_infra(hosts: int, warm: int, as_json: bool) -> None:
     except OsfleetError as exc:
         click.echo(f"osfleet: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
