@@ -18,12 +18,13 @@ import libvirt
 import pytest
 
 from osfleet.config import Mode, Settings
-from osfleet.errors import DiskFullError, HostIOError, InternalError, OsfleetError, VirtError
+from osfleet.errors import DiskFullError, GuestTimeoutError, HostIOError, InternalError, OsfleetError, VirtError
 from osfleet.replicas.adoption import adopt
-from osfleet.replicas.errors import NoReplicaAvailableError
+from osfleet.replicas.errors import LeaseLostError, NoReplicaAvailableError
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.leases import LeaseBook
 from osfleet.replicas.lifecycle import Lifecycle
+from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
 from osfleet.replicas.records import Lease, RecordStore, ReplicaRecord, State
@@ -359,3 +360,50 @@ def test_two_processes_adopting_at_once_never_both_take_a_replica(tmp_path: Path
     assert sorted(taken[0] + taken[1]) == ids, "every replica adopted exactly once"
     assert [] in taken and ids in taken
     assert {r[0] for r in reports if r[1]} == owners
+
+
+# --- faults that leave QEMU running: a deleted overlay, a frozen guest; a lease that ends by failure -------
+def test_a_deleted_overlay_or_a_silent_guest_fails_the_replica_and_its_lease_ends_as_lost(tmp_path: Path) -> None:
+    overlay = tmp_path / "disk-g1.qcow2"
+    overlay.write_bytes(b"qcow")
+    rec = ready_record("r-1", State.LEASED)
+    rec.disk = str(overlay)
+    reg = registry_with(tmp_path, rec, ready_record("r-2"))
+    gen = FakeGenerations(tmp_path, None)
+    gen.virt.running |= {"dom-r-1", "dom-r-2"}
+    lost: dict[str, str] = {}
+    life = Lifecycle(reg, gen, "snapshot", on_lease_lost=lost.__setitem__)  # type: ignore[arg-type]
+    book = LeaseBook(reg, lambda r, then: None)
+    assert life.detect() == []
+    overlay.unlink()
+    assert life.detect() == ["r-1"] and "overlay" in (reg.get("r-1").error or "")
+    assert reg.get("r-2").state == State.READY  # nothing else touched
+    life.recover("r-1")
+    assert list(lost) == ["lease-r-1"] and "failed" in lost["lease-r-1"]
+    book.note_lost("lease-r-1", lost["lease-r-1"])
+    with pytest.raises(LeaseLostError, match="lease lease-r-1 ended"):
+        book.check("r-1", "lease-r-1")
+
+
+class SilentVirt:
+    def __init__(self) -> None:
+        self.answering = {"dom-a": True, "dom-b": False}
+
+    def agent(self, domain: str, command: str, timeout: int = 5) -> None:
+        if not self.answering[domain]:
+            raise GuestTimeoutError(f"{domain}: guest agent did not answer")
+
+
+def test_liveness_names_a_guest_that_stops_answering_after_several_misses() -> None:
+    live = Liveness(SilentVirt(), every=0.0, misses=3)  # type: ignore[arg-type]
+    try:
+        for round_ in range(1, 4):
+            live.probe(["dom-a", "dom-b"])
+            deadline = time.monotonic() + WAIT
+            while time.monotonic() < deadline and live._inflight:
+                time.sleep(0.01)
+            assert live.dead() == (set() if round_ < 3 else {"dom-b"})
+        live.probe(["dom-a"])  # dom-b is gone (rebuilt under another name): forgotten
+        assert live.dead() == set()
+    finally:
+        live.close()

@@ -23,3 +23,11 @@ class CapacityError(OsfleetError):
 
 class LeaseError(OsfleetError):
     """The lease is unknown, expired or held by someone else."""
+
+
+class ReplicaFailedError(OsfleetError):
+    """The replica's QEMU or guest failed; it is being rebuilt (an infrastructure failure, never reward 0)."""
+
+
+class LeaseLostError(OsfleetError):
+    """The lease ended because its replica failed and was rebuilt: lease again (an infrastructure failure)."""

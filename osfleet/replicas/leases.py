@@ -15,7 +15,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from osfleet.errors import OsfleetError
-from osfleet.replicas.errors import LeaseError, NoReplicaAvailableError, ReplicaBusyError, ReplicaNotFoundError
+from osfleet.replicas.errors import (
+    LeaseError,
+    LeaseLostError,
+    NoReplicaAvailableError,
+    ReplicaBusyError,
+    ReplicaNotFoundError,
+)
 from osfleet.replicas.records import Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 
@@ -34,8 +40,9 @@ class LeaseBook:
     def __init__(self, registry: Registry, reset_locked: ResetLocked) -> None:
         self.registry = registry
         self._reset_locked = reset_locked
-        # Leases ended by expiry, so a late caller hears "expired" rather than "unknown lease".
+        # Leases ended by expiry or by a failure, so a late caller hears why rather than "unknown lease".
         self._expired: OrderedDict[str, str] = OrderedDict()
+        self._lost: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
     def lease(self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS) -> tuple[ReplicaRecord, Lease]:
@@ -64,7 +71,10 @@ class LeaseBook:
         """The replica's record if ``lease_id`` holds it now; else a ``LeaseError`` saying why not."""
         rec = self.registry.get(replica_id)
         with self._lock:
+            lost = self._lost.get(lease_id)
             expired = self._expired.get(lease_id) == replica_id
+        if lost is not None:
+            raise LeaseLostError(lost)
         if expired:
             raise LeaseError(f"lease {lease_id} on replica {replica_id} has expired")
         if rec.lease is None or rec.lease.id != lease_id:
@@ -92,6 +102,13 @@ class LeaseBook:
                 log.warning("replica %s: reset after release failed: %s", replica_id, exc)
                 return False
             return True
+
+    def note_lost(self, lease_id: str, why: str) -> None:
+        """A lease ended because its replica failed (recovery calls this before it rebuilds the replica)."""
+        with self._lock:
+            self._lost[lease_id] = why
+            while len(self._lost) > EXPIRED_LEASES_REMEMBERED:
+                self._lost.popitem(last=False)
 
     def expired_leases(self) -> list[tuple[str, str]]:
         """(replica, lease) of every lease past its end; each is remembered as expired."""

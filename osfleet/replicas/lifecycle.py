@@ -11,6 +11,7 @@ import contextlib
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from osfleet.config import Mode
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.replicas.errors import ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.generations import Generations
+from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 
@@ -37,10 +39,19 @@ class Timed:
 class Lifecycle:
     """Bring-up, reset, recovery and retirement of the replicas in ``registry``."""
 
-    def __init__(self, registry: Registry, generations: Generations, default_mode: Mode) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        generations: Generations,
+        default_mode: Mode,
+        liveness: Liveness | None = None,
+        on_lease_lost: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.registry = registry
         self.gen = generations
         self.default_mode: Mode = default_mode
+        self.liveness = liveness
+        self.on_lease_lost = on_lease_lost or (lambda _lease, _why: None)
 
     # --- bring-up ------------------------------------------------------------------------------------------
     def create(self, mode: Mode | None = None) -> Timed:
@@ -128,12 +139,14 @@ class Lifecycle:
         """Mark replicas whose QEMU is gone as failed; returns the ids of every failed replica due for
         recovery (just detected, failed during a reset, or a failed recovery old enough to retry)."""
         due = []
-        for rec in self.registry.all():
-            if rec.state in RUNNING_STATES and not self.gen.virt.is_running(rec.domain):
+        records = self.registry.all()
+        dead = self.liveness.dead() if self.liveness is not None else set()
+        for rec in records:
+            if rec.state in RUNNING_STATES and (problem := self._problem(rec, dead)):
                 try:
                     with self.registry.locked(rec.id, wait=False) as live:
-                        if live.state in RUNNING_STATES and not self.gen.virt.is_running(live.domain):
-                            self.registry.fail(live, "the replica's QEMU process is gone")
+                        if live.state in RUNNING_STATES and live.domain == rec.domain and self._problem(live, dead):
+                            self.registry.fail(live, problem)
                             due.append(live.id)
                 except (ReplicaNotFoundError, ReplicaBusyError):
                     continue  # retired meanwhile, or an operation on it is under way (it will see the failure)
@@ -141,7 +154,19 @@ class Lifecycle:
                 retrying = (rec.error or "").startswith("recovery failed")
                 if not retrying or time.time() - rec.updated_at >= RECOVERY_RETRY_SECONDS:
                     due.append(rec.id)
+        if self.liveness is not None:
+            self.liveness.probe([r.domain for r in records if r.state in RUNNING_STATES])
         return due
+
+    def _problem(self, rec: ReplicaRecord, dead: set[str]) -> str | None:
+        """Why a running replica is not usable any more, or None."""
+        if not self.gen.virt.is_running(rec.domain):
+            return "the replica's QEMU process is gone"
+        if rec.disk and not Path(rec.disk).exists():
+            return f"its overlay {rec.disk} was deleted"
+        if rec.domain in dead:
+            return "its guest agent stopped answering (QEMU frozen or guest hung)"
+        return None
 
     def recover(self, replica_id: str) -> Timed:
         """Rebuild a failed replica: new overlay, new domain, same identity; its lease ends."""
@@ -150,6 +175,10 @@ class Lifecycle:
                 raise ReplicaBusyError(f"replica {replica_id} is {rec.state}, not failed")
             start = time.monotonic()
             rec.move(State.RECOVERING, error=rec.error)
+            if rec.lease is not None:
+                self.on_lease_lost(
+                    rec.lease.id, f"lease {rec.lease.id} ended: replica {replica_id} failed ({rec.error}); lease again"
+                )
             rec.lease = None
             mode = rec.mode
             try:

@@ -28,11 +28,13 @@ from osfleet.replicas.errors import (
     LeaseError,
     NoReplicaAvailableError,
     ReplicaBusyError,
+    ReplicaFailedError,
     ReplicaNotFoundError,
 )
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.leases import DEFAULT_LEASE_SECONDS, LeaseBook
 from osfleet.replicas.lifecycle import Lifecycle, Timed
+from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
@@ -97,7 +99,14 @@ class ReplicaHost:
         self.generations = Generations(
             self.virt, image, self.accel, self.shape, self.settings, self.say, memory=memory, spares=spares
         )
-        self.lifecycle = Lifecycle(self.registry, self.generations, mode)
+        self.liveness = Liveness(self.virt)
+        self.lifecycle = Lifecycle(
+            self.registry,
+            self.generations,
+            mode,
+            self.liveness,
+            on_lease_lost=lambda lid, why: self.leases.note_lost(lid, why),
+        )
         self.leases = LeaseBook(self.registry, lambda rec, then: self.lifecycle.reset_locked(rec, then=then))
         self.monitor = Monitor(
             detect=self.lifecycle.detect,
@@ -116,6 +125,7 @@ class ReplicaHost:
             self.stop_background,
             lambda: self._provisioner.shutdown(wait=True, cancel_futures=True),
             self.generations.close,
+            self.liveness.close,
             self.virt.close,
         ]
         for step in steps:
@@ -234,6 +244,8 @@ class ReplicaHost:
     # --- observe and act -----------------------------------------------------------------------------------
     def _running(self, replica_id: str) -> ReplicaRecord:
         rec = self.get(replica_id)
+        if rec.state in (State.FAILED, State.RECOVERING):
+            raise ReplicaFailedError(f"replica {replica_id} failed ({rec.error}); it is being rebuilt")
         if rec.state not in RUNNING_STATES:
             raise ReplicaBusyError(f"replica {replica_id} is {rec.state}")
         return rec
