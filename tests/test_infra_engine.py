@@ -1,0 +1,32 @@
+"""The Pulumi engine built on this machine: one pinned version everywhere, and set-up skips a built engine."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+from pathlib import Path
+
+from osfleet.lab.engine import engine_root, engine_version
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_go_module_and_python_sdk_pin_the_same_version() -> None:
+    gomod = (REPO / "infra/tools/go.mod").read_text()
+    pins = set(re.findall(r"github.com/pulumi/pulumi/(?:pkg|sdk)/v3 v(\d+\.\d+\.\d+)", gomod))
+    extra = re.search(r'^infra = \["pulumi==([\d.]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert extra is not None
+    assert pins == {extra.group(1)} == {importlib.metadata.version("pulumi")}
+    # The fork pkg/v3 replaces, repeated; its ../sdk replace is the plain sdk/v3 requirement above.
+    assert "replace github.com/atotto/clipboard => github.com/tgummerer/clipboard" in gomod
+
+
+def test_built_engine_reports_the_pinned_version_and_a_second_build_is_skipped() -> None:
+    assert engine_version() == f"pulumi v{importlib.metadata.version('pulumi')}"
+    assert engine_root().is_relative_to(REPO) is False  # outside the checkout: a fresh clone reuses it
+    done = subprocess.run([str(REPO / "scripts/build-pulumi")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "already built" in done.stdout and "(skipped)" in done.stdout
+    shim = engine_root() / "bin" / "pulumi-resource-pulumi-python"
+    assert "-m pulumi.dynamic" in shim.read_text()
