@@ -326,6 +326,47 @@ def bench_density(
             )
 
 
+@bench.command("chaos")
+@click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 8), help="host agents on loopback")
+@click.option("--warm", default=2, show_default=True, type=click.IntRange(1, 64), help="ready replicas per host")
+@click.option("--users", default=4, show_default=True, type=click.IntRange(1, 256), help="Locust agents")
+@click.option("--duration", default=300, show_default=True, type=click.IntRange(30, 86400), help="seconds of load")
+@click.option("--every", default=25.0, show_default=True, type=click.FloatRange(5, 3600), help="seconds between faults")
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="default: runs/<timestamp>-chaos")
+@click.option("--json", "as_json", is_flag=True, help="print the audit as JSON")
+@_friendly
+def bench_chaos(
+    hosts: int,
+    warm: int,
+    users: int,
+    duration: int,
+    every: float,
+    image_ref: str | None,
+    run_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Locust trajectories through a fleet gateway while faults are injected (kill and freeze QEMU, delete an
+    overlay, kill a host agent, fill a host's store), then an audit: lost or duplicated steps, aborts no
+    fault explains, unrecovered faults, leaks."""
+    import time as _time
+
+    from osfleet.bench import chaos as chaos_bench
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-chaos")
+    image = find_image(image_ref, settings)
+    result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, duration, every, say=say)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for key in chaos_bench.SUMMARY_KEYS:
+        click.echo(f"{key:>20}: {result.get(key)}")
+    click.echo(f"audit in {run_dir / 'chaos.json'}")
+
+
 # --- replicas ----------------------------------------------------------------------------------------------
 @cli.group()
 def replicas() -> None:

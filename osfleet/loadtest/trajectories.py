@@ -102,7 +102,14 @@ class Agent(HttpUser):
                 return
             rid, lid = r.json()["replica_id"], r.json()["lease_id"]
         task_id = self.rng.choice(self.task_ids)
-        record: dict[str, Any] = {"task": task_id, "policy": opts.policy, "replica": rid, "t_start": time.time()}
+        record: dict[str, Any] = {
+            "task": task_id,
+            "policy": opts.policy,
+            "replica": rid,
+            "lease": lid,
+            "t_start": time.time(),
+            "acked": [],  # action ids of the steps the server acknowledged (audited by bench chaos)
+        }
         steps = 0
         try:
             self._post(f"/v1/replicas/{rid}/reset", {"lease_id": lid, "task_id": task_id, "observe": False}, "reset")
@@ -119,6 +126,7 @@ class Agent(HttpUser):
                     {"lease_id": lid, "action_id": f"{steps}", "actions": actions, "observe": True},
                     "step",
                 )
+                record["acked"].append(f"{steps}")
                 steps += 1
             ev = self._post(f"/v1/replicas/{rid}/evaluate", {"lease_id": lid}, "evaluate")
             record.update(status="scored", reward=ev["reward"], success=ev["success"])

@@ -1,0 +1,445 @@
+"""``osfleet bench chaos``: Locust trajectories through the fleet gateway while faults are injected, then an
+audit of what the faults cost.
+
+The fleet is made here: N host agents on loopback, each with its own OSFLEET_HOME on a small tmpfs (so a
+filled store is really full without touching the machine's disk), its own replica-name prefix, and a
+restart loop (a killed agent comes back, as under its service manager); a fleet gateway in front. Faults
+come from ``osfleet.chaos`` (kill QEMU, freeze QEMU, delete an overlay, kill a host agent, fill a host's
+store). Afterwards:
+
+- every step the gateway acknowledged to a client must be in its host's audit log exactly once
+  (``lost_actions``, ``duplicated_actions``);
+- every aborted episode must have a fault behind it: one that hit its replica, or its host for host-wide
+  faults, while the episode ran (``collateral_aborts`` counts those without);
+- every fault's target must serve again (``recovered_after_s``; ``unrecovered_faults`` otherwise);
+- after teardown nothing of the bench may remain (``leaks``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osfleet.bench.load import _get, free_port, run_locust
+from osfleet.chaos import faults as F
+from osfleet.chaos.hosts import ChaosHost
+from osfleet.chaos.runner import ChaosPlan, ChaosRunner
+from osfleet.config import Settings
+from osfleet.errors import OsfleetError
+from osfleet.images import GoldenImage
+from osfleet.virt import Virt
+
+Say = Callable[[str], None]
+KINDS = ("kill_qemu", "freeze_qemu", "delete_overlay", "kill_host_agent", "fill_image_store")
+HOST_KINDS = {"kill_host_agent", "fill_image_store", "cut_link", "delay_link"}
+LAYER = {
+    "kill_qemu": "rebuild",
+    "freeze_qemu": "rebuild",
+    "delete_overlay": "rebuild",
+    "fill_image_store": "rebuild",
+    "kill_host_agent": "drain",
+    "cut_link": "drain",
+    "delay_link": "retry",
+}
+HOME_TMPFS = "3g"
+SUMMARY_KEYS = (
+    "fault_kinds",
+    "scored_episodes",
+    "aborted_episodes",
+    "collateral_aborts",
+    "lost_actions",
+    "duplicated_actions",
+    "unrecovered_faults",
+    "leaks",
+)
+SAMPLE_SECONDS = 2.0
+RECOVERY_GRACE_SECONDS = 120.0  # a fault "touches" an episode from its injection until this long after it heals
+AGENT_START_SECONDS = 600.0
+
+
+@dataclass
+class BenchHost:
+    """A host agent on loopback with a home of its own, restarted whenever it exits."""
+
+    name: str
+    index: int
+    root: Path
+    image: GoldenImage
+    warm: int
+    port: int = field(default_factory=free_port)
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def prefix(self) -> str:
+        return f"osfleet-ch{self.index + 1}-"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "OSFLEET_HOME": str(self.home), "OSFLEET_NAME_PREFIX": self.prefix}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def chaos(self) -> ChaosHost:
+        return ChaosHost(name=self.name, home=self.home)
+
+    def prepare(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={HOME_TMPFS},mode=0755", f"osfleet-{self.name}", str(self.home)],
+            check=True,
+            capture_output=True,
+        )
+        (self.root / "token").write_text(self.token + "\n")
+        (self.root / "token").chmod(0o600)
+
+    def start(self) -> None:
+        self._spawn()
+        self._thread = threading.Thread(target=self._supervise, name=f"supervise-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        cmd = [sys.executable, "-m", "osfleet", "host", "serve", "--port", str(self.port), "--warm", str(self.warm)]
+        cmd += ["--image", str(self.image.disk), "--token-file", str(self.root / "token")]
+        with open(self.root / "agent.log", "a") as log:
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(1.0):
+            if self.proc is not None and self.proc.poll() is not None:
+                self._stopping.wait(2.0)  # as a service manager would, after a short pause
+                if not self._stopping.is_set():
+                    self.restarts += 1
+                    self._spawn()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def teardown(self) -> None:
+        """Its replicas, saved states and home; the tmpfs is unmounted."""
+        subprocess.run(
+            [sys.executable, "-m", "osfleet", "replicas", "down", "--all", "--states", "--force"],
+            env=self.env,
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+        subprocess.run(["umount", str(self.home)], capture_output=True, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Gateway:
+    def __init__(self, hosts: list[BenchHost], run_dir: Path) -> None:
+        self.port = free_port()
+        self.token = secrets.token_urlsafe(24)
+        spec = [{"name": h.name, "url": h.url, "token": h.token} for h in hosts]
+        (run_dir / "hosts.json").write_text(json.dumps(spec))
+        (run_dir / "hosts.json").chmod(0o600)
+        (run_dir / "gateway-token").write_text(self.token)
+        cmd = [sys.executable, "-m", "osfleet", "fleet", "serve", "--port", str(self.port)]
+        cmd += ["--hosts-file", str(run_dir / "hosts.json"), "--token-file", str(run_dir / "gateway-token")]
+        self.log = open(run_dir / "gateway.log", "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Sampler:
+    """The fleet as the gateway sees it, every ``SAMPLE_SECONDS``: host health and replicas by state."""
+
+    def __init__(self, gateway: Gateway, out: Path) -> None:
+        self.gateway = gateway
+        self.out = out
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chaos-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def now(self) -> dict[str, Any]:
+        sample: dict[str, Any] = {"time": time.time(), "hosts": {}, "replicas": []}
+        try:
+            _, health = _get(f"{self.gateway.url}/health", timeout=5)
+            sample["hosts"] = {n: h["healthy"] for n, h in (health or {}).get("hosts", {}).items()}
+            status, reps = _get(f"{self.gateway.url}/v1/replicas", headers=self.gateway.headers, timeout=10)
+            if status == 200:
+                sample["replicas"] = [{"id": r["id"], "state": r["state"], "generation": r["generation"]} for r in reps]
+        except (OSError, ValueError):
+            sample["error"] = "gateway did not answer"
+        return sample
+
+    def _loop(self) -> None:
+        with open(self.out, "a") as f:
+            while not self._stop.wait(SAMPLE_SECONDS):
+                s = self.now()
+                self.samples.append(s)
+                f.write(json.dumps(s) + "\n")
+                f.flush()
+
+
+# --- the audit ------------------------------------------------------------------------------------------------
+def _episodes(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(run_dir.glob("trajectories-*.jsonl")):
+        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def _audit_entries(hosts: list[BenchHost]) -> Counter[tuple[str, str, str]]:
+    """(fleet replica id, lease, action id) -> times applied, from every host's audit log."""
+    seen: Counter[tuple[str, str, str]] = Counter()
+    for h in hosts:
+        for path in (h.home / "audit").glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    e = json.loads(line)
+                    seen[(f"{h.name}.{e['replica']}", f"{h.name}.{e['lease']}", str(e["action_id"]))] += 1
+    return seen
+
+
+def _touched(episode: dict[str, Any], faults: list[F.Fault]) -> bool:
+    host, _, replica = str(episode.get("replica", "")).partition(".")
+    start, end = float(episode["t_start"]), float(episode["t_end"])
+    for f in faults:
+        hit = f.host == host and (f.kind in HOST_KINDS or f.replica == replica)
+        until = (f.healed_at or f.injected_at) + RECOVERY_GRACE_SECONDS
+        if hit and f.injected_at <= end and until >= start:
+            return True
+    return False
+
+
+def _recovered_at(fault: F.Fault, samples: list[dict[str, Any]]) -> float | None:
+    """When the fault's target served again: its host healthy and, for a replica fault, the replica ready or
+    leased in a later generation (it was rebuilt); for a host fault, no replica of the host failed."""
+    after = max(fault.injected_at, fault.healed_at or 0.0)
+    rid = f"{fault.host}.{fault.replica}" if fault.replica else None
+    gen_before = None
+    for s in samples:
+        reps = {r["id"]: r for r in s["replicas"]}
+        if rid and s["time"] <= fault.injected_at and rid in reps:
+            gen_before = reps[rid]["generation"]
+    for s in samples:
+        if s["time"] < after or not s["hosts"].get(fault.host):
+            continue
+        reps = {r["id"]: r for r in s["replicas"]}
+        if rid:
+            r = reps.get(rid)
+            if r and r["state"] in ("ready", "leased") and (gen_before is None or r["generation"] > gen_before):
+                return float(s["time"])
+        else:
+            mine = [r for r in s["replicas"] if r["id"].startswith(f"{fault.host}.")]
+            if mine and not any(r["state"] in ("failed", "recovering") for r in mine):
+                return float(s["time"])
+    return None
+
+
+def _leaks(hosts: list[BenchHost], settings: Settings) -> dict[str, int]:
+    prefixes = tuple(h.prefix for h in hosts)
+    with Virt(settings.libvirt_uri) as virt:
+        domains = [n for p in prefixes for n in virt.names(p)]
+    qemu = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"qemu-system" in cmdline and any(p.encode() in cmdline for p in prefixes):
+                qemu += 1
+    files = sum(1 for h in hosts if h.root.exists())
+    mounts = sum(1 for h in hosts if str(h.home) in Path("/proc/mounts").read_text())
+    agents = sum(1 for h in hosts if h.proc is not None and h.proc.poll() is None)
+    return {"domains": len(domains), "qemu_processes": qemu, "homes": files, "mounts": mounts, "agents": agents}
+
+
+def run(
+    image: GoldenImage,
+    settings: Settings,
+    run_dir: Path,
+    hosts: int = 2,
+    warm: int = 2,
+    users: int = 4,
+    duration_s: int = 300,
+    every_s: float = 25.0,
+    kinds: tuple[str, ...] = KINDS,
+    say: Say = print,
+) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    bench_root = settings.scratch_dir / f"chaos-{run_dir.name}"
+    fleet = [BenchHost(f"h{i + 1}", i, bench_root / f"h{i + 1}", image, warm) for i in range(hosts)]
+    gateway: Gateway | None = None
+    sampler: Sampler | None = None
+    runner: ChaosRunner | None = None
+    stop_chaos = threading.Event()
+    result: dict[str, Any] = {"hosts": hosts, "users": users, "duration_s": duration_s}
+    try:
+        say(f"[1/5] {hosts} host agents on loopback (own tmpfs home, prefix and restart loop), {warm} warm each")
+        for h in fleet:
+            h.prepare()
+            h.start()
+        _wait(lambda: all(_ready(h) >= warm for h in fleet), AGENT_START_SECONDS, "the hosts' warm pools", say)
+        say("[2/5] fleet gateway in front of them")
+        gateway = Gateway(fleet, run_dir)
+        gw = gateway
+        _wait(lambda: _get(f"{gw.url}/health", timeout=2)[0] == 200, 60, "the gateway", say)
+        sampler = Sampler(gateway, run_dir / "fleet-samples.jsonl")
+        sampler.start()
+        plan = ChaosPlan.spread([h.chaos for h in fleet], kinds=kinds, start_s=30.0, every_s=every_s, seconds=15.0)
+        runner = ChaosRunner(plan, [h.chaos for h in fleet], say=say, run_dir=run_dir)
+        chaos_thread = threading.Thread(target=runner.run_until, args=(stop_chaos,), name="chaos", daemon=True)
+        say(f"[3/5] Locust: {users} agents through the gateway for {duration_s} s; {len(plan.faults)} faults planned")
+        started = time.time()
+        chaos_thread.start()
+        run_locust(
+            "trajectories",
+            gateway.url,
+            gateway.token,
+            run_dir,
+            users=users,
+            run_time=f"{duration_s}s",
+            extra=["--policy", "oracle"],
+        )
+        stop_chaos.set()
+        chaos_thread.join(120)
+        say("[4/5] waiting for every fault's target to serve again, then auditing")
+        ran, seen = runner, sampler
+        _wait(lambda: _all_recovered(ran.faults, seen.samples), RECOVERY_GRACE_SECONDS, "recovery", say, fail=False)
+        sampler.stop()
+        result.update(_audit(run_dir, fleet, runner, sampler.samples, started))
+    finally:
+        stop_chaos.set()
+        say("[5/5] teardown")
+        if sampler is not None:
+            sampler.stop()
+        if gateway is not None:
+            gateway.stop()
+        for h in fleet:
+            h.stop()
+        for h in fleet:
+            h.teardown()
+        if bench_root.exists():
+            shutil.rmtree(bench_root, ignore_errors=True)
+    result["leaks"] = _leaks(fleet, settings)
+    (run_dir / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _audit(
+    run_dir: Path, fleet: list[BenchHost], runner: ChaosRunner, samples: list[dict[str, Any]], started: float
+) -> dict[str, Any]:
+    episodes = _episodes(run_dir)
+    faults = list(runner.faults)
+    applied = _audit_entries(fleet)
+    acked = [(e["replica"], e["lease"], str(a)) for e in episodes for a in e.get("acked", [])]
+    fault_rows = []
+    for f in faults:
+        back = _recovered_at(f, samples)
+        fault_rows.append(
+            {
+                "kind": f.kind,
+                "target": f.target,
+                "mechanism": f.mechanism,
+                "injected_at": round(f.injected_at - started, 1),
+                "healed_at": round(f.healed_at - started, 1) if f.healed_at else None,
+                "recovered_after_s": round(back - f.injected_at, 1) if back else None,
+                "layer": LAYER.get(f.kind, "rebuild"),
+            }
+        )
+    aborted = [e for e in episodes if e.get("status") == "aborted"]
+    return {
+        "fault_kinds": len({f.kind for f in faults}),
+        "faults": fault_rows,
+        "faults_refused": [x.to_json() for x in runner.failures],
+        "unrecovered_faults": sum(1 for r in fault_rows if r["recovered_after_s"] is None),
+        "episodes": len(episodes),
+        "scored_episodes": sum(1 for e in episodes if e.get("status") == "scored"),
+        "aborted_episodes": len(aborted),
+        "error_episodes": sum(1 for e in episodes if e.get("status") == "error"),
+        "collateral_aborts": sum(1 for e in aborted if not _touched(e, faults)),
+        "acknowledged_steps": len(acked),
+        "lost_actions": sum(1 for a in acked if applied[a] == 0),
+        "duplicated_actions": sum(1 for n in applied.values() if n > 1),
+        "agent_restarts": {h.name: h.restarts for h in fleet},
+        "recovery_layers": Counter(r["layer"] for r in fault_rows),
+    }
+
+
+def _ready(host: BenchHost) -> int:
+    try:
+        status, reps = _get(f"{host.url}/v1/replicas", headers={"Authorization": f"Bearer {host.token}"}, timeout=5)
+    except (OSError, ValueError):
+        return 0
+    return sum(r["state"] == "ready" for r in reps) if status == 200 else 0
+
+
+def _all_recovered(faults: list[F.Fault], samples: list[dict[str, Any]]) -> bool:
+    return all(_recovered_at(f, samples) is not None for f in faults)
+
+
+def _wait(check: Callable[[], bool], timeout: float, what: str, say: Say, fail: bool = True) -> None:
+    deadline = time.monotonic() + timeout
+    last = 0.0
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() - last > 30:
+            say(f"      ... waiting for {what}")
+            last = time.monotonic()
+        time.sleep(1.0)
+    if fail:
+        raise OsfleetError(f"timed out after {timeout:.0f} s waiting for {what}")
