@@ -176,3 +176,55 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
         )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == []
+
+
+def test_onprem_stack_prepares_a_host_given_as_user_at_host(lab: LabState, tmp_path: Path) -> None:
+    """The onprem code path (user@host list, SSH key, home, prefix) against one lab host, up and destroy."""
+    from pulumi import automation as auto
+
+    h = lab.hosts[0]
+    st = stack("test-onprem", work_dir=tmp_path)
+    try:
+        for key, value in {
+            "platform": "onprem",
+            "hosts": json.dumps([f"root@{h.addr}:22"]),
+            "sshKey": lab.key,
+            "home": h.home,
+            "namePrefix": h.name_prefix,
+            "osfleetBin": OSFLEET,
+            "tuneKernel": "false",  # the lab host shares this machine's kernel
+            "warm": "0",
+        }.items():
+            st.set_config(f"osfleet:{key}", auto.ConfigValue(value))
+        st.set_config("osfleet:agentToken", auto.ConfigValue("t0k3n", secret=True))
+        up = call(st.up)
+        assert up.outputs["hosts"].value == {"host1": h.addr}
+        assert _get(f"{up.outputs['agentUrls'].value['host1']}/health")["status"] == "ok"
+        assert (Path(h.home) / "images" / f"{up.outputs['goldenImage'].value}.qcow2").exists()
+        call(st.destroy)
+        assert not (Path(h.home) / "agent").exists()
+        assert not list((Path(h.home) / "images").glob("golden-*"))
+    finally:
+        call(st.destroy)
+        call(st.workspace.remove_stack, "test-onprem")
+        purge_stack_files("test-onprem")
+
+
+def test_onprem_needs_hosts(lab: LabState, tmp_path: Path) -> None:
+    from pulumi import automation as auto
+
+    st = stack("test-onprem", work_dir=tmp_path)
+    try:
+        st.set_config("osfleet:platform", auto.ConfigValue("onprem"))
+        st.set_config("osfleet:agentToken", auto.ConfigValue("t0k3n", secret=True))
+        with pytest.raises(EngineError) as err:
+            call(st.preview)
+        assert str(err.value) == "osfleet:hosts: zero hosts; give a list of user@host[:port]"
+        st.set_config("osfleet:hosts", auto.ConfigValue('["root@10.233.255.254:22"]'))
+        st.set_config("osfleet:sshKey", auto.ConfigValue(lab.key))
+        with pytest.raises(EngineError) as err:
+            call(st.preview)
+        assert str(err.value).startswith("osfleet:hosts: host 10.233.255.254:22 is unreachable")
+    finally:
+        call(st.workspace.remove_stack, "test-onprem")
+        purge_stack_files("test-onprem")

@@ -144,12 +144,19 @@ def parse_target(key: str, spec: str) -> tuple[str, str, int]:
 
 
 def require_reachable(key: str, addr: str, port: int, timeout: float = 5.0) -> None:
-    """Fail the preview when a host's SSH port does not answer (rather than midway through an update)."""
+    """Fail the preview when a host's SSH server does not answer (rather than midway through an update).
+
+    A TCP connect alone is not proof (proxies and NAT accept connections for hosts that are not there), so
+    the server must also greet with its SSH banner.
+    """
     try:
-        with socket.create_connection((addr, port), timeout=timeout):
-            return
+        with socket.create_connection((addr, port), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            banner = conn.recv(256)
     except OSError as exc:
         raise ConfigError(key, f"host {addr}:{port} is unreachable ({exc.strerror or exc})") from None
+    if not banner.startswith(b"SSH-"):
+        raise ConfigError(key, f"host {addr}:{port} is unreachable (no SSH server answers there)")
 
 
 def list_value(cfg: pulumi.Config, key: str) -> list[Any] | None:
