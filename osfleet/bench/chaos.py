@@ -35,7 +35,7 @@ from typing import Any
 from osfleet.bench.load import _get, free_port, run_locust
 from osfleet.chaos import faults as F
 from osfleet.chaos.hosts import ChaosHost
-from osfleet.chaos.runner import ChaosPlan, ChaosRunner
+from osfleet.chaos.runner import ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
@@ -65,6 +65,7 @@ SUMMARY_KEYS = (
     "leaks",
 )
 SAMPLE_SECONDS = 2.0
+FREEZE_SECONDS = 60.0  # longer than liveness needs to call the guest dead (3 pings, 10 s apart, 5 s timeout)
 RECOVERY_GRACE_SECONDS = 120.0  # a fault "touches" an episode from its injection until this long after it heals
 AGENT_START_SECONDS = 600.0
 
@@ -276,8 +277,9 @@ def _recovered_at(fault: F.Fault, samples: list[dict[str, Any]]) -> float | None
         reps = {r["id"]: r for r in s["replicas"]}
         if rid:
             r = reps.get(rid)
-            if r and r["state"] in ("ready", "leased") and (gen_before is None or r["generation"] > gen_before):
-                return float(s["time"])
+            rebuilt = gen_before is None or r is not None and r["generation"] > gen_before
+            if r and r["state"] in ("ready", "leased") and (rebuilt or fault.healed_at):
+                return float(s["time"])  # a healed freeze may resume in place; anything else is rebuilt
         else:
             mine = [r for r in s["replicas"] if r["id"].startswith(f"{fault.host}.")]
             if mine and not any(r["state"] in ("failed", "recovering") for r in mine):
@@ -336,7 +338,7 @@ def run(
         _wait(lambda: _get(f"{gw.url}/health", timeout=2)[0] == 200, 60, "the gateway", say)
         sampler = Sampler(gateway, run_dir / "fleet-samples.jsonl")
         sampler.start()
-        plan = ChaosPlan.spread([h.chaos for h in fleet], kinds=kinds, start_s=30.0, every_s=every_s, seconds=15.0)
+        plan = _plan(fleet, kinds, every_s)
         runner = ChaosRunner(plan, [h.chaos for h in fleet], say=say, run_dir=run_dir)
         chaos_thread = threading.Thread(target=runner.run_until, args=(stop_chaos,), name="chaos", daemon=True)
         say(f"[3/5] Locust: {users} agents through the gateway for {duration_s} s; {len(plan.faults)} faults planned")
@@ -414,6 +416,22 @@ def _audit(
         "agent_restarts": {h.name: h.restarts for h in fleet},
         "recovery_layers": Counter(r["layer"] for r in fault_rows),
     }
+
+
+def _plan(fleet: list[BenchHost], kinds: tuple[str, ...], every_s: float) -> ChaosPlan:
+    """One fault of each kind, ``every_s`` apart, round-robin over the hosts, on leased replicas. A frozen QEMU
+    stays frozen long enough to be noticed (three missed pings); a full store is freed after 20 s."""
+    specs = [
+        FaultSpec(
+            at=30.0 + i * every_s,
+            kind=kind,  # type: ignore[arg-type]  # checked by pydantic
+            host=fleet[i % len(fleet)].name,
+            replica="leased",
+            seconds=FREEZE_SECONDS if kind == "freeze_qemu" else 20.0,
+        )
+        for i, kind in enumerate(kinds)
+    ]
+    return ChaosPlan(faults=specs)
 
 
 def _ready(host: BenchHost) -> int:
