@@ -35,7 +35,7 @@ from osfleet.replicas import guest_clock, saved_state
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
-from osfleet.virt import Virt
+from osfleet.virt import Virt, VirtError
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,12 @@ class Generations:
                 self.virt.qmp(domain, "screendump", {"filename": str(path)})
                 with Image.open(path) as img:
                     shot = img.convert("RGB")
+            except (VirtError, OSError) as exc:  # e.g. QEMU cannot write there: libvirt's stream still works
+                if not self.virt.is_running(domain):
+                    raise
+                log.info("screendump of %s into %s failed (%s); using libvirt's screenshot", domain, shots, exc)
+                self._screens_ok = False
+                shot = self.virt.screenshot(domain)
             finally:
                 path.unlink(missing_ok=True)
         if shot.size != self.image.screen:
