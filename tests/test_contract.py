@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import schemathesis
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from osfleet.api.app import create_app
@@ -36,9 +36,7 @@ def test_every_schema_valid_osgym_task_config_is_run(case: Any) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=_strategy("/v1/replicas/{rid}/reset", "POST"))
-def test_every_schema_valid_inline_osworld_task_is_run(case: Any) -> None:
-    # osfleet's own format is left out: its `regex` must compile in Python, which JSON Schema cannot say
-    assume(isinstance(case.body.get("task"), dict) and "evaluator" in case.body["task"])
+def test_every_schema_valid_inline_task_is_run(case: Any) -> None:
     req = ResetRequest.model_validate(case.body)
-    assert isinstance(req.task, OsworldTask)
-    from_osworld(req.task)
+    if isinstance(req.task, OsworldTask):
+        from_osworld(req.task)
