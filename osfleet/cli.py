@@ -367,6 +367,48 @@ def bench_chaos(
     click.echo(f"audit in {run_dir / 'chaos.json'}")
 
 
+@bench.command("soak")
+@click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 8), help="host agents on loopback")
+@click.option("--warm", default=2, show_default=True, type=click.IntRange(1, 64), help="ready replicas per host")
+@click.option("--users", default=4, show_default=True, type=click.IntRange(1, 256), help="Locust agents")
+@click.option("--duration", default="30m", show_default=True, help="how long: 90s, 30m, 2h")
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="default: runs/<timestamp>-soak")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@_friendly
+def bench_soak(
+    hosts: int, warm: int, users: int, duration: str, image_ref: str | None, run_dir: Path | None, as_json: bool
+) -> None:
+    """The chaos bench's fleet and load with no faults: unscored episodes (aborts and errors) must stay rare."""
+    import time as _time
+
+    from osfleet.bench import chaos as chaos_bench
+    from osfleet.images import find_image
+
+    seconds = _seconds(duration)
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-soak")
+    image = find_image(image_ref, settings)
+    result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, seconds, kinds=(), say=say)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for key in ("episodes", "scored_episodes", "aborted_episodes", "error_episodes", "abort_rate", "leaks"):
+        click.echo(f"{key:>20}: {result.get(key)}")
+
+
+def _seconds(text: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        value = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except (ValueError, IndexError):
+        raise OsfleetError(f"duration {text!r}: expected seconds, or a number with s, m or h (90s, 30m)") from None
+    if value < 30:
+        raise OsfleetError(f"duration {text!r}: at least 30 s")
+    return value
+
+
 # --- replicas ----------------------------------------------------------------------------------------------
 @cli.group()
 def replicas() -> None:

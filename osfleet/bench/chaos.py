@@ -338,7 +338,7 @@ def run(
         _wait(lambda: _get(f"{gw.url}/health", timeout=2)[0] == 200, 60, "the gateway", say)
         sampler = Sampler(gateway, run_dir / "fleet-samples.jsonl")
         sampler.start()
-        plan = _plan(fleet, kinds, every_s)
+        plan = _plan(fleet, kinds, every_s) if kinds else ChaosPlan(faults=[])
         runner = ChaosRunner(plan, [h.chaos for h in fleet], say=say, run_dir=run_dir)
         chaos_thread = threading.Thread(target=runner.run_until, args=(stop_chaos,), name="chaos", daemon=True)
         say(f"[3/5] Locust: {users} agents through the gateway for {duration_s} s; {len(plan.faults)} faults planned")
@@ -400,7 +400,9 @@ def _audit(
             }
         )
     aborted = [e for e in episodes if e.get("status") == "aborted"]
+    unscored = len(episodes) - sum(1 for e in episodes if e.get("status") == "scored")
     return {
+        "abort_rate": round(unscored / len(episodes), 4) if episodes else None,
         "fault_kinds": len({f.kind for f in faults}),
         "faults": fault_rows,
         "faults_refused": [x.to_json() for x in runner.failures],
