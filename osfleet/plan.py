@@ -24,12 +24,15 @@ import click
 from osfleet.cost import PRICES, PRICES_NAME, Footprint, HostType, load_prices, replicas_per_host
 from osfleet.errors import ConfigError, OsfleetError
 
-# Measured here (2 cores, 24 GiB, QEMU TCG, snapshot replicas on template memory): ~300 MiB of host RAM per
-# running replica (PSS, shared template pages counted once), an idle desktop's QEMU at ~DEFAULT_CPU_CORES of a
-# core, and its overlay's allocated bytes after a reset and a short episode.
+# Measured on the development machine (2 cores, 24 GiB, QEMU TCG, one snapshot replica on template memory,
+# 2026-11-30): its QEMU used 0.43 of a core while stepping (a click, typed text and a guest shell command,
+# then a screenshot, about once a second; 0.007 idle), 188 MiB RSS / 153 MiB PSS after a minute, and its
+# replica folder (this generation's overlay and the next one's) 1.1 MiB. RAM is planned at 300 MiB, the
+# figure measured with several replicas under load (the agent's own estimate is 350 MiB), since a guest's
+# memory grows with use.
 DEFAULT_MEMORY_BYTES = 300 * 2**20
-DEFAULT_CPU_CORES = 0.25
-DEFAULT_DISK_BYTES = 64 * 2**20
+DEFAULT_CPU_CORES = 0.43
+DEFAULT_DISK_BYTES = int(1.1 * 2**20)
 DEFAULTS_SOURCE = "defaults measured on the development machine (osfleet/plan.py)"
 MAX_REPLICAS = 10_000_000
 
@@ -207,10 +210,10 @@ def render(p: Plan) -> str:
     lines = [
         f"Capacity plan for {p.replicas} replicas",
         f"footprint per replica: {fp.cpu_cores:.2f} CPU cores, {fp.memory_bytes / 2**20:.0f} MiB RAM, "
-        f"{fp.disk_bytes / 2**20:.0f} MiB disk ({p.footprint_source})",
+        f"{fp.disk_bytes / 2**20:.1f} MiB disk ({p.footprint_source})",
         f"prices: {p.prices['file']} version {p.prices.get('version')}, read on {p.prices.get('read_on')}",
         "",
-        f"plan: {p.hosts} host(s), capacity {p.capacity}, ${p.usd_per_hour:.2f}/h, "
+        f"plan: {p.hosts} host(s), capacity {p.capacity}, ${p.usd_per_hour:.3f}/h, "
         f"${p.usd_per_replica_day:.4f} per replica-day",
     ]
     for m in p.mix:
