@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -139,3 +140,14 @@ def test_a_drag_that_fails_midway_still_lets_the_button_go() -> None:
         Input(qmp, "osfleet-x", (1280, 800)).drag(10, 10, 200, 200)  # type: ignore[arg-type]
     last = qmp.sent[-1]
     assert last == [{"type": "btn", "data": {"down": False, "button": "left"}}]
+
+
+def test_a_step_never_runs_past_its_budget() -> None:
+    from osfleet.replicas.actions import run_actions
+
+    acts = ACTIONS.validate_python([{"type": "wait", "seconds": 0.3}, {"type": "wait", "seconds": 5}, {"type": "wait"}])
+    start = time.monotonic()
+    results = run_actions(None, "osfleet-x", (1280, 800), acts, budget=0.5)  # type: ignore[arg-type]
+    took = time.monotonic() - start
+    assert 0.45 <= took < 1.0  # the second wait was cut to what was left
+    assert [r.ok for r in results] == [True, True, False] and "budget" in (results[2].error or "")

@@ -21,6 +21,7 @@ from osfleet.wire import JsonInt
 MAX_READ_BYTES = 8 * 2**20
 GUEST_USER = "user"
 GUEST_TIMEOUT_SLACK_SECONDS = 5.0
+STEP_BUDGET_SECONDS = 90.0  # one step request never takes longer (see run_actions)
 KILLED_BY_TIMEOUT = 137  # 128 + SIGKILL, as coreutils timeout -s KILL reports it
 
 
@@ -160,19 +161,40 @@ def check_actions(actions: list[Action], size: tuple[int, int]) -> None:
                 qcode(k)
 
 
-def run_actions(virt: Virt, domain: str, size: tuple[int, int], actions: list[Action]) -> list[ActionResult]:
-    """Run a batch in order; every action gets a result, failed or not. Invalid batches raise first."""
+def run_actions(
+    virt: Virt, domain: str, size: tuple[int, int], actions: list[Action], budget: float = STEP_BUDGET_SECONDS
+) -> list[ActionResult]:
+    """Run a batch in order; every action gets a result, failed or not. Invalid batches raise first.
+
+    The whole batch gets ``budget`` seconds: waits and guest-command timeouts are cut to what is left, and
+    actions after it are not run (their result says so), so one request never holds a client for longer.
+    """
     check_actions(actions, size)
     pointer = Input(virt, domain, size)
     results = []
+    deadline = time.monotonic() + budget
     for action in actions:
         start = time.monotonic()
+        left = deadline - start
+        if left <= 0:
+            error = f"not run: the step's {budget:.0f} s budget was used up by the actions before it"
+            results.append(ActionResult(type=action.type, ok=False, seconds=0.0, error=error))
+            continue
         try:
-            extra = _run_one(virt, domain, pointer, action)
+            extra = _run_one(virt, domain, pointer, _within(action, left))
             results.append(ActionResult(type=action.type, ok=True, seconds=time.monotonic() - start, **extra))
         except OsfleetError as exc:
             results.append(ActionResult(type=action.type, ok=False, seconds=time.monotonic() - start, error=str(exc)))
     return results
+
+
+def _within(action: Action, left: float) -> Action:
+    """The action with its wait or guest-command timeout cut to ``left`` seconds."""
+    if isinstance(action, Wait) and action.seconds > left:
+        return action.model_copy(update={"seconds": left})
+    if isinstance(action, Shell | CliCommand) and action.timeout > left:
+        return action.model_copy(update={"timeout": max(left, 0.1)})
+    return action
 
 
 def _run_one(virt: Virt, domain: str, pointer: Input, action: Action) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from osfleet.tasks.model import (
 )
 
 CHECK_TIMEOUT_SECONDS = 30.0
+SETUP_BUDGET_SECONDS = 60.0  # all set-up steps of one reset together
+EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together
 
 
 class TaskSetupError(OsfleetError):
@@ -33,9 +35,17 @@ class VerifierError(OsfleetError):
 
 
 def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
+    """Run the task's set-up steps; all of them together get ``SETUP_BUDGET_SECONDS`` (sleeps and command
+    timeouts are cut to what is left), so a reset request has a bounded length whatever the task says."""
+    deadline = time.monotonic() + SETUP_BUDGET_SECONDS
     for i, step in enumerate(task.setup):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TaskSetupError(
+                f"task {task.id}: set-up did not finish within {SETUP_BUDGET_SECONDS:.0f} s (at step {i + 1})"
+            )
         if isinstance(step, Sleep):
-            time.sleep(step.seconds)
+            time.sleep(min(step.seconds, left))
             continue
         if isinstance(step, Launch):
             command = f"setsid -f sh -c {shlex.quote(step.command)} >/dev/null 2>&1 </dev/null"
@@ -43,6 +53,7 @@ def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
         else:
             assert isinstance(step, Run)
             command, as_root, timeout = step.command, step.as_root, step.timeout
+        timeout = min(timeout, max(left, 0.1))
         try:
             out = host.shell(rid, command, timeout, as_root)
         except OsfleetError as exc:
@@ -63,12 +74,20 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
 
 
 def evaluate(host: ReplicaHost, rid: str, task: Task) -> Evaluation:
+    """Check every criterion in the guest; together they get ``EVALUATE_BUDGET_SECONDS``."""
     results = []
+    deadline = time.monotonic() + EVALUATE_BUDGET_SECONDS
     for c in task.criteria:
         check = c.check
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise VerifierError(
+                f"task {task.id}: the verifier did not finish within {EVALUATE_BUDGET_SECONDS:.0f} s "
+                f"(criterion {c.name!r} not checked)"
+            )
         try:
             if isinstance(check, CommandOutput):
-                out = host.shell(rid, check.command, CHECK_TIMEOUT_SECONDS, check.as_root)
+                out = host.shell(rid, check.command, min(CHECK_TIMEOUT_SECONDS, left), check.as_root)
                 met = (check.exit_code is None or out["exit_code"] == check.exit_code) and (
                     check.match is None or check.match.check(out["stdout"])
                 )
