@@ -465,3 +465,12 @@ def test_hosts_resolve_to_this_machine_or_a_lab_host_from_the_lab_state(tmp_path
     assert (host.netns, host.link, host.home) == ("osfl-lab1", "osfl-lab1-n", root / "lab1" / "home")
     with pytest.raises(F.OsfleetError, match=r"^no host 'lab9' \(known: local, lab1;"):
         resolve("lab9", settings)
+
+
+def test_a_planned_fill_can_name_the_folder_whose_file_system_it_fills(small_store: ChaosHost) -> None:
+    sub = small_store.image_store / "replicas-fs"
+    sub.mkdir()
+    spec = FaultSpec(at=0, kind="fill_image_store", host="t1", dir=str(sub), floor_mib=8, seconds=0.1)
+    (fault,) = ChaosRunner(ChaosPlan(faults=[spec]), [small_store]).run_until(threading.Event())
+    assert Path(fault.details["path"]).parent == sub and fault.healed_at is not None
+    assert list(sub.iterdir()) == []

@@ -45,6 +45,7 @@ def chaos() -> None:
 @click.option("--floor-mib", type=int, default=F.DEFAULT_FLOOR_BYTES // 2**20, show_default=True,
               help="fill_image_store: MiB left free")  # fmt: skip
 @click.option("--max-mib", type=int, default=None, help="fill_image_store: at most this many MiB")
+@click.option("--dir", "directory", default=None, help="fill_image_store: this folder's file system, not the store")
 @click.option("--json", "as_json", is_flag=True, help="the fault record as JSON")
 @_friendly
 def inject_cmd(
@@ -56,6 +57,7 @@ def inject_cmd(
     delay_ms: int,
     floor_mib: int,
     max_mib: int | None,
+    directory: str | None,
     as_json: bool,
 ) -> None:
     """Inject one fault of KIND.
@@ -78,7 +80,7 @@ def inject_cmd(
     target = resolve(host)
     spec = FaultSpec(
         at=0, kind=kind, host=target.name, replica=replica or "any", seconds=seconds, delay_ms=delay_ms,  # type: ignore[arg-type]
-        floor_mib=floor_mib, max_mib=max_mib, pid=pid,
+        floor_mib=floor_mib, max_mib=max_mib, pid=pid, dir=directory,
     )  # fmt: skip
     store = active_faults()
     fault = inject(spec, target)

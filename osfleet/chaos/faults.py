@@ -339,8 +339,9 @@ def fill_image_store(
     max_bytes: int | None = None,
     directory: Path | None = None,
 ) -> Fault:
-    """Fill the filesystem of the host's image store (or its OSFLEET_HOME when it has no store yet) with one
-    filler file until ``floor_bytes`` stay free; ``heal`` removes the file.
+    """Fill the filesystem of the host's image store (or its OSFLEET_HOME when it has no store yet, or
+    ``directory``: e.g. its replicas folder when that is on another file system) with one filler file until
+    ``floor_bytes`` stay free; ``heal`` removes the file.
 
     Free space is what ``df`` calls available (``f_bavail``); root can still write into an ext4 file
     system's reserved blocks, so give a host a store it can really fill: a small loop file system

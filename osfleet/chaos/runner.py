@@ -48,6 +48,7 @@ class FaultSpec(BaseModel):
     delay_ms: int = Field(default=200, gt=0)  # delay_link
     floor_mib: int = Field(default=F.DEFAULT_FLOOR_BYTES // 2**20, ge=0)  # fill_image_store
     max_mib: int | None = Field(default=None, gt=0)  # fill_image_store: upper bound of the filler
+    dir: str | None = None  # fill_image_store: fill this folder's file system instead of the host's store
     pid: int | None = None  # kill_host_agent: this pid instead of the records' owner
 
 
@@ -127,7 +128,12 @@ def inject(
         return F.kill_host_agent(host, spec.pid)
     if kind == "fill_image_store":
         max_bytes = spec.max_mib * 2**20 if spec.max_mib else None
-        return F.fill_image_store(host, floor_bytes=spec.floor_mib * 2**20, max_bytes=max_bytes)
+        return F.fill_image_store(
+            host,
+            floor_bytes=spec.floor_mib * 2**20,
+            max_bytes=max_bytes,
+            directory=Path(spec.dir) if spec.dir else None,
+        )
     if kind == "cut_link":
         return F.cut_link(host)
     return F.delay_link(host, spec.delay_ms)
