@@ -153,12 +153,10 @@ def test_a_process_younger_than_the_records_is_not_taken_for_their_owner(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
     host = a_host(tmp_path)
-    add_replica(host, "r-1", owner_pid=0)
-    record = F.replica_record(host, "r-1")
     newcomer = sleeper(procs)  # as if the dead agent's pid had been reused
-    RecordStore(host.replicas_dir).save(
-        record.model_copy(update={"owner_pid": newcomer.pid, "updated_at": time.time() - 60, "created_at": 0})
-    )
+    add_replica(host, "r-1", owner_pid=newcomer.pid)
+    written = time.time() - 60  # the record was written a minute before the newcomer started
+    os.utime(host.replicas_dir / "r-1.json", (written, written))
     assert F.host_agent_pids(host) == []
     assert newcomer.poll() is None
 

@@ -291,16 +291,22 @@ def delete_overlay(host: ChaosHost, replica: str, pid_of: QemuPidOf = libvirt_qe
 # --- host faults -------------------------------------------------------------------------------------------
 def host_agent_pids(host: ChaosHost) -> list[int]:
     """Live processes that manage replicas on ``host`` (records' ``owner_pid``), started before they wrote
-    their records (so a pid reused by a newer process is never taken for the agent)."""
-    newest: dict[int, float] = {}
-    for r in replica_records(host):
-        if r.owner_pid > 0 and r.owner_pid != os.getpid():
-            newest[r.owner_pid] = max(newest.get(r.owner_pid, 0.0), r.updated_at, r.created_at)
+    those records (the record file's modification time), so a pid reused by a newer process is never taken
+    for the agent."""
+    last_write: dict[int, float] = {}
+    for path in sorted(host.replicas_dir.glob("*.json")) if host.replicas_dir.exists() else []:
+        try:
+            record = ReplicaRecord.model_validate(json.loads(path.read_text()))
+            written = path.stat().st_mtime
+        except (OSError, ValueError, ValidationError):
+            continue
+        if record.owner_pid > 0 and record.owner_pid != os.getpid():
+            last_write[record.owner_pid] = max(last_write.get(record.owner_pid, 0.0), written)
     pids = []
-    for pid, last_write in sorted(newest.items()):
+    for pid, written in sorted(last_write.items()):
         try:
             p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= last_write + 1.0:
+            if p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= written + 1.0:
                 pids.append(pid)
         except psutil.Error:
             continue
