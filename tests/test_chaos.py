@@ -472,3 +472,28 @@ def test_a_planned_fill_can_name_the_folder_whose_file_system_it_fills(small_sto
     (fault,) = ChaosRunner(ChaosPlan(faults=[spec]), [small_store]).run_until(threading.Event())
     assert Path(fault.details["path"]).parent == sub and fault.healed_at is not None
     assert list(sub.iterdir()) == []
+
+
+def test_cli_run_plays_a_plan_file(small_store: ChaosHost, procs: list[subprocess.Popen[bytes]]) -> None:
+    agent = sleeper(procs)
+    plan = small_store.home / "plan.yaml"
+    plan.write_text(
+        "faults:\n"
+        "  - {at: 0, kind: fill_image_store, host: local, floor_mib: 8, seconds: 0.3}\n"
+        f"  - {{at: 0.1, kind: kill_host_agent, host: local, pid: {agent.pid}}}\n"
+        "  - {at: 0.2, kind: cut_link, host: local}\n"
+    )
+    run_dir = small_store.home / "run"
+    out = osfleet("chaos", "run", str(plan), "--run-dir", str(run_dir), home=small_store.home)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (
+        f"chaos: 2 fault(s) injected (1 healed, 1 self-healing), 1 refused; {run_dir / FAULTS_FILE}"
+    )
+    assert agent.wait(timeout=5) == -9
+    events = [json.loads(line) for line in (run_dir / FAULTS_FILE).read_text().splitlines()]
+    assert sorted((e["event"], e["kind"]) for e in events) == [
+        ("failed", "cut_link"),
+        ("fault", "fill_image_store"),
+        ("fault", "kill_host_agent"),
+    ]
+    assert list(small_store.image_store.iterdir()) == []
