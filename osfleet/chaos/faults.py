@@ -643,11 +643,11 @@ def _heal_delayer(u: StopDelayer) -> str:
         if abs(p.create_time() - u.started) > 0.01:
             return f"{rules}; the delayer (pid {u.pid}) was gone"
         p.terminate()
-        try:
-            p.wait(timeout=_SIGNAL_WAIT_S)
-        except psutil.TimeoutExpired:
+        if not _wait(lambda: _gone(u.pid)):
             p.kill()
-            p.wait(timeout=_SIGNAL_WAIT_S)
+            _wait(lambda: _gone(u.pid))
+        with contextlib.suppress(psutil.Error, ChildProcessError):
+            p.wait(timeout=0)  # reap it when it is ours
     except psutil.NoSuchProcess:
         return f"{rules}; the delayer (pid {u.pid}) was gone"
     return f"{rules}; stopped the delayer (pid {u.pid})"
