@@ -6,35 +6,17 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from osfleet import __version__, logs
+from osfleet.cli_support import friendly as _friendly
 from osfleet.config import MODES, Mode, Settings
 from osfleet.errors import OsfleetError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _friendly(fn: F) -> F:
-    """Turn osfleet errors and Ctrl-C into one readable line and a non-zero exit."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except OsfleetError as exc:
-            click.echo(f"osfleet: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            # Commands that undo their work on Ctrl-C say what they removed themselves, before this line.
-            click.echo("osfleet: interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _host(host: str | None, port: int, key: str | None) -> Any:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from osfleet import __version__
 from osfleet.api import auth, errors
-from osfleet.api.contract import BoundaryRoute
+from osfleet.api.contract import BoundaryRoute, add_metrics_route
 from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.metrics import host_usage
@@ -374,23 +374,7 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
         )
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
-    @app.get(
-        "/metrics",
-        tags=["meta"],
-        dependencies=[Depends(auth.require_loopback_or_token)],
-        response_class=Response,
-        responses={
-            200: {
-                "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}},
-                "description": "Prometheus",
-            },
-            **documented(401),
-        },
-    )
-    def metrics() -> Response:
-        """Prometheus text format; open to loopback, a bearer token elsewhere."""
-        s = state()
-        return Response(s.metrics.render(s.host), media_type="text/plain; version=0.0.4")
+    add_metrics_route(app, lambda: state().metrics.render(state().host))
 
     return app
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
+from osfleet.api import auth
 from osfleet.errors import OsfleetError, as_osfleet
 
 
@@ -68,3 +69,24 @@ class BoundaryRoute(APIRoute):
                 raise as_osfleet(exc, f"{request.method} {request.url.path}") from exc
 
         return guarded
+
+
+PROMETHEUS = "text/plain; version=0.0.4"
+
+
+def add_metrics_route(app: FastAPI, render: Callable[[], bytes]) -> None:
+    """``GET /metrics`` in Prometheus's text format: open to loopback, a bearer token elsewhere."""
+
+    @app.get(
+        "/metrics",
+        tags=["meta"],
+        dependencies=[Depends(auth.require_loopback_or_token)],
+        response_class=Response,
+        responses={
+            200: {"content": {PROMETHEUS: {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
+            **errors(401),
+        },
+    )
+    def metrics() -> Response:
+        """Prometheus text format; open to loopback, a bearer token elsewhere."""
+        return Response(render(), media_type=PROMETHEUS)

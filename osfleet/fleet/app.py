@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from osfleet import __version__
 from osfleet.api import auth, errors
-from osfleet.api.contract import BoundaryRoute
+from osfleet.api.contract import BoundaryRoute, add_metrics_route
 from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict
 from osfleet.api.models import (
@@ -303,6 +303,15 @@ def _osgym(gw: Callable[[], Gateway]) -> APIRouter:
 
 
 # --- the app ------------------------------------------------------------------------------------------------
+def _render_metrics(g: Gateway) -> bytes:
+    m = g.metrics
+    m.hosts.labels(state="healthy").set(len(g.pool.healthy()))
+    m.hosts.labels(state="drained").set(len(g.pool.hosts) - len(g.pool.healthy()))
+    for h in g.pool.hosts:
+        m.drains.labels(host=h.name).set(h.drains)
+    return bytes(generate_latest(m.registry))
+
+
 def create_gateway(token: str, entries: list[HostEntry], osgym_allowed_ips: tuple[str, ...] = ()) -> FastAPI:
     holder: dict[str, Gateway] = {}
 
@@ -340,27 +349,7 @@ def create_gateway(token: str, entries: list[HostEntry], osgym_allowed_ips: tupl
         }
         return JSONResponse(body, status_code=200 if pool.healthy() else 503)
 
-    @app.get(
-        "/metrics",
-        tags=["meta"],
-        dependencies=[Depends(auth.require_loopback_or_token)],
-        response_class=Response,
-        responses={
-            200: {
-                "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}},
-                "description": "Prometheus",
-            },
-            **documented(401),
-        },
-    )
-    def metrics() -> Response:
-        g = gw()
-        m = g.metrics
-        m.hosts.labels(state="healthy").set(len(g.pool.healthy()))
-        m.hosts.labels(state="drained").set(len(g.pool.hosts) - len(g.pool.healthy()))
-        for h in g.pool.hosts:
-            m.drains.labels(host=h.name).set(h.drains)
-        return Response(generate_latest(m.registry), media_type="text/plain; version=0.0.4")
+    add_metrics_route(app, lambda: _render_metrics(gw()))
 
     return app
 

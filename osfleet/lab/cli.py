@@ -3,30 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Any, TypeVar
 
 import click
 
-from osfleet.errors import OsfleetError
+from osfleet.cli_support import friendly
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def friendly(fn: F) -> F:
-    """Errors a user can cause end in one line on stderr and a non-zero exit (as in osfleet.cli)."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except OsfleetError as exc:
-            click.echo(f"osfleet: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
+__all__ = ["friendly", "lab"]
 
 
 def _say(message: str) -> None:
