@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from PIL import ImageChops
 
 from osfleet.bench.density import process_memory
@@ -22,7 +23,7 @@ from osfleet.images import GoldenImage
 from osfleet.machine import describe
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import percentile
+from osfleet.stats import distribution
 
 LATENCY_SAMPLES = 20
 KEY_SAMPLES = 8
@@ -33,22 +34,11 @@ Say = Callable[[str], None]
 
 
 def _dist(samples: list[float]) -> dict[str, Any]:
-    return {
-        "p50": percentile(samples, 50),
-        "p95": percentile(samples, 95),
-        "n": len(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "samples": samples,
-    }
+    return {**distribution(samples), "samples": samples}
 
 
 def _mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise OsfleetError("cannot read MemAvailable from /proc/meminfo")
+    return int(psutil.virtual_memory().available)
 
 
 def _latencies(host: ReplicaHost, rid: str) -> dict[str, Any]:
