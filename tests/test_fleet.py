@@ -141,8 +141,13 @@ def test_scale_up_goes_where_it_fits_most_tightly(agents: dict[str, Agent]) -> N
         r = gw.post("/v1/replicas", json={"count": 2}, headers=AUTH)
         assert r.status_code == 202, r.text
         assert r.json()["placement"] == {"small": 2}
-        gw.app.state  # noqa: B018 - the next poll sees the new replicas
-        time.sleep(2.5)
+        deadline = time.monotonic() + 10  # until a poll has seen the new replicas on the small host
+        while time.monotonic() < deadline:
+            rooms = gw.get("/v1/host", headers=AUTH).json()["hosts"]
+            if rooms["small"]["room"] and rooms["small"]["room"]["replicas"] == 0:
+                break
+            time.sleep(0.1)
+        assert rooms["small"]["room"]["replicas"] == 0
         r = gw.post("/v1/replicas", json={"count": 5}, headers=AUTH)
         assert r.json()["placement"] == {"big": 5}
         r = gw.post("/v1/replicas", json={"count": 50}, headers=AUTH)
