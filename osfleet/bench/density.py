@@ -40,6 +40,7 @@ SETTLE_SECONDS = 5.0  # after the last bring-up, before answering and CPU are me
 CPU_WINDOW_SECONDS = 10.0
 KSM_POLL_SECONDS = 5.0
 UNLIMITED = 100_000
+MAX_FAILURES_IN_A_ROW = 3
 
 Say = Callable[[str], None]
 
@@ -143,15 +144,27 @@ def hold(
         times: list[float] = []
         curve: list[dict[str, float]] = []
         stop_reason = f"reached --max {limit}"
+        failed: list[str] = []
+        failures_in_a_row = 0
         while len(made) < limit:
             if mem_available() < reserve:
                 stop_reason = f"less than {reserve >> 20} MiB of memory left (the reserve)"
                 break
+            existing = {r.id for r in host.replicas()}
             try:
                 t = host.create("snapshot")
-            except OsfleetError as exc:
-                stop_reason = f"bring-up {len(made) + 1} failed: {exc}"
-                break
+                failures_in_a_row = 0
+            except OsfleetError as exc:  # counted; the failed replica is retired, the run goes on
+                failed.append(str(exc))
+                say(f"  bring-up failed: {exc}")
+                for rec in host.replicas():
+                    if rec.id not in existing:  # the one this bring-up made, nobody else's
+                        host.retire(rec.id)
+                failures_in_a_row += 1
+                if failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
+                    stop_reason = f"{failures_in_a_row} bring-ups in a row failed, last: {exc}"
+                    break
+                continue
             made.append(t.replica)
             times.append(t.seconds)
             n = len(made)
@@ -182,6 +195,7 @@ def hold(
             "held_ready": n,
             "answering": answering,
             "stop_reason": stop_reason,
+            "failed_bringups": len(failed),
             "mib_per_replica": used / n / 2**20 if n else None,
             "pss_mib_per_replica": sum(pss) / len(pss) / 2**20 if pss else None,
             "host_memory_used_mib": used / 2**20,

@@ -35,12 +35,13 @@ from osfleet.replicas import guest_clock, saved_state
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
-from osfleet.virt import Virt, VirtError
+from osfleet.virt import GuestAgentUnavailableError, Virt, VirtError
 
 log = logging.getLogger(__name__)
 
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
 AGENT_TIMEOUT_SECONDS = 60.0
+IDENTITY_ATTEMPTS = 3
 CLEANUP_WORKERS = 4
 
 
@@ -202,16 +203,22 @@ class Generations:
         all (guest-set-time would also write the RTC, which waits for a second boundary).
         """
         domain = rec.domain
-        self.virt.wait_for_agent(domain, AGENT_TIMEOUT_SECONDS)
-        seed = secrets.token_hex(64)
         host, machine = shlex.quote(rec.hostname), shlex.quote(rec.machine_id)
-        # Shell builtins only, and one exec (date): every process start is slow in a just-resumed TCG guest.
-        script = (
-            f"printf %s {host} > /proc/sys/kernel/hostname && echo {host} > /etc/hostname && "
-            f"echo {machine} > /etc/machine-id && printf %s {seed} > /dev/urandom && "
-            f"exec date -u -s @{time.time():.3f} >/dev/null"
-        )
-        code, _, err = self.virt.guest_exec(domain, ["/bin/sh", "-c", script], timeout=30)
+        for attempt in range(IDENTITY_ATTEMPTS):
+            self.virt.wait_for_agent(domain, AGENT_TIMEOUT_SECONDS)
+            seed = secrets.token_hex(64)
+            # Shell builtins only, and one exec (date): every process start is slow in a just-resumed TCG guest.
+            script = (
+                f"printf %s {host} > /proc/sys/kernel/hostname && echo {host} > /etc/hostname && "
+                f"echo {machine} > /etc/machine-id && printf %s {seed} > /dev/urandom && "
+                f"exec date -u -s @{time.time():.3f} >/dev/null"
+            )
+            try:
+                code, _, err = self.virt.guest_exec(domain, ["/bin/sh", "-c", script], timeout=30)
+                break
+            except GuestAgentUnavailableError:  # a host short of CPU: the script is idempotent, run it again
+                if attempt == IDENTITY_ATTEMPTS - 1:
+                    raise
         if code != 0:
             raise OsfleetError(f"{domain}: setting identity failed: {err.strip()[:200]}")
 
