@@ -186,6 +186,9 @@ def accel_cmd(image_ref: str | None, refresh: bool) -> None:
 @cli.group()
 def bench() -> None:
     """Benchmarks; each writes machine-readable results and prints only measured numbers."""
+    import os
+
+    os.environ.setdefault("OSFLEET_RECORD", "1")  # host agents a bench starts record episodes (osfleet.recording)
 
 
 @bench.command("disk")
@@ -580,6 +583,19 @@ def host() -> None:
     type=click.IntRange(1, 100000),
     help="most replicas this host holds (default: from its memory, ~350 MiB each)",
 )
+@click.option(
+    "--record/--no-record",
+    default=False,
+    envvar="OSFLEET_RECORD",
+    show_envvar=True,
+    help="record every episode into $OSFLEET_HOME/trajectories (default off; on in benches)",
+)
+@click.option("--record-format", type=click.Choice(["jpeg", "webp"]), default="jpeg", show_default=True)
+@click.option("--record-quality", default=75, show_default=True, type=click.IntRange(1, 100))
+@click.option(
+    "--record-max-mib", default=2048, show_default=True, type=click.IntRange(1), help="size cap of the recordings"
+)
+@click.option("--record-max-episodes", default=None, type=click.IntRange(1), help="keep at most this many episodes")
 @_friendly
 def host_serve(
     bind: str,
@@ -591,6 +607,11 @@ def host_serve(
     token_file: Path | None,
     osgym_allow: tuple[str, ...],
     max_replicas: int | None,
+    record: bool,
+    record_format: str,
+    record_quality: int,
+    record_max_mib: int,
+    record_max_episodes: int | None,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
     import os
@@ -613,8 +634,26 @@ def host_serve(
         token = os.environ.get("OSFLEET_API_TOKEN") or load_or_create_token(settings.token_file)
         if "OSFLEET_API_TOKEN" not in os.environ:
             click.echo(f"bearer token in {settings.token_file}", err=True)
+    from osfleet.config import RecordingConfig
+
+    recording = (
+        RecordingConfig(
+            image_format=record_format,  # type: ignore[arg-type]  # a click.Choice of the two
+            quality=record_quality,
+            max_bytes=record_max_mib * 2**20,
+            max_episodes=record_max_episodes,
+        )
+        if record
+        else None
+    )
     config = AgentConfig(
-        token=token, image=image.name, mode=mode, warm=warm, lease_seconds=lease_seconds, osgym_allowed_ips=osgym_allow
+        token=token,
+        image=image.name,
+        mode=mode,
+        warm=warm,
+        lease_seconds=lease_seconds,
+        osgym_allowed_ips=osgym_allow,
+        recording=recording,
     )
     app = create_app(
         config,
@@ -816,6 +855,10 @@ from osfleet.plan import plan_cmd  # noqa: E402
 
 cli.add_command(chaos)
 cli.add_command(plan_cmd)
+
+from osfleet.recording.cli import trajectories  # noqa: E402  (issue 12: recorded episodes)
+
+cli.add_command(trajectories)
 
 
 def main() -> None:

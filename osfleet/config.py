@@ -42,6 +42,18 @@ class ReplicaShape:
 
 
 @dataclass(frozen=True)
+class RecordingConfig:
+    """How a host agent records episodes (osfleet.recording): images re-encoded as ``image_format`` at
+    ``quality``; the store under ``$OSFLEET_HOME/trajectories`` kept under ``max_bytes`` and ``max_episodes``
+    (oldest removed first)."""
+
+    image_format: Literal["jpeg", "webp"] = "jpeg"
+    quality: int = 75
+    max_bytes: int | None = 2 * 2**30
+    max_episodes: int | None = None
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """How one host agent serves its replicas."""
 
@@ -51,6 +63,7 @@ class AgentConfig:
     warm: int = 1
     lease_seconds: float = 900.0
     osgym_allowed_ips: tuple[str, ...] = ()  # OSGym clients send no token; they may be allowed by address
+    recording: RecordingConfig | None = None  # None: episodes are not recorded (osfleet.recording)
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,9 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
     def retire(rid: str) -> Retired:
         s = state()
         s.host.retire(rid)
+        if s.recorder is not None:
+            s.recorder.end_replica(rid, "replica_retired")
+        s.taken_over.pop(rid, None)
         s.forget(rid)
         return Retired(replica_id=rid, retired=True)
 
@@ -163,13 +166,15 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
             s.metrics.reset.observe(took)
             _set_task(live, task)
             s.save(live)
+            seen = _observe(s.host, rid) if req.observe else None
+            _record_begin(s, rid, live, seen)
         return ResetResponse(
             replica_id=rid,
             generation=s.host.get(rid).generation,
             task_id=task.id if task else None,
             instruction=task.instruction if task else None,
             seconds=took,
-            observation=_observe(s.host, rid) if req.observe else None,
+            observation=seen,
         )
 
     @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503))
@@ -188,7 +193,9 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
         live = s.episode(rid, req.lease_id)
         with live.lock:
             applied = live.data.applied(req.action_id)
+            seen = None
             if applied is None:
+                s.check_not_taken_over(rid)
                 if live.data.pending == req.action_id:
                     raise StepOutcomeUnknownError(
                         f"step {req.action_id} was under way when the host agent stopped; its outcome is unknown "
@@ -203,7 +210,11 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                     live.data.pending = None
                     s.save(live)
                     raise
-                s.metrics.step.observe(time.monotonic() - start)
+                except OsfleetError as exc:
+                    _record_failure(s, rid, req.lease_id, exc)
+                    raise
+                took = time.monotonic() - start
+                s.metrics.step.observe(took)
                 applied = AppliedStep(
                     action_id=req.action_id,
                     done=any(a.type == "terminate" for a in req.actions),
@@ -214,6 +225,19 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 s.save(live)
                 s.audit(rid, live.data.lease_id, req.action_id)
                 replayed = False
+                if s.recorder is not None:
+                    seen = _observe(s.host, rid) if req.observe else None
+                    s.recorder.step(
+                        rid,
+                        req.lease_id,
+                        req.action_id,
+                        [a.model_dump(mode="json") for a in req.actions],
+                        applied.results,
+                        took,
+                        applied.done,
+                        metadata=req.metadata,
+                        observation=_png(s, rid, seen),
+                    )
             else:
                 replayed = True
                 s.metrics.replays.inc()
@@ -222,7 +246,7 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 replayed=replayed,
                 done=applied.done,
                 results=[ActionResult.model_validate(x) for x in applied.results],
-                observation=_observe(s.host, rid) if req.observe else None,
+                observation=seen if seen is not None else (_observe(s.host, rid) if req.observe else None),
             )
 
     @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503))
@@ -234,6 +258,8 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
             start = time.monotonic()
             result = runner.evaluate(s.host, rid, task)
             s.metrics.evaluate.observe(time.monotonic() - start)
+            if s.recorder is not None:
+                s.recorder.evaluated(rid, req.lease_id, result.reward, result.success)
             return result
 
     @r.post("/replicas/{rid}/release", responses=documented(404, 409))
@@ -241,6 +267,9 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
         """End the lease; the replica is reset before anyone else can lease it."""
         s = state()
         s.host.check_lease(rid, req.lease_id)
+        if s.recorder is not None:
+            s.recorder.end(rid, req.lease_id, "released")
+        s.taken_over.pop(rid, None)
         ready = s.host.release(rid, req.lease_id)
         s.forget(rid)
         return Released(replica_id=rid, released=True, ready_again=ready)
@@ -275,6 +304,7 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
                 vm_id = s.new_vm(rec.id)
                 live.data.osgym = OsgymClient(vm_id=vm_id, owner=who)
                 s.save(live)
+                _record_begin(s, rec.id, live, None)
             screenshot = jpeg(s, rec.id)
         except BaseException:
             s.forget(rec.id)
@@ -290,18 +320,43 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
         s.host.check_lease(rid, live.data.lease_id)  # 409 once the lease has expired
         with live.lock:
             task = s.task_of(live, rid)
+            if parsed.actions:
+                s.check_not_taken_over(rid)
             start = time.monotonic()
-            results = s.host.act(rid, parsed.actions) if parsed.actions else []
-            s.metrics.step.observe(time.monotonic() - start)
+            try:
+                results = s.host.act(rid, parsed.actions) if parsed.actions else []
+            except OsfleetError as exc:
+                _record_failure(s, rid, live.data.lease_id, exc)
+                raise
+            took = time.monotonic() - start
+            s.metrics.step.observe(took)
             failed = [x for x in results if not x.ok]
             if failed:
-                raise VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
-            screenshot = jpeg(s, rid)
+                error = VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
+                _record_failure(s, rid, live.data.lease_id, error)
+                raise error
+            shot = s.host.screenshot(rid, "jpeg")
+            screenshot = base64.b64encode(shot).decode()
+            if s.recorder is not None:
+                s.recorder.step(
+                    rid,
+                    live.data.lease_id,
+                    f"osgym-{len(live.data.steps)}-{time.time_ns()}",
+                    [a.model_dump(mode="json") for a in parsed.actions],
+                    [x.model_dump(mode="json") for x in results],
+                    took,
+                    parsed.finish,
+                    metadata={"osgym_action": req.action},
+                    observation=shot,
+                )
             reward = 0.0
             if parsed.finish:
                 start = time.monotonic()
-                reward = runner.evaluate(s.host, rid, task).reward
+                evaluation = runner.evaluate(s.host, rid, task)
+                reward = evaluation.reward
                 s.metrics.evaluate.observe(time.monotonic() - start)
+                if s.recorder is not None:
+                    s.recorder.evaluated(rid, live.data.lease_id, evaluation.reward, evaluation.success)
         if parsed.finish:
             _release(s, rid, live)
         return OsgymStepResponse(screenshot=screenshot, is_finish=parsed.finish, reward=reward)
@@ -326,9 +381,37 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
 
 
 def _release(s: AgentState, rid: str, live: LiveEpisode) -> None:
+    if s.recorder is not None:
+        s.recorder.end(rid, live.data.lease_id, "released")
+    s.taken_over.pop(rid, None)
     s.forget(rid)
     with contextlib.suppress(LeaseError):  # the lease ended already (expired): the replica was reset then
         s.host.release(rid, live.data.lease_id)
+
+
+# --- recording hooks (osfleet.recording) ---------------------------------------------------------------------
+def _png(s: AgentState, rid: str, seen: Observation | None) -> bytes | None:
+    """The screen after a step, as image bytes: the observation already taken, else a new screenshot."""
+    if seen is not None and seen.screenshot is not None:
+        return base64.b64decode(seen.screenshot)
+    try:
+        return s.host.screenshot(rid, "png")
+    except OsfleetError:  # the step is applied and answered; only its recorded image is missing
+        return None
+
+
+def _record_begin(s: AgentState, rid: str, live: LiveEpisode, seen: Observation | None) -> None:
+    if s.recorder is None:
+        return
+    rec = s.host.get(rid)
+    holder = rec.lease.holder if rec.lease is not None else ""
+    s.recorder.begin(rid, live.data.lease_id, holder, live.data.task, _png(s, rid, seen))
+
+
+def _record_failure(s: AgentState, rid: str, lease_id: str, exc: Exception) -> None:
+    """An infrastructure failure in a step ends the recorded episode as the infrastructure's doing."""
+    if s.recorder is not None and errors.classify(exc)[1] == "infrastructure":
+        s.recorder.end(rid, lease_id, "replica_failed", str(exc))
 
 
 # --- the app ------------------------------------------------------------------------------------------------
@@ -349,6 +432,8 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
             host.start_background()
             yield
         finally:
+            if "state" in holder:
+                holder["state"].close()
             host.close()
 
     app = FastAPI(title="osfleet host agent", version=__version__, lifespan=lifespan)

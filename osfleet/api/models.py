@@ -102,6 +102,11 @@ class StepRequest(LeaseBody):
     action_id: str = Field(min_length=1, max_length=200, description="caller-chosen; a retry with it applies once")
     actions: list[Action] = Field(min_length=1, max_length=100)
     observe: bool = True
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="free JSON kept with the step when the host records episodes (model name, tokens, "
+        "log-probs, ...); over 256 KiB it is noted by size instead of kept",
+    )
 
 
 class StepResponse(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,10 @@ from dataclasses import dataclass, field
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.metrics import Metrics
 from osfleet.config import AgentConfig
+from osfleet.recording import Recorder, TrajectoryStore, store_dir
+from osfleet.recording.store import EndReason
 from osfleet.replicas.episodes import Episode, EpisodeStore
+from osfleet.replicas.errors import LeaseError, LeaseLostError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import State
 from osfleet.tasks.model import Task
@@ -45,6 +49,14 @@ class AgentState:
         self._next_vm = 0
         self._lock = threading.Lock()
         self._reload()
+        # --- recording (osfleet.recording) and a person's take-over from the dashboard (osfleet.ui) ---------
+        self.recorder: Recorder | None = None
+        rc = config.recording
+        if rc is not None:
+            trajectories = TrajectoryStore(store_dir(host.settings.home), rc.max_bytes, rc.max_episodes)
+            self.recorder = Recorder(trajectories, rc, host_name=socket.gethostname())
+            self.recorder.start(self.lease_ended)
+        self.taken_over: dict[str, float] = {}  # replica -> since when a person drives it from the dashboard
 
     def _reload(self) -> None:
         """Episodes of leases that survived a restart; others (released, expired) are dropped."""
@@ -122,3 +134,25 @@ class AgentState:
         if live.task is None:
             raise Conflict(f"replica {rid} has no task: reset it with task_id or task first")
         return live.task
+
+    # --- recording and take-over ------------------------------------------------------------------------------
+    def lease_ended(self, rid: str, lease_id: str) -> EndReason | None:
+        """None while ``lease_id`` holds ``rid``; else how it ended without the agent (for the recorder)."""
+        try:
+            self.host.check_lease(rid, lease_id)
+        except ReplicaNotFoundError:
+            return "replica_retired"
+        except LeaseLostError:
+            return "lease_lost"
+        except LeaseError as exc:
+            return "lease_expired" if "expired" in str(exc) else "lease_lost"
+        return None
+
+    def check_not_taken_over(self, rid: str) -> None:
+        """A replica a person drives from the dashboard refuses the agent's steps (409 busy) until handed back."""
+        if rid in self.taken_over:
+            raise ReplicaBusyError(f"a person has taken over replica {rid} from the dashboard; retry when handed back")
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()

@@ -1,0 +1,239 @@
+"""The host agent's recorder: turns the API's reset/step/evaluate/release into recorded episodes.
+
+One open episode per replica at a time (keyed by replica and lease). A reset to a task starts an episode (a
+step with no reset before it starts one without a task); release, a new reset, or an infrastructure failure
+ends it. Leases that end without the agent (expired, lost when the replica failed, replica retired) are found
+by ``sweep``, which the agent runs every few seconds, and the episode is ended as the infrastructure's doing.
+
+Recording never fails a request: a write error is logged and that episode stops being recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from osfleet.config import RecordingConfig
+from osfleet.recording.store import (
+    AGENT_REASONS,
+    RESET_IMAGE,
+    EndReason,
+    StepRecord,
+    TrajectoryMeta,
+    TrajectoryStore,
+    clip_metadata,
+    clip_result,
+    encode_image,
+    new_id,
+)
+
+log = logging.getLogger(__name__)
+
+SWEEP_SECONDS = 2.0
+LeaseCheck = Callable[[str, str], "EndReason | None"]
+"""(replica, lease) -> None while the lease holds, else why it ended (lease_expired, lease_lost, ...)."""
+
+
+@dataclass
+class _Open:
+    meta: TrajectoryMeta
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Recorder:
+    def __init__(self, store: TrajectoryStore, config: RecordingConfig, host_name: str = "") -> None:
+        self.store = store
+        self.config = config
+        self.host_name = host_name
+        self._open: dict[str, _Open] = {}  # replica id -> its open episode
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bytes = 0
+        for meta in store.all():  # episodes left open by an agent that stopped: the sweep ends them
+            self._bytes += meta.bytes
+            if meta.open:
+                self._open.setdefault(meta.replica_id, _Open(meta))
+
+    # --- the episode's life ---------------------------------------------------------------------------------
+    def begin(
+        self,
+        rid: str,
+        lease_id: str,
+        holder: str = "",
+        task: dict[str, Any] | None = None,
+        observation: bytes | None = None,
+    ) -> str | None:
+        """Start recording an episode on ``rid`` (ending the one before on this lease: the agent reset)."""
+        current = self._get(rid)
+        if current is not None:
+            self.end(rid, current.meta.lease_id, "evaluated" if current.meta.reward is not None else "reset")
+        meta = TrajectoryMeta(
+            id=new_id(),
+            replica_id=rid,
+            lease_id=lease_id,
+            holder=holder,
+            host=self.host_name,
+            task=task,
+            task_id=(task or {}).get("id"),
+            instruction=(task or {}).get("instruction"),
+            started_at=time.time(),
+            image_format=self.config.image_format,
+            image_quality=self.config.quality,
+        )
+        try:
+            self.store.create(meta)
+            if observation is not None:
+                name = f"{RESET_IMAGE}.{self._ext}"
+                self.store.write_image(meta, name, encode_image(observation, meta.image_format, meta.image_quality)[0])
+                meta.reset_image = name
+                self.store.write_meta(meta)
+        except OSError as exc:
+            log.error("recording an episode of %s: %s (not recorded)", rid, exc)
+            return None
+        with self._lock:
+            self._open[rid] = _Open(meta)
+        self._grew(meta.bytes)
+        return meta.id
+
+    def step(
+        self,
+        rid: str,
+        lease_id: str,
+        action_id: str,
+        actions: list[dict[str, Any]],
+        results: list[dict[str, Any]],
+        seconds: float,
+        done: bool,
+        metadata: Any = None,
+        observation: bytes | None = None,
+        source: str = "agent",
+    ) -> None:
+        current = self._get(rid, lease_id)
+        if current is None:  # stepping without a reset: an episode with no task
+            self.begin(rid, lease_id)
+            current = self._get(rid, lease_id)
+            if current is None:
+                return
+        with current.lock:
+            meta = current.meta
+            before = meta.bytes
+            record = StepRecord(
+                index=meta.steps,
+                action_id=action_id,
+                time=time.time(),
+                seconds=seconds,
+                actions=actions,
+                results=[clip_result(r) for r in results],
+                done=done,
+                metadata=clip_metadata(metadata),
+                source="person" if source == "person" else "agent",
+            )
+            try:
+                if observation is not None:
+                    data, record.width, record.height = encode_image(observation, meta.image_format, meta.image_quality)
+                    record.image = f"{record.index:06d}.{self._ext}"
+                    self.store.write_image(meta, record.image, data)
+                self.store.append_step(meta, record)
+            except OSError as exc:
+                log.error("recording step %s of %s: %s (episode no longer recorded)", action_id, meta.id, exc)
+                with self._lock:
+                    self._open.pop(rid, None)
+                return
+        self._grew(meta.bytes - before)
+
+    def evaluated(self, rid: str, lease_id: str, reward: float, success: bool) -> None:
+        current = self._get(rid, lease_id)
+        if current is None:
+            return
+        with current.lock:
+            current.meta.reward, current.meta.success = reward, success
+            self._write(current.meta)
+
+    def end(self, rid: str, lease_id: str, reason: EndReason, error: str | None = None) -> None:
+        """End the open episode of this lease (no-op when there is none)."""
+        with self._lock:
+            current = self._open.get(rid)
+            if current is None or current.meta.lease_id != lease_id:
+                return
+            del self._open[rid]
+        with current.lock:
+            meta = current.meta
+            if reason == "released" and meta.reward is not None:
+                reason = "evaluated"
+            meta.ended_at = time.time()
+            meta.end_reason = reason
+            meta.ended_by = "agent" if reason in AGENT_REASONS else "infrastructure"
+            meta.error = error
+            self._write(meta)
+
+    def end_replica(self, rid: str, reason: EndReason, error: str | None = None) -> None:
+        """End whatever episode is open on ``rid`` (the replica went away)."""
+        current = self._get(rid)
+        if current is not None:
+            self.end(rid, current.meta.lease_id, reason, error)
+
+    def open_ids(self) -> set[str]:
+        with self._lock:
+            return {o.meta.id for o in self._open.values()}
+
+    # --- leases that end without the agent ------------------------------------------------------------------
+    def sweep(self, check: LeaseCheck) -> None:
+        with self._lock:
+            pairs = [(rid, o.meta.lease_id) for rid, o in self._open.items()]
+        for rid, lease_id in pairs:
+            try:
+                why = check(rid, lease_id)
+            except Exception:  # a sweep must never die; the next one tries again
+                log.exception("checking the lease of a recorded episode on %s", rid)
+                continue
+            if why is not None:
+                self.end(rid, lease_id, why)
+
+    def start(self, check: LeaseCheck) -> None:
+        def loop() -> None:
+            while not self._stop.wait(SWEEP_SECONDS):
+                self.sweep(check)
+
+        self.sweep(check)
+        self._thread = threading.Thread(target=loop, name="osfleet-recording-sweep", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    # --- internals ------------------------------------------------------------------------------------------
+    @property
+    def _ext(self) -> str:
+        return "jpg" if self.config.image_format == "jpeg" else "webp"
+
+    def _get(self, rid: str, lease_id: str | None = None) -> _Open | None:
+        with self._lock:
+            current = self._open.get(rid)
+        if current is None or (lease_id is not None and current.meta.lease_id != lease_id):
+            return None
+        return current
+
+    def _write(self, meta: TrajectoryMeta) -> None:
+        try:
+            self.store.write_meta(meta)
+        except OSError as exc:
+            log.error("recording episode %s: %s", meta.id, exc)
+
+    def _grew(self, added: int) -> None:
+        with self._lock:
+            self._bytes += added
+            over = (self.config.max_bytes is not None and self._bytes > self.config.max_bytes) or (
+                self.config.max_episodes is not None and len(self.store.ids()) > self.config.max_episodes
+            )
+        if over:
+            self.store.prune(keep=self.open_ids())
+            total = sum(m.bytes for m in self.store.all())
+            with self._lock:
+                self._bytes = total

@@ -1,0 +1,197 @@
+"""Recorded episodes on the fake host (no VM): record -> ls -> show -> export (JSONL, Parquet), who ended an
+episode (the agent, or the infrastructure), the size cap, and client metadata per step."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from osfleet.api.app import create_app
+from osfleet.cli import cli
+from osfleet.config import AgentConfig, RecordingConfig
+from osfleet.errors import VirtError
+from osfleet.recording import TrajectoryStore, store_dir
+from tests.fakes import FakeHost
+
+TOKEN = "recording-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TASK = {
+    "id": "t-rec",
+    "instruction": "Run something.",
+    "evaluator": {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": "check"},
+        "expected": {"type": "rule", "rules": {"expected": "yes"}},
+    },
+}
+META = {"model": "policy-7b", "tokens": {"in": 812, "out": 34}, "logprobs": [-0.12, -1.5]}
+
+
+def agent(fake: FakeHost, **rec: object) -> TestClient:
+    config = AgentConfig(token=TOKEN, warm=0, recording=RecordingConfig(**rec))  # type: ignore[arg-type]
+    return TestClient(create_app(config, lambda: fake))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeHost:
+    return FakeHost(tmp_path / "home", ready=2)
+
+
+@pytest.fixture
+def home_env(fake: FakeHost, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("OSFLEET_HOME", str(fake.home))
+    yield fake.home
+
+
+def episode(c: TestClient, steps: int = 2, evaluate: bool = True, release: bool = True) -> tuple[str, str]:
+    lease = c.post("/v1/leases", json={"holder": "trainer-1"}, headers=AUTH).json()
+    rid, lid = lease["replica_id"], lease["lease_id"]
+    assert c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK}, headers=AUTH).status_code == 200
+    for i in range(steps):
+        body = {
+            "lease_id": lid,
+            "action_id": f"a{i}",
+            "actions": [{"type": "shell", "command": f"echo {i}"}, {"type": "click", "x": 3, "y": 4}],
+            "metadata": {**META, "step": i},
+            "observe": i % 2 == 0,  # recorded either way
+        }
+        r = c.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert (r.json()["observation"] is not None) == (i % 2 == 0)
+    if evaluate:
+        assert c.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH).json()["reward"] == 1.0
+    if release:
+        assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
+    return rid, lid
+
+
+def test_record_ls_show_export_round_trip(fake: FakeHost, home_env: Path, tmp_path: Path) -> None:
+    with agent(fake, image_format="webp", quality=60) as c:
+        rid, _ = episode(c, steps=3)
+        # a retried step is replayed, not recorded twice
+    store = TrajectoryStore(store_dir(home_env))
+    [meta] = store.all()
+    assert (meta.replica_id, meta.holder, meta.task_id, meta.steps) == (rid, "trainer-1", "t-rec", 3)
+    assert (meta.ended_by, meta.end_reason, meta.reward, meta.success) == ("agent", "evaluated", 1.0, True)
+    assert meta.image_format == "webp" and meta.reset_image == "reset.webp"
+    steps = store.steps(meta.id)
+    assert [s.action_id for s in steps] == ["a0", "a1", "a2"]
+    assert steps[1].metadata == {**META, "step": 1}
+    assert [a["type"] for a in steps[0].actions] == ["shell", "click"] and all(r["ok"] for r in steps[0].results)
+    for s in steps:  # every observation re-encoded (the fake's are PNG) and readable
+        with Image.open(store.image_path(meta.id, s.image or "")) as img:
+            assert img.format == "WEBP" and img.size == fake.image.screen == (s.width, s.height)
+
+    runner = CliRunner()
+    ls = runner.invoke(cli, ["trajectories", "ls", "--json"])
+    assert ls.exit_code == 0, ls.output
+    assert [x["id"] for x in json.loads(ls.output)] == [meta.id]
+    table = runner.invoke(cli, ["trajectories", "ls"])
+    assert meta.id in table.output and "agent:evaluated" in table.output
+    show = runner.invoke(cli, ["trajectories", "show", meta.id])
+    assert show.exit_code == 0 and "policy-7b" in show.output and "#2" in show.output
+    shown = json.loads(runner.invoke(cli, ["trajectories", "show", meta.id, "--json"]).output)
+    assert len(shown["step_records"]) == 3 and shown["reward"] == 1.0
+    missing = runner.invoke(cli, ["trajectories", "show", "t-nope"])
+    assert missing.exit_code == 1 and "no recorded episode t-nope" in missing.output
+
+    out = tmp_path / "ep.jsonl"
+    r = runner.invoke(cli, ["trajectories", "export", meta.id, "--format", "jsonl", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["step"] for x in rows] == [0, 1, 2] and {x["episode_id"] for x in rows} == {meta.id}
+    assert rows[2]["metadata"]["logprobs"] == [-0.12, -1.5] and rows[0]["episode_reward"] == 1.0
+    assert Image.open(io.BytesIO(base64.b64decode(rows[0]["image"]))).size == fake.image.screen
+
+
+def test_parquet_export(fake: FakeHost, home_env: Path, tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    with agent(fake) as c:
+        episode(c, steps=2)
+        episode(c, steps=1, evaluate=False)
+    out = tmp_path / "all.parquet"
+    r = CliRunner().invoke(cli, ["trajectories", "export", "--all", "--format", "parquet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(out).to_pylist()
+    assert len(table) == 3
+    by_episode: dict[str, list[dict[str, object]]] = {}
+    for row in table:
+        by_episode.setdefault(str(row["episode_id"]), []).append(row)
+    reasons = sorted(rows[0]["episode_end_reason"] for rows in by_episode.values())  # type: ignore[type-var]
+    assert reasons == ["evaluated", "released"]
+    row = next(x for x in table if x["step"] == 1)
+    assert json.loads(str(row["metadata"]))["model"] == "policy-7b"
+    assert Image.open(io.BytesIO(row["image"])).format == "JPEG"  # type: ignore[arg-type]
+
+
+def test_an_infrastructure_failure_ends_the_episode_as_such(fake: FakeHost, home_env: Path) -> None:
+    with agent(fake) as c:
+        lease = c.post("/v1/leases", json={}, headers=AUTH).json()
+        rid, lid = lease["replica_id"], lease["lease_id"]
+        c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK}, headers=AUTH)
+        fake.act_error = VirtError("QEMU went away")
+        body = {"lease_id": lid, "action_id": "a0", "actions": [{"type": "click", "x": 1, "y": 1}]}
+        r = c.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH)
+        assert r.status_code == 503 and r.json()["kind"] == "infrastructure"
+    [meta] = TrajectoryStore(store_dir(home_env)).all()
+    assert (meta.ended_by, meta.end_reason, meta.error, meta.reward) == (
+        "infrastructure",
+        "replica_failed",
+        "QEMU went away",
+        None,
+    )
+
+
+def test_an_expired_lease_ends_the_episode_as_the_infrastructures_doing(fake: FakeHost, home_env: Path) -> None:
+    with agent(fake) as c:
+        lease = c.post("/v1/leases", json={"ttl_seconds": 0.2}, headers=AUTH).json()
+        rid, lid = lease["replica_id"], lease["lease_id"]
+        c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK}, headers=AUTH)
+        time.sleep(0.3)
+        c.app.state  # noqa: B018
+        deadline = time.monotonic() + 10  # the recorder's sweep runs every 2 s
+        store = TrajectoryStore(store_dir(home_env))
+        while time.monotonic() < deadline and store.all()[0].open:
+            time.sleep(0.1)
+        [meta] = store.all()
+        assert (meta.ended_by, meta.end_reason) == ("infrastructure", "lease_expired")
+
+
+def test_the_store_stays_under_its_cap_oldest_first(fake: FakeHost, home_env: Path) -> None:
+    with agent(fake, max_episodes=2) as c:
+        for _ in range(4):
+            episode(c, steps=1)
+            time.sleep(1.05)  # ids sort by start second
+    metas = TrajectoryStore(store_dir(home_env)).all()
+    assert len(metas) == 2
+    stamps = [m.started_at for m in metas]
+    assert stamps == sorted(stamps, reverse=True)
+    with agent(fake, max_bytes=1) as c:  # one byte: only the episode being written is kept
+        episode(c, steps=1, release=False)
+        assert len(TrajectoryStore(store_dir(home_env)).all()) == 1
+
+
+def test_recording_is_off_unless_configured(fake: FakeHost, home_env: Path) -> None:
+    with TestClient(create_app(AgentConfig(token=TOKEN, warm=0), lambda: fake)) as c:
+        episode(c, steps=1)
+    assert not store_dir(home_env).exists()
+
+
+def test_osgym_episodes_are_recorded_with_their_action_strings(fake: FakeHost, home_env: Path) -> None:
+    with agent(fake) as c:
+        vm = c.post("/reset", json={"task_config": TASK}, headers=AUTH).json()["vm_id"]
+        assert c.post("/step", json={"action": "click(1,2)", "vm_id": vm}, headers=AUTH).status_code == 200
+        assert c.post("/step", json={"action": "finish()", "vm_id": vm}, headers=AUTH).json()["is_finish"]
+    [meta] = TrajectoryStore(store_dir(home_env)).all()
+    steps = TrajectoryStore(store_dir(home_env)).steps(meta.id)
+    assert [s.metadata["osgym_action"] for s in steps] == ["click(1,2)", "finish()"]
+    assert (meta.end_reason, meta.ended_by, meta.steps) == ("evaluated", "agent", 2)
