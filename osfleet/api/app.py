@@ -461,6 +461,17 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
 
     add_metrics_route(app, lambda: state().metrics.render(state().host))
 
+    # --- the dashboard at /ui (osfleet.ui; not in the OpenAPI) ---------------------------------------------
+    from osfleet.ui import LocalBackend
+    from osfleet.ui import install as install_ui
+
+    def sample() -> dict[str, object]:
+        s = state()
+        return {"time": time.time(), **s.metrics.sample(s.host), **host_usage()}
+
+    dashboard = LocalBackend(state, sample)
+    install_ui(app, lambda: dashboard, "osfleet host agent")
+
     return app
 
 

@@ -351,6 +351,13 @@ def create_gateway(token: str, entries: list[HostEntry], osgym_allowed_ips: tupl
 
     add_metrics_route(app, lambda: _render_metrics(gw()))
 
+    # --- the dashboard at /ui over every host's (osfleet.ui; not in the OpenAPI) ----------------------------
+    from osfleet.ui import FleetBackend
+    from osfleet.ui import install as install_ui
+
+    dashboard = FleetBackend(gw)
+    install_ui(app, lambda: dashboard, "osfleet fleet gateway")
+
     return app
 
 

@@ -177,6 +177,11 @@ class Recorder:
         if current is not None:
             self.end(rid, current.meta.lease_id, reason, error)
 
+    def open_by_replica(self) -> dict[str, str]:
+        """replica -> the id of its open episode."""
+        with self._lock:
+            return {rid: o.meta.id for rid, o in self._open.items()}
+
     def open_ids(self) -> set[str]:
         with self._lock:
             return {o.meta.id for o in self._open.values()}

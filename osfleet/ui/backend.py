@@ -1,0 +1,273 @@
+"""What the dashboard shows and does, behind one interface with two implementations.
+
+``LocalBackend`` is the host agent's: it reads the replica host, the recorder's store and ``/v1/host``'s
+sample directly. ``FleetBackend`` is the gateway's: it asks every host agent's ``/ui/api`` (with the host's
+token) and names replicas and episodes with fleet ids (``<host>.<id>``). The dashboard's routes only see
+``Backend``, so the pages are the same on a host and on the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import time
+from typing import Any, Protocol
+
+from PIL import Image, ImageDraw
+from pydantic import BaseModel, TypeAdapter
+from starlette.concurrency import run_in_threadpool
+
+from osfleet.api.errors import Conflict, NotFound
+from osfleet.errors import OsfleetError
+from osfleet.recording import TrajectoryError, TrajectoryStore, store_dir
+from osfleet.replicas.actions import Action, check_actions
+from osfleet.replicas.records import State
+
+ACTIONS = TypeAdapter(list[Action])
+THUMB_WIDTH = 320
+
+
+class ReplicaRow(BaseModel):
+    id: str
+    host: str
+    state: str
+    generation: int
+    leased: bool
+    holder: str | None = None
+    lease_expires_at: float | None = None
+    created_at: float
+    taken_over: bool = False
+    recording: str | None = None  # the open recorded episode, if any
+
+
+class Backend(Protocol):
+    kind: str  # "host" or "fleet"
+
+    async def replicas(self) -> list[ReplicaRow]: ...
+    async def figures(self) -> dict[str, dict[str, Any]]: ...
+    async def screen(self, rid: str, width: int | None) -> bytes: ...
+    async def take_over(self, rid: str) -> None: ...
+    async def hand_back(self, rid: str) -> None: ...
+    async def act(self, rid: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    async def trajectories(self) -> list[dict[str, Any]]: ...
+    async def trajectory(self, tid: str) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
+    async def image(self, tid: str, name: str) -> tuple[bytes, str]: ...
+
+
+def scaled_jpeg(data: bytes, width: int | None, quality: int = 70) -> bytes:
+    with Image.open(io.BytesIO(data)) as img:
+        rgb = img.convert("RGB")
+    if width is not None and rgb.width > width:
+        rgb = rgb.resize((width, max(1, rgb.height * width // rgb.width)))
+    buf = io.BytesIO()
+    rgb.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def placeholder(text: str, size: tuple[int, int] = (THUMB_WIDTH, 200)) -> bytes:
+    """A grey picture saying why there is no screen (a replica booting, resetting or failed)."""
+    img = Image.new("RGB", size, (60, 60, 60))
+    ImageDraw.Draw(img).text((10, size[1] // 2 - 6), text[:48], fill=(220, 220, 220))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=70)
+    return buf.getvalue()
+
+
+def media_type(name: str) -> str:
+    return "image/webp" if name.endswith(".webp") else "image/jpeg"
+
+
+# --- on a host agent ----------------------------------------------------------------------------------------
+class LocalBackend:
+    kind = "host"
+
+    def __init__(self, state: Any, sample: Any) -> None:
+        self._state = state  # () -> AgentState
+        self._sample = sample  # () -> the /v1/host sample
+        self.host_name = socket.gethostname()
+
+    @property
+    def s(self) -> Any:
+        return self._state()
+
+    def _store(self) -> TrajectoryStore:
+        s = self.s
+        if s.recorder is not None:
+            return s.recorder.store  # type: ignore[no-any-return]
+        return TrajectoryStore(store_dir(s.host.settings.home))  # what an earlier run recorded
+
+    async def replicas(self) -> list[ReplicaRow]:
+        s = self.s
+        recording = {}
+        if s.recorder is not None:
+            recording = s.recorder.open_by_replica()
+        return [
+            ReplicaRow(
+                id=r.id,
+                host=self.host_name,
+                state=r.state.value,
+                generation=r.generation,
+                leased=r.lease is not None,
+                holder=r.lease.holder if r.lease is not None else None,
+                lease_expires_at=r.lease.expires_at if r.lease is not None else None,
+                created_at=r.created_at,
+                taken_over=r.id in s.taken_over,
+                recording=recording.get(r.id),
+            )
+            for r in sorted(s.host.replicas(), key=lambda r: r.created_at)
+        ]
+
+    async def figures(self) -> dict[str, dict[str, Any]]:
+        return {"this host": await run_in_threadpool(self._sample)}
+
+    async def screen(self, rid: str, width: int | None) -> bytes:
+        def grab() -> bytes:
+            rec = self.s.host.get(rid)
+            try:
+                return scaled_jpeg(self.s.host.screenshot(rid, "jpeg"), width)
+            except OsfleetError:
+                return placeholder(f"{rid}: {rec.state.value}")
+
+        return await run_in_threadpool(grab)
+
+    def _leased(self, rid: str) -> Any:
+        rec = self.s.host.get(rid)
+        if rec.state != State.LEASED or rec.lease is None:
+            raise Conflict(f"replica {rid} is {rec.state.value}: only a leased replica can be taken over")
+        return rec
+
+    async def take_over(self, rid: str) -> None:
+        self._leased(rid)
+        self.s.taken_over[rid] = time.time()
+
+    async def hand_back(self, rid: str) -> None:
+        self.s.taken_over.pop(rid, None)
+
+    async def act(self, rid: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A person's input through the agent's own act path (validated the same way), recorded as theirs."""
+        rec = self._leased(rid)
+        if rid not in self.s.taken_over:
+            raise Conflict(f"take over replica {rid} before sending input")
+        parsed = ACTIONS.validate_python(actions)
+        check_actions(parsed, self.s.host.image.screen)
+        start = time.monotonic()
+        results = await run_in_threadpool(self.s.host.act, rid, parsed)
+        took = time.monotonic() - start
+        dumped = [r.model_dump(mode="json") for r in results]
+        if self.s.recorder is not None:
+            png = await run_in_threadpool(self.s.host.screenshot, rid, "png")
+            self.s.recorder.step(
+                rid,
+                rec.lease.id,
+                f"person-{time.time_ns()}",
+                [a.model_dump(mode="json") for a in parsed],
+                dumped,
+                took,
+                False,
+                observation=png,
+                source="person",
+            )
+        return dumped
+
+    async def trajectories(self) -> list[dict[str, Any]]:
+        return [m.model_dump(mode="json", exclude={"task"}) for m in await run_in_threadpool(self._store().all)]
+
+    async def trajectory(self, tid: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        store = self._store()
+        try:
+            meta = store.meta(tid)
+            steps = store.steps(tid)
+        except TrajectoryError as exc:
+            raise NotFound(str(exc)) from None
+        return meta.model_dump(mode="json"), [s.model_dump(mode="json") for s in steps]
+
+    async def image(self, tid: str, name: str) -> tuple[bytes, str]:
+        try:
+            return self._store().image_path(tid, name).read_bytes(), media_type(name)
+        except TrajectoryError as exc:
+            raise NotFound(str(exc)) from None
+
+
+# --- on the fleet gateway -----------------------------------------------------------------------------------
+class FleetBackend:
+    """Every healthy host's ``/ui/api``, with fleet ids."""
+
+    kind = "fleet"
+
+    def __init__(self, gw: Any) -> None:
+        self._gw = gw  # () -> Gateway
+
+    async def _call(self, host: str, method: str, path: str, **kw: Any) -> Any:
+        g = self._gw()
+        resp = await g.call("quick", g.pool.get(host), method, path, **kw)
+        if resp.status_code == 404:
+            raise NotFound(resp.json().get("error", "not found"))
+        if resp.status_code == 409:
+            raise Conflict(resp.json().get("error", "conflict"))
+        if resp.status_code >= 300:
+            raise OsfleetError(f"host {host} answered {resp.status_code} to {path}")
+        return resp
+
+    async def _each(self, path: str) -> list[tuple[str, Any]]:
+        g = self._gw()
+        hosts = g.pool.healthy()
+        answers = await asyncio.gather(*(self._call(h.name, "GET", path) for h in hosts), return_exceptions=True)
+        return [(h.name, a.json()) for h, a in zip(hosts, answers, strict=True) if not isinstance(a, BaseException)]
+
+    @staticmethod
+    def _split(fleet_id: str) -> tuple[str, str]:
+        from osfleet.fleet import ids
+
+        return ids.split(fleet_id)
+
+    async def replicas(self) -> list[ReplicaRow]:
+        from osfleet.fleet import ids
+
+        out = []
+        for host, rows in await self._each("/ui/api/replicas"):
+            for row in rows:
+                r = ReplicaRow.model_validate(row)
+                r.id, r.host = ids.join(host, r.id), host
+                if r.recording:
+                    r.recording = ids.join(host, r.recording)
+                out.append(r)
+        return out
+
+    async def figures(self) -> dict[str, dict[str, Any]]:
+        return {h.name: (h.sample or {"unhealthy": h.reason}) for h in self._gw().pool.hosts}
+
+    async def screen(self, rid: str, width: int | None) -> bytes:
+        host, local = self._split(rid)
+        params = {"w": width} if width else None
+        return (await self._call(host, "GET", f"/ui/api/replicas/{local}/screen", params=params)).content  # type: ignore[no-any-return]
+
+    async def take_over(self, rid: str) -> None:
+        host, local = self._split(rid)
+        await self._call(host, "POST", f"/ui/api/replicas/{local}/take-over")
+
+    async def hand_back(self, rid: str) -> None:
+        host, local = self._split(rid)
+        await self._call(host, "POST", f"/ui/api/replicas/{local}/hand-back")
+
+    async def act(self, rid: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        host, local = self._split(rid)
+        return (await self._call(host, "POST", f"/ui/api/replicas/{local}/act", json=actions)).json()  # type: ignore[no-any-return]
+
+    async def trajectories(self) -> list[dict[str, Any]]:
+        from osfleet.fleet import ids
+
+        out = []
+        for host, metas in await self._each("/ui/api/trajectories"):
+            out += [{**m, "id": ids.join(host, m["id"]), "host": host} for m in metas]
+        return sorted(out, key=lambda m: m["started_at"], reverse=True)
+
+    async def trajectory(self, tid: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        host, local = self._split(tid)
+        body = (await self._call(host, "GET", f"/ui/api/trajectories/{local}")).json()
+        return {**body["meta"], "id": tid, "host": host}, body["steps"]
+
+    async def image(self, tid: str, name: str) -> tuple[bytes, str]:
+        host, local = self._split(tid)
+        resp = await self._call(host, "GET", f"/ui/api/trajectories/{local}/images/{name}")
+        return resp.content, resp.headers.get("content-type", media_type(name))
