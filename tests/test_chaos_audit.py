@@ -46,10 +46,12 @@ def test_a_replica_fault_is_recovered_when_a_later_generation_serves() -> None:
         {"time": 109.0, "hosts": {"h1": True}, "replicas": [{"id": "h1.r-a", "state": "ready", "generation": 4}]},
     ]
     assert bench._recovered_at(f, samples) == 109.0
+    assert bench._layer(f, samples) == "rebuild"
     host_fault = fault("kill_host_agent", "h1", None, 100.0)
     samples[1]["hosts"] = {"h1": False}
     assert bench._recovered_at(host_fault, samples[:2]) is None
     assert bench._recovered_at(host_fault, samples) == 103.0  # healthy again, and none of its replicas failed
+    assert bench._layer(host_fault, samples) == "drain"
 
 
 def test_lost_and_duplicated_steps_come_from_the_hosts_audit_logs(tmp_path: Path) -> None:

@@ -185,6 +185,9 @@ def test_recoveries_are_bounded_and_not_queued_twice(tmp_path: Path) -> None:
     while rounds and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not rounds
+    while time.monotonic() < deadline and running[0] < 2:  # both workers picked up their job
+        time.sleep(0.01)
+    time.sleep(0.1)  # (give a wrongly started third job the chance to show up)
     with lock:
         assert running[0] == 2 and sorted(calls) == ["a", "b"]  # two at a time; c and d wait their turn
     gate.set()
@@ -388,6 +391,10 @@ def test_a_deleted_overlay_or_a_silent_guest_fails_the_replica_and_its_lease_end
 class SilentVirt:
     def __init__(self) -> None:
         self.answering = {"dom-a": True, "dom-b": False}
+        self.pids: dict[str, int] = {}
+
+    def qemu_pid(self, domain: str) -> int | None:
+        return self.pids.get(domain)
 
     def agent(self, domain: str, command: str, timeout: int = 5) -> None:
         if not self.answering[domain]:
@@ -407,3 +414,31 @@ def test_liveness_names_a_guest_that_stops_answering_after_several_misses() -> N
         assert live.dead() == set()
     finally:
         live.close()
+
+
+def test_liveness_names_a_stopped_qemu_without_waiting_for_pings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import subprocess
+
+    monkeypatch.setattr("osfleet.replicas.liveness.STOPPED_SECONDS", 0.2)
+    virt = SilentVirt()
+    virt.answering["dom-c"] = True
+    stand_in = subprocess.Popen(["sleep", "60"])  # stands in for a QEMU process
+    try:
+        virt.pids["dom-c"] = stand_in.pid
+        live = Liveness(virt, every=0.0, misses=99)  # type: ignore[arg-type]
+        live.probe(["dom-c"])
+        assert live.dead() == set()
+        stand_in.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline and "dom-c" not in live.dead():
+            live.probe(["dom-c"])
+            time.sleep(0.05)
+        assert live.dead() == {"dom-c"}
+        stand_in.send_signal(signal.SIGCONT)
+        live.probe(["dom-c"])
+        assert live.dead() == set()
+        live.close()
+    finally:
+        stand_in.kill()
+        stand_in.wait()

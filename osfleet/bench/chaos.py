@@ -287,6 +287,25 @@ def _recovered_at(fault: F.Fault, samples: list[dict[str, Any]]) -> float | None
     return None
 
 
+def _layer(fault: F.Fault, samples: list[dict[str, Any]]) -> str:
+    """The recovery layer that acted, as seen from the fleet: a replica rebuilt (a later generation), a
+    host drained (unhealthy at the gateway after the fault), or a fault healed in place before either."""
+    after = [s for s in samples if s["time"] >= fault.injected_at]
+    if fault.replica:
+        rid = f"{fault.host}.{fault.replica}"
+        gens = [r["generation"] for s in samples for r in s["replicas"] if r["id"] == rid]
+        return "rebuild" if gens and max(gens) > min(gens) else "healed in place"
+    if any(s["hosts"].get(fault.host) is False for s in after):
+        return "drain"
+    failed = any(
+        r["state"] in ("failed", "recovering")
+        for s in after
+        for r in s["replicas"]
+        if r["id"].startswith(f"{fault.host}.")
+    )
+    return "rebuild" if failed else LAYER.get(fault.kind, "rebuild")
+
+
 def _leaks(hosts: list[BenchHost], settings: Settings) -> dict[str, int]:
     prefixes = tuple(h.prefix for h in hosts)
     with Virt(settings.libvirt_uri) as virt:
@@ -396,7 +415,7 @@ def _audit(
                 "injected_at": round(f.injected_at - started, 1),
                 "healed_at": round(f.healed_at - started, 1) if f.healed_at else None,
                 "recovered_after_s": round(back - f.injected_at, 1) if back else None,
-                "layer": LAYER.get(f.kind, "rebuild"),
+                "layer": _layer(f, samples),
             }
         )
     aborted = [e for e in episodes if e.get("status") == "aborted"]

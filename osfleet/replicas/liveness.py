@@ -12,6 +12,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
+
 from osfleet.errors import OsfleetError
 from osfleet.virt import Virt
 
@@ -19,6 +21,7 @@ PROBE_EVERY_SECONDS = 10.0
 PROBE_TIMEOUT_SECONDS = 5
 MISSES_TO_DIE = 3
 PROBE_WORKERS = 2
+STOPPED_SECONDS = 15.0  # a QEMU process stopped (SIGSTOP, state T) this long is frozen, whatever libvirt says
 
 
 class Liveness:
@@ -33,6 +36,7 @@ class Liveness:
         self._last: dict[str, float] = {}  # domain -> when its last probe was sent
         self._missed: dict[str, int] = {}  # domain -> pings missed in a row
         self._inflight: set[str] = set()
+        self._stopped_since: dict[str, float] = {}  # domain -> when its QEMU was first seen stopped
 
     def probe(self, domains: list[str]) -> None:
         """Send a ping to every domain whose last one is older than ``every`` (and not still waiting)."""
@@ -41,15 +45,31 @@ class Liveness:
             for gone in set(self._last) - set(domains):  # forget domains that are no longer running
                 self._last.pop(gone, None)
                 self._missed.pop(gone, None)
+                self._stopped_since.pop(gone, None)
             due = [d for d in domains if d not in self._inflight and now - self._last.get(d, 0.0) >= self.every]
             for d in due:
                 self._inflight.add(d)
                 self._last[d] = now
         for d in due:
+            self._check_stopped(d, now)
             try:
                 self._pool.submit(self._ping, d)
             except RuntimeError:  # shut down
                 return
+
+    def _check_stopped(self, domain: str, now: float) -> None:
+        """A stopped QEMU answers nothing, but libvirt's calls to it wait on their locks for a long time
+        first; the process state says it at once (read from /proc, no call into libvirt)."""
+        pid = self.virt.qemu_pid(domain)
+        try:
+            stopped = pid is not None and psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            stopped = False
+        with self._lock:
+            if stopped:
+                self._stopped_since.setdefault(domain, now)
+            else:
+                self._stopped_since.pop(domain, None)
 
     def _ping(self, domain: str) -> None:
         try:
@@ -62,8 +82,11 @@ class Liveness:
             self._missed[domain] = 0 if ok else self._missed.get(domain, 0) + 1
 
     def dead(self) -> set[str]:
+        now = time.monotonic()
         with self._lock:
-            return {d for d, n in self._missed.items() if n >= self.misses}
+            silent = {d for d, n in self._missed.items() if n >= self.misses}
+            frozen = {d for d, t in self._stopped_since.items() if now - t >= STOPPED_SECONDS}
+            return silent | frozen
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
