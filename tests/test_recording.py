@@ -195,3 +195,18 @@ def test_osgym_episodes_are_recorded_with_their_action_strings(fake: FakeHost, h
     steps = TrajectoryStore(store_dir(home_env)).steps(meta.id)
     assert [s.metadata["osgym_action"] for s in steps] == ["click(1,2)", "finish()"]
     assert (meta.end_reason, meta.ended_by, meta.steps) == ("evaluated", "agent", 2)
+
+
+def test_a_new_task_on_the_same_lease_starts_a_new_episode(fake: FakeHost, home_env: Path) -> None:
+    with agent(fake) as c:
+        lease = c.post("/v1/leases", json={}, headers=AUTH).json()
+        rid, lid = lease["replica_id"], lease["lease_id"]
+        for n in range(2):
+            c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK, "observe": False}, headers=AUTH)
+            body = {"lease_id": lid, "action_id": f"a{n}", "actions": [{"type": "wait", "seconds": 0}]}
+            assert c.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH).status_code == 200
+        c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH)
+    older, newer = reversed(TrajectoryStore(store_dir(home_env)).all())
+    assert (older.end_reason, older.ended_by, older.steps) == ("reset", "agent", 1)
+    assert (newer.end_reason, newer.ended_by, newer.steps) == ("released", "agent", 1)
+    assert older.reset_image is not None  # recorded though the client did not ask to observe

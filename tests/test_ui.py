@@ -303,6 +303,19 @@ def test_ui_routes_need_the_token_and_stay_out_of_the_openapi(fake: ScreenHost) 
             assert ws.receive_bytes()[:2] == b"\xff\xd8"  # a JPEG frame
             ws.send_json({"op": "take"})  # a ready replica (no lease) is not taken over
             assert "only a leased replica" in ws.receive_json()["error"]
+        # A take-over holds for the lease it was made under: released, the replica serves its next lease.
+        lease = c.post("/v1/leases", json={}, headers=AUTH).json()
+        rid, lid = lease["replica_id"], lease["lease_id"]
+        assert c.post(f"/ui/api/replicas/{rid}/take-over").status_code == 200
+        step = {"lease_id": lid, "action_id": "s1", "actions": [{"type": "click", "x": 1, "y": 1}]}
+        assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["kind"] == "busy"
+        assert c.post(f"/ui/api/replicas/{rid}/act", json=[{"type": "click", "x": 999, "y": 1}]).status_code == 422
+        assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
+        again = c.post("/v1/leases", json={}, headers=AUTH).json()
+        while again["replica_id"] != rid:  # the other ready replica came first
+            again = c.post("/v1/leases", json={}, headers=AUTH).json()
+        step = {**step, "lease_id": again["lease_id"]}
+        assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).status_code == 200
         c.cookies.clear()
         with pytest.raises(Exception), c.websocket_connect(f"/ui/ws/replicas/{rid}") as ws:  # noqa: B017
             ws.receive_bytes()

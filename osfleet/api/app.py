@@ -195,7 +195,7 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
             applied = live.data.applied(req.action_id)
             seen = None
             if applied is None:
-                s.check_not_taken_over(rid)
+                s.check_not_taken_over(rid, req.lease_id)
                 if live.data.pending == req.action_id:
                     raise StepOutcomeUnknownError(
                         f"step {req.action_id} was under way when the host agent stopped; its outcome is unknown "
@@ -321,7 +321,7 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
         with live.lock:
             task = s.task_of(live, rid)
             if parsed.actions:
-                s.check_not_taken_over(rid)
+                s.check_not_taken_over(rid, live.data.lease_id)
             start = time.monotonic()
             try:
                 results = s.host.act(rid, parsed.actions) if parsed.actions else []

@@ -56,7 +56,8 @@ class AgentState:
             trajectories = TrajectoryStore(store_dir(host.settings.home), rc.max_bytes, rc.max_episodes)
             self.recorder = Recorder(trajectories, rc, host_name=socket.gethostname())
             self.recorder.start(self.lease_ended)
-        self.taken_over: dict[str, float] = {}  # replica -> since when a person drives it from the dashboard
+        # replica -> the lease a person drives it under from the dashboard (a later lease is not affected)
+        self.taken_over: dict[str, str] = {}
 
     def _reload(self) -> None:
         """Episodes of leases that survived a restart; others (released, expired) are dropped."""
@@ -148,9 +149,9 @@ class AgentState:
             return "lease_expired" if "expired" in str(exc) else "lease_lost"
         return None
 
-    def check_not_taken_over(self, rid: str) -> None:
+    def check_not_taken_over(self, rid: str, lease_id: str) -> None:
         """A replica a person drives from the dashboard refuses the agent's steps (409 busy) until handed back."""
-        if rid in self.taken_over:
+        if self.taken_over.get(rid) == lease_id:
             raise ReplicaBusyError(f"a person has taken over replica {rid} from the dashboard; retry when handed back")
 
     def close(self) -> None:

@@ -53,6 +53,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._check: LeaseCheck | None = None
         self._bytes = 0
         for meta in store.all():  # episodes left open by an agent that stopped: the sweep ends them
             self._bytes += meta.bytes
@@ -71,7 +72,11 @@ class Recorder:
         """Start recording an episode on ``rid`` (ending the one before on this lease: the agent reset)."""
         current = self._get(rid)
         if current is not None:
-            self.end(rid, current.meta.lease_id, "evaluated" if current.meta.reward is not None else "reset")
+            old = current.meta.lease_id
+            if old == lease_id:  # the agent reset its own replica to a new task
+                self.end(rid, old, "evaluated" if current.meta.reward is not None else "reset")
+            else:  # an earlier lease ended without the agent, and the sweep has not seen it yet
+                self.end(rid, old, (self._check(rid, old) if self._check else None) or "lease_lost")
         meta = TrajectoryMeta(
             id=new_id(),
             replica_id=rid,
@@ -200,6 +205,8 @@ class Recorder:
                 self.end(rid, lease_id, why)
 
     def start(self, check: LeaseCheck) -> None:
+        self._check = check
+
         def loop() -> None:
             while not self._stop.wait(SWEEP_SECONDS):
                 self.sweep(check)

@@ -112,7 +112,7 @@ class LocalBackend:
                 holder=r.lease.holder if r.lease is not None else None,
                 lease_expires_at=r.lease.expires_at if r.lease is not None else None,
                 created_at=r.created_at,
-                taken_over=r.id in s.taken_over,
+                taken_over=r.lease is not None and s.taken_over.get(r.id) == r.lease.id,
                 recording=recording.get(r.id),
             )
             for r in sorted(s.host.replicas(), key=lambda r: r.created_at)
@@ -138,8 +138,8 @@ class LocalBackend:
         return rec
 
     async def take_over(self, rid: str) -> None:
-        self._leased(rid)
-        self.s.taken_over[rid] = time.time()
+        rec = self._leased(rid)
+        self.s.taken_over[rid] = rec.lease.id
 
     async def hand_back(self, rid: str) -> None:
         self.s.taken_over.pop(rid, None)
@@ -147,7 +147,7 @@ class LocalBackend:
     async def act(self, rid: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """A person's input through the agent's own act path (validated the same way), recorded as theirs."""
         rec = self._leased(rid)
-        if rid not in self.s.taken_over:
+        if self.s.taken_over.get(rid) != rec.lease.id:
             raise Conflict(f"take over replica {rid} before sending input")
         parsed = ACTIONS.validate_python(actions)
         check_actions(parsed, self.s.host.image.screen)
