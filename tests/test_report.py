@@ -85,3 +85,28 @@ def test_html_comes_from_the_template_escaped(tmp_path: Path) -> None:
 def test_a_run_directory_without_results_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OsfleetError, match="holds no results"):
         render(tmp_path)
+
+
+def test_a_chaos_run_through_a_gateway_gets_its_section_and_timeline(tmp_path: Path) -> None:
+    started = 1_000_000.0
+    chaos = {
+        "started_at": started, "hosts": 2, "users": 4, "duration_s": 300, "fault_kinds": 1,
+        "scored_episodes": 1, "aborted_episodes": 1, "collateral_aborts": 0, "lost_actions": 0,
+        "duplicated_actions": 0, "unrecovered_faults": 0, "leaks": {"domains": 0},
+        "faults": [{"kind": "kill_qemu", "target": "h1/r-1", "mechanism": "SIGKILL", "injected_at": 30.0,
+                    "recovered_after_s": 12.5, "layer": "rebuild"}],
+    }  # fmt: skip
+    (tmp_path / "chaos.json").write_text(json.dumps(chaos))
+    episodes = [
+        {"status": "scored", "reward": 1.0, "success": True, "t_start": started + 1, "t_end": started + 9, "steps": 2},
+        {"status": "aborted", "t_start": started + 25, "t_end": started + 31, "steps": 1},
+    ]
+    (tmp_path / "trajectories-1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    host = {"replicas": {"ready": 1, "leased": 1}, "disk_allocated_bytes": {"overlays": 2**20}, "cpu_busy_share": 0.5}
+    fleet = {"time": started + 2, "hosts": {"h1": {"sample": host}, "h2": {"sample": host}}}  # through a gateway
+    (tmp_path / "samples.jsonl").write_text(json.dumps(fleet) + "\n")
+    paths = render(tmp_path)
+    assert tmp_path / "chaos_timeline.png" in paths
+    Image.open(tmp_path / "chaos_timeline.png").verify()
+    md = (tmp_path / "report.md").read_text()
+    assert "Faults (osfleet bench chaos)" in md and "| kill_qemu | h1/r-1 | SIGKILL | 30 s | 12.5 s | rebuild |" in md

@@ -39,6 +39,7 @@ from osfleet.chaos.runner import ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
+from osfleet.machine import describe
 from osfleet.virt import Virt
 
 Say = Callable[[str], None]
@@ -344,7 +345,7 @@ def run(
     sampler: Sampler | None = None
     runner: ChaosRunner | None = None
     stop_chaos = threading.Event()
-    result: dict[str, Any] = {"hosts": hosts, "users": users, "duration_s": duration_s}
+    result: dict[str, Any] = {"hosts": hosts, "users": users, "duration_s": duration_s, "machine": describe()}
     try:
         say(f"[1/5] {hosts} host agents on loopback (own tmpfs home, prefix and restart loop), {warm} warm each")
         for h in fleet:
@@ -421,6 +422,7 @@ def _audit(
     aborted = [e for e in episodes if e.get("status") == "aborted"]
     unscored = len(episodes) - sum(1 for e in episodes if e.get("status") == "scored")
     return {
+        "started_at": started,
         "abort_rate": round(unscored / len(episodes), 4) if episodes else None,
         "fault_kinds": len({f.kind for f in faults}),
         "faults": fault_rows,

@@ -42,9 +42,36 @@ def draw(results: RunResults) -> list[Figure]:
         figures += _load_test(plt, out, results)
     if results.density is not None and results.density.get("memory_curve"):
         figures.append(_density(plt, out, results.density))
+    if results.chaos is not None and results.chaos.get("started_at"):
+        figures.append(_chaos(plt, out, results))
     if results.cost is not None:
         figures.append(_cost(plt, out, results.cost, results.load.caption))
     return figures
+
+
+def _chaos(plt: Any, out: Path, results: RunResults) -> Figure:
+    """Faults (injection to recovery, one row per fault) above the episodes they met (end times)."""
+    chaos = results.chaos or {}
+    t0 = float(chaos["started_at"])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, height_ratios=(2, 1))
+    faults = chaos.get("faults", [])
+    for i, f in enumerate(faults):
+        start = f["injected_at"]
+        end = start + (f["recovered_after_s"] or 0)
+        color = "tab:red" if f["recovered_after_s"] is None else "tab:orange"
+        top.plot([start, end], [i, i], color=color, linewidth=6, solid_capstyle="butt")
+        top.text(end + 2, i, f"{f['kind']} {f['target']} ({f['layer']})", va="center", fontsize=7)
+    top.set_yticks([])
+    top.set_title("Faults: injected until their target served again (red: never)", fontsize=9)
+    scored = [float(e["t_end"]) - t0 for e in results.load.trajectories if e.get("status") == "scored"]
+    aborted = [float(e["t_end"]) - t0 for e in results.load.trajectories if e.get("status") != "scored"]
+    bottom.scatter(scored, [1] * len(scored), marker="|", color="tab:green", label=f"scored ({len(scored)})")
+    bottom.scatter(aborted, [0] * len(aborted), marker="x", color="tab:red", label=f"unscored ({len(aborted)})")
+    bottom.set_yticks([0, 1], ["unscored", "scored"])
+    bottom.set_xlabel("seconds since the load started")
+    bottom.legend(fontsize=7, loc="upper right")
+    _save(plt, fig, out / "chaos_timeline.png", results.load.caption)
+    return Figure("chaos_timeline.png", "Chaos run: faults and the episodes around them")
 
 
 def _density(plt: Any, out: Path, d: dict[str, Any]) -> Figure:

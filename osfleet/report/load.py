@@ -47,6 +47,8 @@ class RunResults:
     load: LoadTest
     cost: Cost | None
     density: dict[str, Any] | None = None  # density.json from ``osfleet bench density --out``
+    chaos: dict[str, Any] | None = None  # chaos.json from ``osfleet bench chaos`` (its run directory)
+    infra: dict[str, Any] | None = None  # infra.json from ``osfleet bench infra --out RUN_DIR/infra.json``
 
 
 def load(run_dir: Path) -> RunResults:
@@ -61,6 +63,7 @@ def load(run_dir: Path) -> RunResults:
         and resets is None
         and not load_test.trajectories
         and not _json(run_dir, "density.json")
+        and not _json(run_dir, "infra.json")
     ):
         raise OsfleetError(
             f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
@@ -71,7 +74,8 @@ def load(run_dir: Path) -> RunResults:
     cost = _cost(resets, load_test)
     if density is not None and density.get("mib_per_replica"):
         cost = _density_cost(density, cost)
-    return RunResults(run_dir, disk, boot, resets, load_test, cost, density)
+    chaos, infra = _json(run_dir, "chaos.json"), _json(run_dir, "infra.json")
+    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra)
 
 
 def caption(machine: dict[str, Any]) -> str:
@@ -89,7 +93,7 @@ def load_test_results(run_dir: Path) -> LoadTest:
         with open(run_dir / "trajectories_stats.csv") as f:
             stats = list(csv.DictReader(f))
     machine: dict[str, Any] = {}
-    for name in ("run.json", "reset.json", "boot.json", "disk.json"):
+    for name in ("run.json", "reset.json", "boot.json", "disk.json", "chaos.json"):
         doc = _json(run_dir, name)
         if doc and doc.get("machine"):
             machine = doc["machine"]
@@ -97,11 +101,37 @@ def load_test_results(run_dir: Path) -> LoadTest:
     trajectories = [row for f in sorted(run_dir.glob("trajectories-*.jsonl")) for row in _jsonl(f)]
     return LoadTest(
         trajectories=trajectories,
-        samples=[s for s in _jsonl(run_dir / "samples.jsonl") if "error" not in s],
+        samples=[_one_host(s) for s in _jsonl(run_dir / "samples.jsonl") if "error" not in s],
         stats=stats,
         bringup=_jsonl(run_dir / "bringup.jsonl"),
         caption=caption(machine) if machine else LoadTest.caption,
     )
+
+
+def _one_host(sample: dict[str, Any]) -> dict[str, Any]:
+    """A fleet gateway's ``/v1/host`` sample (one per host) summed into one host's shape; a host's as it is."""
+    if "hosts" not in sample:
+        return sample
+    hosts = [h["sample"] for h in sample["hosts"].values() if h.get("sample")]
+    replicas: dict[str, int] = {}
+    disk: dict[str, int] = {}
+    counters: dict[str, int] = {}
+    for h in hosts:
+        for k, v in (h.get("replicas") or {}).items():
+            replicas[k] = replicas.get(k, 0) + v
+        for k, v in (h.get("disk_allocated_bytes") or {}).items():
+            disk[k] = disk.get(k, 0) + v
+        for k, v in (h.get("counters") or {}).items():
+            counters[k] = counters.get(k, 0) + v
+    busy = [h["cpu_busy_share"] for h in hosts if h.get("cpu_busy_share") is not None]
+    return {
+        "time": sample["time"],
+        "replicas": replicas,
+        "disk_allocated_bytes": {"golden": 0, "overlays": 0, "saved_states": 0, **disk},
+        "counters": counters,
+        "cpu_busy_share": max(busy) if busy else None,  # hosts on one machine share its CPU: not a sum
+        "memory_used_bytes": max((h.get("memory_used_bytes") or 0) for h in hosts) if hosts else 0,
+    }
 
 
 def trajectory_summary(traj: list[dict[str, Any]]) -> dict[str, Any]:

@@ -76,6 +76,10 @@ def document(results: RunResults, figures: list[Figure]) -> list[Section]:
         sections.append(_resets(results.resets, key))
     if results.load.trajectories or results.load.stats:
         sections.append(_load_test(results, key))
+    if results.chaos is not None:
+        sections.append(_chaos(results.chaos, key))
+    if results.infra is not None:
+        sections.append(_infra(results.infra, key))
     if results.cost is not None:
         sections.append(_cost(results, key))
     sections.append(
@@ -87,6 +91,47 @@ def document(results: RunResults, figures: list[Figure]) -> list[Section]:
     sections.append(Section("Key figures", [Table(["figure", "value", "source"], key)]))
     sections.append(Section("Figures", [Image(f.file, f.title) for f in figures]))
     return sections
+
+
+def _chaos(c: dict[str, Any], key: list[list[str]]) -> Section:
+    rows = [
+        [
+            f["kind"],
+            f["target"],
+            f.get("mechanism", ""),
+            f"{f['injected_at']:.0f} s",
+            f"{f['recovered_after_s']:.1f} s" if f["recovered_after_s"] is not None else "never",
+            f["layer"],
+        ]
+        for f in c.get("faults", [])
+    ]
+    text = (
+        f"{c.get('fault_kinds')} fault kinds injected into {c.get('hosts')} hosts while {c.get('users')} Locust "
+        f"agents ran for {c.get('duration_s')} s through the fleet gateway: {c.get('scored_episodes')} episodes "
+        f"scored, {c.get('aborted_episodes')} aborted (unscored), {c.get('collateral_aborts')} aborts with no fault "
+        f"behind them; {c.get('lost_actions')} acknowledged steps missing from the hosts' audit logs, "
+        f"{c.get('duplicated_actions')} applied twice; {c.get('unrecovered_faults')} targets never served again; "
+        f"leftovers after teardown: {sum((c.get('leaks') or {}).values())} ({HERE})."
+    )
+    key += [
+        ["chaos: collateral aborts / lost / duplicated steps",
+         f"{c.get('collateral_aborts')} / {c.get('lost_actions')} / {c.get('duplicated_actions')}", HERE],
+    ]  # fmt: skip
+    return Section(
+        "Faults (osfleet bench chaos)",
+        [Text(text), Table(["fault", "target", "mechanism", "injected", "recovered after", "layer"], rows)],
+    )
+
+
+def _infra(i: dict[str, Any], key: list[list[str]]) -> Section:
+    leftovers = sum((i.get("leftovers") or {}).values())
+    text = (
+        f"{i.get('engine')}: `up` of {i.get('hosts')} lab hosts in {i.get('up_seconds')} s, "
+        f"{i.get('hosts_healthy')} agents healthy, a second `up` with {i.get('second_up_changes')} changes, "
+        f"`destroy` in {i.get('destroy_seconds')} s, {leftovers} leftovers ({HERE})."
+    )
+    key.append(["pulumi up of the lab (real engine)", f"{i.get('up_seconds')} s", HERE])
+    return Section("Infrastructure as code (osfleet bench infra)", [Text(text)])
 
 
 def _disk(disk: dict[str, Any], key: list[list[str]]) -> Section:
