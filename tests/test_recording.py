@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -210,3 +211,52 @@ def test_a_new_task_on_the_same_lease_starts_a_new_episode(fake: FakeHost, home_
     assert (older.end_reason, older.ended_by, older.steps) == ("reset", "agent", 1)
     assert (newer.end_reason, newer.ended_by, newer.steps) == ("released", "agent", 1)
     assert older.reset_image is not None  # recorded though the client did not ask to observe
+
+
+@pytest.mark.vm
+def test_a_real_replicas_episode_is_recorded_with_its_desktop(golden: Any, settings: Any, no_leftovers: None) -> None:
+    from osfleet.replicas.manager import ReplicaHost
+
+    hosts: list[ReplicaHost] = []
+
+    def factory() -> ReplicaHost:
+        hosts.append(ReplicaHost(golden, settings, warm=1, auto_recover=False))
+        return hosts[0]
+
+    store = TrajectoryStore(store_dir(settings.home))
+    before = set(store.ids())
+    config = AgentConfig(token=TOKEN, warm=1, recording=RecordingConfig(quality=70))
+    try:
+        with TestClient(create_app(config, factory)) as c:
+            try:
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline and not any(r.state == "ready" for r in hosts[0].replicas()):
+                    time.sleep(0.5)
+                lease = c.post("/v1/leases", json={"holder": "vm-test"}, headers=AUTH).json()
+                rid, lid = lease["replica_id"], lease["lease_id"]
+                reset = {"lease_id": lid, "task_id": "cli-write-note", "observe": False}
+                assert c.post(f"/v1/replicas/{rid}/reset", json=reset, headers=AUTH).status_code == 200
+                oracle = [{"type": "cli_command", "command": "mkdir -p ~/notes && echo 'buy milk' > ~/notes/todo.txt"}]
+                step = {"lease_id": lid, "action_id": "a1", "actions": oracle, "observe": False, "metadata": META}
+                assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).status_code == 200
+                scored = c.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH)
+                assert scored.json()["reward"] == 1.0
+                thumb = c.get(f"/ui/api/replicas/{rid}/screen", params={"w": 320}, headers=AUTH)
+                with Image.open(io.BytesIO(thumb.content)) as img:
+                    assert img.format == "JPEG" and img.width == 320
+                assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
+            finally:
+                hosts[0].stop_background()
+                hosts[0].down()
+        [tid] = set(store.ids()) - before
+        meta, steps = store.meta(tid), store.steps(tid)
+        assert (meta.task_id, meta.reward, meta.end_reason, meta.steps) == ("cli-write-note", 1.0, "evaluated", 1)
+        assert steps[0].metadata == META and steps[0].results[0]["ok"]
+        for name in (meta.reset_image, steps[0].image):
+            with Image.open(store.image_path(tid, name or "")) as img:
+                assert img.format == "JPEG" and img.size == (1280, 800)
+                low, high = img.convert("L").getextrema()
+                assert high - low > 50  # a drawn desktop, not a blank screen
+    finally:
+        for tid in set(store.ids()) - before:
+            store.delete(tid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
+import threading
 import time
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from osfleet.replicas.records import State
 
 ACTIONS = TypeAdapter(list[Action])
 THUMB_WIDTH = 320
+SCREEN_CACHE_SECONDS = 0.5  # viewers of one replica share its screenshots (two a second at most per size)
 
 
 class ReplicaRow(BaseModel):
@@ -86,6 +88,8 @@ class LocalBackend:
         self._state = state  # () -> AgentState
         self._sample = sample  # () -> the /v1/host sample
         self.host_name = socket.gethostname()
+        self._screens: dict[tuple[str, int | None], tuple[float, bytes]] = {}
+        self._screens_lock = threading.Lock()
 
     @property
     def s(self) -> Any:
@@ -122,6 +126,12 @@ class LocalBackend:
         return {"this host": await run_in_threadpool(self._sample)}
 
     async def screen(self, rid: str, width: int | None) -> bytes:
+        key, now = (rid, width), time.monotonic()
+        with self._screens_lock:
+            cached = self._screens.get(key)
+        if cached is not None and now - cached[0] < SCREEN_CACHE_SECONDS:
+            return cached[1]
+
         def grab() -> bytes:
             rec = self.s.host.get(rid)
             try:
@@ -129,7 +139,11 @@ class LocalBackend:
             except OsfleetError:
                 return placeholder(f"{rid}: {rec.state.value}")
 
-        return await run_in_threadpool(grab)
+        data = await run_in_threadpool(grab)
+        with self._screens_lock:
+            self._screens = {k: v for k, v in self._screens.items() if now - v[0] < 10 * SCREEN_CACHE_SECONDS}
+            self._screens[key] = (time.monotonic(), data)
+        return data
 
     def _leased(self, rid: str) -> Any:
         rec = self.s.host.get(rid)
@@ -154,6 +168,8 @@ class LocalBackend:
         start = time.monotonic()
         results = await run_in_threadpool(self.s.host.act, rid, parsed)
         took = time.monotonic() - start
+        with self._screens_lock:  # the person sees the effect in the next frame
+            self._screens = {k: v for k, v in self._screens.items() if k[0] != rid}
         dumped = [r.model_dump(mode="json") for r in results]
         if self.s.recorder is not None:
             png = await run_in_threadpool(self.s.host.screenshot, rid, "png")
