@@ -283,6 +283,26 @@ def test_the_gateway_dashboard_shows_every_hosts_replicas_and_trajectories(
         wait_for_colour(page, "#frame", COLOURS[1])
         assert '"action_id": "g1"' in page.inner_text("#detail")
         shot(page, tmp_path, "gateway-replay")
+
+        # Take-over through the gateway: the live view's frames come through it, and so does the person's input.
+        lease = api.post("/v1/leases", json={"holder": "via-gateway"}).json()
+        rid, lid = lease["replica_id"], lease["lease_id"]
+        page.goto(f"{gw.url}/ui/replicas/kvm1.{rid}")
+        page.wait_for_function("document.getElementById('screen').dataset.frames >= '1'")
+        page.click("#take")
+        page.wait_for_selector("#give:not([hidden])")
+        step = {"lease_id": lid, "action_id": "g2", "actions": [{"type": "click", "x": 5, "y": 5}]}
+        assert api.post(f"/v1/replicas/{rid}/step", json=step).status_code == 409
+        before = len(fake.applied)
+        page.click("#screen", position={"x": 30, "y": 30})
+        deadline = time.monotonic() + 10
+        while len(fake.applied) == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fake.applied[-1][1][0].type == "click"
+        shot(page, tmp_path, "gateway-live-taken-over")
+        page.click("#give")
+        page.wait_for_selector("#take:not([hidden])")
+        assert api.post(f"/v1/replicas/{rid}/step", json=step).status_code == 200
     finally:
         gw.stop()
 
