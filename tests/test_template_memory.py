@@ -269,3 +269,94 @@ def test_clones_share_the_template_file_yet_keep_their_own_memory_and_a_reset_is
     assert abs(guest_now - time.time()) < 2.0
     assert took < 1.0, took
     assert h.shell(a, "cat /dev/shm/marker 2>/dev/null || echo absent", 30)["stdout"].strip() == "absent"
+
+
+# --- spares, without VMs: which path a reset takes ------------------------------------------------------------
+class SpareVirt:
+    """Just enough of ``Virt`` for a generation's bring-up; records what was done to which domain."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.running: set[str] = set()
+
+    def _do(self, what: str, name: str) -> None:
+        self.calls.append((what, name))
+
+    def is_running(self, name: str) -> bool:
+        return name in self.running
+
+    def resume(self, name: str) -> None:
+        self._do("resume", name)
+
+    def suspend(self, name: str) -> None:
+        self._do("suspend", name)
+
+    def destroy(self, name: str) -> bool:
+        self._do("destroy", name)
+        self.running.discard(name)
+        return True
+
+    def wait_for_agent(self, name: str, timeout: float) -> float:
+        return 0.0
+
+    def guest_exec(self, name: str, argv: list[str], timeout: float = 30) -> tuple[int, str, str]:
+        self._do("identity", name)
+        return 0, "", ""
+
+
+def spare_generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, fail_spare: bool = False) -> tuple:
+    from osfleet.replicas import generations
+    from osfleet.replicas.generations import Generations
+    from osfleet.replicas.records import ReplicaRecord
+
+    virt = SpareVirt()
+    settings = Settings(home=tmp_path)
+    gen = Generations(virt, fake_image(tmp_path), "qemu", ReplicaShape(), settings, lambda m: None)  # type: ignore[arg-type]
+    state = saved_state.SavedState(tmp_path, {"memory_mode": mode, "ram_path": str(tmp_path / "t.ram")})
+    gen._saved = state
+
+    failures = [1] if fail_spare else []
+
+    def start_incoming(virt_: SpareVirt, st: object, image: object, name: str, *rest: object) -> None:
+        if failures and "g2" in name:  # the spare's start fails once; the reset's own start works
+            failures.pop()
+            raise OsfleetError("no room for a spare")
+        virt_.running.add(name)
+        virt_._do("start", name)
+
+    monkeypatch.setattr(generations.saved_state, "start_incoming", start_incoming)
+    monkeypatch.setattr(generations.saved_state, "load_memory", lambda v, st, name: v._do("load", name))
+    monkeypatch.setattr(generations.guest_clock, "start_helper", lambda v, name: 42)
+    clock: list[tuple[str, int | None]] = []
+    monkeypatch.setattr(generations.guest_clock, "set_now", lambda v, name, helper: clock.append((name, helper)))
+    monkeypatch.setattr(Generations, "desktop_drawn", lambda self, name: True)
+    rec = ReplicaRecord(id="r-1", image="golden-unit", mode="snapshot", hostname="h", machine_id="m")
+    (tmp_path / "replicas" / "r-1").mkdir(parents=True)
+    gen.bring_up(rec, "snapshot")  # generation 1, no spare yet
+    gen.prepare_standby(rec)
+    gen.settle()
+    virt.calls.clear()
+    gen.bring_up(rec, "snapshot")  # generation 2: the reset
+    gen.close()
+    return virt.calls, clock
+
+
+def test_a_reset_only_resumes_a_restored_spare_and_sets_its_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, clock = spare_generations(tmp_path, monkeypatch, "template")
+    assert calls[0] == ("resume", "osfleet-r-1-g2")
+    assert not any(what in ("start", "load", "identity") for what, _ in calls[:1])
+    assert clock == [("osfleet-r-1-g2", 42)]
+
+
+def test_a_failed_spare_falls_back_to_restoring_on_the_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, clock = spare_generations(tmp_path, monkeypatch, "template", fail_spare=True)
+    assert [w for w, _ in calls][:3] == ["start", "load", "identity"] and clock == []
+
+
+def test_full_stream_states_keep_a_started_standby_and_load_on_the_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, clock = spare_generations(tmp_path, monkeypatch, "stream")
+    assert [w for w, _ in calls][:2] == ["load", "identity"] and clock == []
