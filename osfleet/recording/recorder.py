@@ -11,6 +11,7 @@ Recording never fails a request: a write error is logged and that episode stops 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from osfleet.recording.store import (
 log = logging.getLogger(__name__)
 
 SWEEP_SECONDS = 2.0
+FS_SHARE = 10  # recordings never take more than a tenth of the file system they are on (a host's tmpfs home)
 LeaseCheck = Callable[[str, str], "EndReason | None"]
 """(replica, lease) -> None while the lease holds, else why it ended (lease_expired, lease_lost, ...)."""
 
@@ -55,6 +57,10 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._check: LeaseCheck | None = None
         self._bytes = 0
+        store.root.mkdir(parents=True, exist_ok=True)
+        fs_cap = shutil.disk_usage(store.root).total // FS_SHARE
+        self.max_bytes = fs_cap if config.max_bytes is None else min(config.max_bytes, fs_cap)
+        store.max_bytes = self.max_bytes
         for meta in store.all():  # episodes left open by an agent that stopped: the sweep ends them
             self._bytes += meta.bytes
             if meta.open:
@@ -241,7 +247,7 @@ class Recorder:
     def _grew(self, added: int) -> None:
         with self._lock:
             self._bytes += added
-            over = (self.config.max_bytes is not None and self._bytes > self.config.max_bytes) or (
+            over = self._bytes > self.max_bytes or (
                 self.config.max_episodes is not None and len(self.store.ids()) > self.config.max_episodes
             )
         if over:
