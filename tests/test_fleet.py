@@ -197,3 +197,29 @@ def test_a_restarted_gateway_carries_on_with_the_same_fleet_ids(agents: dict[str
     with gateway(agents) as gw:  # a new process: nothing remembered but the hosts list
         step = {"lease_id": r["lease_id"], "action_id": "a1", "actions": SHELL, "observe": False}
         assert gw.post(f"/v1/replicas/{r['replica_id']}/step", json=step, headers=AUTH).status_code == 200
+
+
+def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[str, Agent]) -> None:
+    from types import SimpleNamespace
+
+    from osfleet.bench.chaos import gateway_overhead
+
+    port = free_port()
+    app = create_gateway(TOKEN, [a.entry for a in agents.values()])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        gw = SimpleNamespace(url=f"http://127.0.0.1:{port}", headers=AUTH)
+        hosts = [SimpleNamespace(name=a.name, url=a.entry.url, token=a.entry.token) for a in agents.values()]
+        out = gateway_overhead(gw, hosts, rounds=10)  # type: ignore[arg-type]
+        assert out["rounds"] == 10 and out["direct_p50_ms"] > 0 and out["gateway_p50_ms"] > 0
+        assert out["added_p50_ms"] == pytest.approx(out["gateway_p50_ms"] - out["direct_p50_ms"])
+        applied = sum(len(a.host.applied) for a in agents.values())
+        assert applied == 20  # every step really ran, ten each way
+    finally:
+        server.should_exit = True
+        thread.join(10)

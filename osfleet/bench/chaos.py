@@ -40,6 +40,7 @@ from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
+from osfleet.stats import percentile
 from osfleet.virt import Virt
 
 Say = Callable[[str], None]
@@ -66,6 +67,7 @@ SUMMARY_KEYS = (
     "leaks",
 )
 SAMPLE_SECONDS = 2.0
+OVERHEAD_ROUNDS = 40
 FREEZE_SECONDS = 60.0  # longer than liveness needs to call the guest dead (3 pings, 10 s apart, 5 s timeout)
 RECOVERY_GRACE_SECONDS = 120.0  # a fault "touches" an episode from its injection until this long after it heals
 AGENT_START_SECONDS = 600.0
@@ -356,6 +358,8 @@ def run(
         gateway = Gateway(fleet, run_dir)
         gw = gateway
         _wait(lambda: _get(f"{gw.url}/health", timeout=2)[0] == 200, 60, "the gateway", say)
+        say("      gateway overhead: the same step, straight to a host and through the gateway, alternating")
+        result["gateway_overhead"] = gateway_overhead(gateway, fleet)
         sampler = Sampler(gateway, run_dir / "fleet-samples.jsonl")
         sampler.start()
         plan = _plan(fleet, kinds, every_s) if kinds else ChaosPlan(faults=[])
@@ -439,6 +443,40 @@ def _audit(
         "agent_restarts": {h.name: h.restarts for h in fleet},
         "recovery_layers": Counter(r["layer"] for r in fault_rows),
     }
+
+
+def gateway_overhead(gateway: Gateway, fleet: list[BenchHost], rounds: int = OVERHEAD_ROUNDS) -> dict[str, Any]:
+    """p50 of one step (a zero-second wait, no observation) sent straight to its host and through the
+    gateway, alternating on one leased replica over kept-alive connections: what the gateway adds."""
+    import httpx2 as httpx
+
+    direct: list[float] = []
+    proxied: list[float] = []
+    with httpx.Client(timeout=60) as client:
+        lease = client.post(f"{gateway.url}/v1/leases", json={"holder": "overhead"}, headers=gateway.headers)
+        if lease.status_code != 201:
+            raise OsfleetError(f"gateway overhead: no lease ({lease.status_code}: {lease.text[:200]})")
+        rid, lid = lease.json()["replica_id"], lease.json()["lease_id"]
+        host_name, local = rid.split(".", 1)
+        host = next(h for h in fleet if h.name == host_name)
+        local_lease = lid.split(".", 1)[1]
+        step = {"actions": [{"type": "wait", "seconds": 0}], "observe": False}
+        try:
+            for i in range(rounds):
+                for via, url, rep, lease_id, headers, out in (
+                    ("d", host.url, local, local_lease, {"Authorization": f"Bearer {host.token}"}, direct),
+                    ("g", gateway.url, rid, lid, gateway.headers, proxied),
+                ):
+                    body = {**step, "lease_id": lease_id, "action_id": f"overhead-{via}{i}"}
+                    start = time.perf_counter()
+                    r = client.post(f"{url}/v1/replicas/{rep}/step", json=body, headers=headers)
+                    out.append(time.perf_counter() - start)
+                    if r.status_code != 200:
+                        raise OsfleetError(f"gateway overhead: step answered {r.status_code}: {r.text[:200]}")
+        finally:
+            client.post(f"{gateway.url}/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=gateway.headers)
+    d, p = percentile(direct, 50), percentile(proxied, 50)
+    return {"rounds": rounds, "direct_p50_ms": d * 1000, "gateway_p50_ms": p * 1000, "added_p50_ms": (p - d) * 1000}
 
 
 def _plan(fleet: list[BenchHost], kinds: tuple[str, ...], every_s: float) -> ChaosPlan:

@@ -113,6 +113,14 @@ def _chaos(c: dict[str, Any], key: list[list[str]]) -> Section:
         f"{c.get('duplicated_actions')} applied twice; {c.get('unrecovered_faults')} targets never served again; "
         f"leftovers after teardown: {sum((c.get('leaks') or {}).values())} ({HERE})."
     )
+    overhead = c.get("gateway_overhead")
+    if overhead:
+        text += (
+            f" The gateway added {overhead['added_p50_ms']:.1f} ms p50 per step (one step "
+            f"{overhead['direct_p50_ms']:.1f} ms straight to its host, {overhead['gateway_p50_ms']:.1f} ms through "
+            f"the gateway, {overhead['rounds']} rounds alternating; {HERE})."
+        )
+        key.append(["gateway overhead per step, p50", f"{overhead['added_p50_ms']:.1f} ms", HERE])
     key += [
         ["chaos: collateral aborts / lost / duplicated steps",
          f"{c.get('collateral_aborts')} / {c.get('lost_actions')} / {c.get('duplicated_actions')}", HERE],
