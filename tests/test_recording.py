@@ -171,7 +171,7 @@ def test_the_store_stays_under_its_cap_oldest_first(fake: FakeHost, home_env: Pa
     with agent(fake, max_episodes=2) as c:
         for _ in range(4):
             episode(c, steps=1)
-            time.sleep(1.05)  # ids sort by start second
+            time.sleep(0.01)
     metas = TrajectoryStore(store_dir(home_env)).all()
     assert len(metas) == 2
     stamps = [m.started_at for m in metas]

@@ -1,10 +1,10 @@
 """Recorded episodes on disk: ``<root>/<episode-id>/`` with ``meta.json``, ``steps.jsonl`` and the images.
 
-One folder per episode, named so that names sort by start time (``t-<UTC time>-<random>``). ``meta.json`` is
-rewritten atomically whenever the episode's summary changes (started, a step, evaluated, ended); each step is
-one JSON line appended to ``steps.jsonl`` after its image is written, so a reader never sees a step whose
-image is missing. The store keeps under a byte cap and an episode count: the oldest finished episodes go
-first, then (only if that is not enough) the oldest unfinished ones, never the one being written.
+One folder per episode, named so that names sort by start time (``t-<UTC time to the millisecond>-<random>``).
+``meta.json`` is rewritten atomically whenever the episode's summary changes (started, a step, evaluated,
+ended); each step is one JSON line appended to ``steps.jsonl`` after its image is written, so a reader never
+sees a step whose image is missing. The store keeps under a byte cap and an episode count: the oldest finished
+episodes go first, then (only if that is not enough) the oldest unfinished ones, never the one being written.
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ class StepRecord(BaseModel):
 
 
 def new_id(now: float | None = None) -> str:
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
-    return f"t-{stamp}-{secrets.token_hex(4)}"
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"t-{stamp}{int(now * 1000) % 1000:03d}-{secrets.token_hex(4)}"
 
 
 def encode_image(data: bytes, fmt: ImageFormat, quality: int) -> tuple[bytes, int, int]:
@@ -171,14 +172,14 @@ class TrajectoryStore:
             raise TrajectoryError(f"recorded episode {tid} is unreadable: {exc}") from None
 
     def all(self) -> list[TrajectoryMeta]:
-        """Every readable episode, newest first."""
+        """Every readable episode, newest first (by start time; ids of one millisecond may sort either way)."""
         out = []
-        for tid in reversed(self.ids()):
+        for tid in self.ids():
             try:
                 out.append(self.meta(tid))
             except TrajectoryError as exc:
                 log.warning("%s", exc)
-        return out
+        return sorted(out, key=lambda m: m.started_at, reverse=True)
 
     def steps(self, tid: str) -> list[StepRecord]:
         path = self._folder(tid) / STEPS
