@@ -23,6 +23,7 @@ from osfleet.api.errors import Conflict, NotFound
 from osfleet.errors import OsfleetError
 from osfleet.recording import TrajectoryError, TrajectoryStore, store_dir
 from osfleet.replicas.actions import Action, check_actions
+from osfleet.replicas.input import InputError
 from osfleet.replicas.records import State
 
 ACTIONS = TypeAdapter(list[Action])
@@ -217,13 +218,14 @@ class FleetBackend:
     async def _call(self, host: str, method: str, path: str, **kw: Any) -> Any:
         g = self._gw()
         resp = await g.call("quick", g.pool.get(host), method, path, **kw)
-        if resp.status_code == 404:
-            raise NotFound(resp.json().get("error", "not found"))
-        if resp.status_code == 409:
-            raise Conflict(resp.json().get("error", "conflict"))
-        if resp.status_code >= 300:
-            raise OsfleetError(f"host {host} answered {resp.status_code} to {path}")
-        return resp
+        if resp.status_code < 300:
+            return resp
+        try:
+            why = str(resp.json().get("error") or resp.status_code)
+        except ValueError:
+            why = f"HTTP {resp.status_code}"
+        kind = {404: NotFound, 409: Conflict, 422: InputError}.get(resp.status_code, OsfleetError)
+        raise kind(f"{host}: {why}")
 
     async def _each(self, path: str) -> list[tuple[str, Any]]:
         g = self._gw()
