@@ -262,7 +262,7 @@ def ui_router(backend: Callable[[], Backend], title: str) -> APIRouter:
                         await say(type="error", error=f"unknown op {op!r}")
                 except (OsfleetError, ValidationError, ValueError) as exc:
                     await say(type="error", error=str(exc).splitlines()[0])
-        except (WebSocketDisconnect, json.JSONDecodeError):
+        except (WebSocketDisconnect, json.JSONDecodeError, KeyError):  # gone, or not JSON text
             pass
         finally:
             sender.cancel()
