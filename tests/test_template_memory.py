@@ -360,3 +360,18 @@ def test_full_stream_states_keep_a_started_standby_and_load_on_the_reset(
 ) -> None:
     calls, clock = spare_generations(tmp_path, monkeypatch, "stream")
     assert [w for w, _ in calls][:2] == ["load", "identity"] and clock == []
+
+
+def test_ram_files_of_vanished_states_are_swept_but_young_or_owned_ones_stay(tmp_path: Path) -> None:
+    mem, live = tmp_path / "mem", tmp_path / "home" / "states" / "live"
+    mem.mkdir()
+    live.mkdir(parents=True)
+    (live / "meta.json").write_text("{}")
+    for name, state in (("gone", tmp_path / "deleted-home" / "s"), ("live", live), ("saving", tmp_path / "x")):
+        (mem / f"{name}.ram").write_bytes(b"r")
+        template_memory.claim(mem / f"{name}.ram", state)
+    now = time.time()
+    os.utime(mem / "gone.state", (now - 3600, now - 3600))
+    os.utime(mem / "live.state", (now - 3600, now - 3600))
+    assert template_memory.sweep_orphans(mem, now) == [mem / "gone.ram"]
+    assert sorted(p.name for p in mem.iterdir()) == ["live.ram", "live.state", "saving.ram", "saving.state"]

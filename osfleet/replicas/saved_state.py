@@ -91,13 +91,19 @@ def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: Mem
 def choose_memory_mode(settings: Settings, shape: ReplicaShape) -> tuple[MemoryMode, str | None]:
     """``template`` where this host can keep template RAM on tmpfs, else ``stream`` and the reason."""
     reason = template_memory.unavailable(settings.memory_dir, shape.memory_mib * 2**20)
-    return ("stream", reason) if reason else ("template", None)
+    if reason:
+        return "stream", reason
+    assert settings.memory_dir is not None
+    template_memory.sweep_orphans(settings.memory_dir)
+    return "template", None
 
 
 def _load(virt: Virt, final: Path) -> SavedState:
     state = SavedState(final, json.loads((final / "meta.json").read_text()))
     if state.ram is not None and not state.ram.exists():  # tmpfs emptied by a reboot: put the RAM back
         template_memory.put_back(state.ram_copy, state.ram, virt.qemu_ids())
+    if state.ram is not None and not template_memory.owner_file(state.ram).exists():
+        template_memory.claim(state.ram, final)
     return state
 
 
@@ -132,6 +138,7 @@ def ensure_saved_state(
             template_id = uuid.uuid4().hex[:12]
             ram = settings.memory_dir / f"{image.name}-{key}-{template_id}.ram"
             template_memory.create(ram, shape.memory_mib * 2**20, virt.qemu_ids())
+            template_memory.claim(ram, final)
             mem_file = MemoryFile(ram, share=True)
         spec = replica_spec(
             image,
@@ -189,6 +196,7 @@ def ensure_saved_state(
         shutil.rmtree(work, ignore_errors=True)
         if ram is not None and not published:
             ram.unlink(missing_ok=True)
+            template_memory.owner_file(ram).unlink(missing_ok=True)
 
 
 def start_incoming(
@@ -264,6 +272,7 @@ def remove_saved_states(settings: Settings) -> int:
             ram = None
         if ram:
             Path(ram).unlink(missing_ok=True)
+            template_memory.owner_file(Path(ram)).unlink(missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)
         n += 1
     return n

@@ -49,6 +49,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -63,6 +64,8 @@ MEMORY_FILESYSTEMS = ("tmpfs", "hugetlbfs")
 # Room left on the tmpfs besides the template files (other users of /dev/shm).
 TMPFS_SLACK_BYTES = 256 * 2**20
 COPY_CHUNK = 1 << 20
+# A RAM file whose state directory is gone is removed after this long (a save in progress is younger).
+ORPHAN_AGE_SECONDS = 600.0
 
 
 def filesystem_type(path: Path) -> str | None:
@@ -176,3 +179,31 @@ def put_back(disk_copy: Path, ram: Path, owner: tuple[int, int] | None) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OsfleetError(f"cannot put the template RAM {ram} back from {disk_copy}: {exc.strerror}") from None
+
+
+def owner_file(ram: Path) -> Path:
+    """Beside each RAM file: the state directory it belongs to (homes come and go; tmpfs is shared)."""
+    return ram.with_suffix(".state")
+
+
+def claim(ram: Path, state_dir: Path) -> None:
+    owner_file(ram).write_text(f"{state_dir}\n")
+
+
+def sweep_orphans(memory_dir: Path, now: float | None = None) -> list[Path]:
+    """Remove RAM files whose saved state no longer exists (its home was deleted without
+    ``replicas down --states``, e.g. a lab host's); returns what was removed."""
+    now = time.time() if now is None else now
+    removed = []
+    for owner in memory_dir.glob("*.state"):
+        ram = owner.with_suffix(".ram")
+        try:
+            state_dir = Path(owner.read_text().strip())
+            old = now - owner.stat().st_mtime > ORPHAN_AGE_SECONDS
+        except OSError:
+            continue
+        if old and not (state_dir / "meta.json").exists():
+            ram.unlink(missing_ok=True)
+            owner.unlink(missing_ok=True)
+            removed.append(ram)
+    return removed
