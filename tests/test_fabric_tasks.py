@@ -171,7 +171,7 @@ def test_an_image_in_use_is_never_replaced(sshd: Sshd, golden: GoldenImage, tmp_
         changed = disk.read_bytes()[-16:]
         # ... and a process (as a replica's QEMU would) holds it open.
         with open(disk, "rb") as held:
-            holder = subprocess.Popen(["sleep", "60"], stdin=held)
+            holder = subprocess.Popen(["sleep", "600"], stdin=held)  # outlives a slow /proc scan on a busy host
         try:
             with pytest.raises(ImageInUseError, match=f"in use by pid.*{holder.pid}"):
                 publisher.publish(host, golden, str(store))

@@ -21,12 +21,14 @@ from osfleet.imaging.host import Host
 
 def pids_using(host: Host, path: str) -> list[int]:
     """Processes on ``host`` with ``path`` open (scanned from /proc, no extra tools needed)."""
-    q = shlex.quote(path)
+    # find's -lname compares each fd link's target without starting a process per fd (a host running
+    # hundreds of replicas has tens of thousands of them); glob characters in the path are escaped.
+    pattern = shlex.quote("".join(f"[{c}]" if c in "*?[]" else c for c in path))
     out = host.run(
-        f'for f in /proc/[0-9]*/fd/*; do [ "$(readlink "$f" 2>/dev/null)" = {q} ] && echo "${{f%/fd/*}}"; done; true',
+        f"find /proc/[0-9]*/fd -maxdepth 1 -lname {pattern} 2>/dev/null; true",
         what="checking image use",
     )
-    return sorted({int(line.rsplit("/", 1)[-1]) for line in out.split() if line.startswith("/proc/")})
+    return sorted({int(line.split("/")[2]) for line in out.split() if line.startswith("/proc/")})  # /proc/PID/fd/N
 
 
 def publish(host: Host, image: GoldenImage, store: str | None = None) -> str:
