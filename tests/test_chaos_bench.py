@@ -27,9 +27,11 @@ def test_a_short_chaos_run_loses_nothing_and_leaves_nothing(
         every_s=15.0,
         kinds=("kill_qemu", "delete_overlay"),
         say=lambda m: None,
+        pick="any",  # one agent leaves its replica between episodes now and then: hit it either way
     )
-    assert result["fault_kinds"] + len(result["faults_refused"]) == 2  # each planned fault injected or refused
-    assert result["fault_kinds"] >= 1 and result["scored_episodes"] >= 1
+    assert len(result["faults"]) + len(result["faults_refused"]) == 2  # each planned fault injected or refused
+    assert result["fault_kinds"] >= 1  # a refusal means no replica was running at that moment
+    assert result["scored_episodes"] >= 1
     assert result["lost_actions"] == 0 and result["duplicated_actions"] == 0
     assert result["collateral_aborts"] == 0 and result["unrecovered_faults"] == 0
     assert result["leaks"] == {"domains": 0, "qemu_processes": 0, "homes": 0, "mounts": 0, "agents": 0}

@@ -339,6 +339,7 @@ def run(
     every_s: float = 25.0,
     kinds: tuple[str, ...] = KINDS,
     say: Say = print,
+    pick: str = "leased",
 ) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     bench_root = settings.scratch_dir / f"chaos-{run_dir.name}"
@@ -362,7 +363,7 @@ def run(
         result["gateway_overhead"] = gateway_overhead(gateway, fleet)
         sampler = Sampler(gateway, run_dir / "fleet-samples.jsonl")
         sampler.start()
-        plan = _plan(fleet, kinds, every_s) if kinds else ChaosPlan(faults=[])
+        plan = _plan(fleet, kinds, every_s, pick) if kinds else ChaosPlan(faults=[])
         runner = ChaosRunner(plan, [h.chaos for h in fleet], say=say, run_dir=run_dir)
         chaos_thread = threading.Thread(target=runner.run_until, args=(stop_chaos,), name="chaos", daemon=True)
         say(f"[3/5] Locust: {users} agents through the gateway for {duration_s} s; {len(plan.faults)} faults planned")
@@ -479,15 +480,16 @@ def gateway_overhead(gateway: Gateway, fleet: list[BenchHost], rounds: int = OVE
     return {"rounds": rounds, "direct_p50_ms": d * 1000, "gateway_p50_ms": p * 1000, "added_p50_ms": (p - d) * 1000}
 
 
-def _plan(fleet: list[BenchHost], kinds: tuple[str, ...], every_s: float) -> ChaosPlan:
-    """One fault of each kind, ``every_s`` apart, round-robin over the hosts, on leased replicas. A frozen QEMU
-    stays frozen long enough to be noticed (three missed pings); a full store is freed after 20 s."""
+def _plan(fleet: list[BenchHost], kinds: tuple[str, ...], every_s: float, pick: str = "leased") -> ChaosPlan:
+    """One fault of each kind, ``every_s`` apart, round-robin over the hosts, on replicas in state ``pick``
+    (leased: mid-episode). A frozen QEMU stays frozen long enough to be noticed; a full store is freed after
+    20 s."""
     specs = [
         FaultSpec(
             at=30.0 + i * every_s,
             kind=kind,  # type: ignore[arg-type]  # checked by pydantic
             host=fleet[i % len(fleet)].name,
-            replica="leased",
+            replica=pick,
             seconds=FREEZE_SECONDS if kind == "freeze_qemu" else 20.0,
         )
         for i, kind in enumerate(kinds)
