@@ -265,25 +265,28 @@ def _touched(episode: dict[str, Any], faults: list[F.Fault]) -> bool:
 
 
 def _recovered_at(fault: F.Fault, samples: list[dict[str, Any]]) -> float | None:
-    """When the fault's target served again: its host healthy and, for a replica fault, the replica ready or
-    leased in a later generation (it was rebuilt); for a host fault, no replica of the host failed."""
-    after = max(fault.injected_at, fault.healed_at or 0.0)
+    """When the fault's target served again: for a replica fault, the replica ready or leased in a later
+    generation (rebuilt, whether or not the fault was healed yet) or, failing that, again after the heal;
+    for a host fault, the host healthy after the heal with none of its replicas failed."""
     rid = f"{fault.host}.{fault.replica}" if fault.replica else None
     gen_before = None
     for s in samples:
         reps = {r["id"]: r for r in s["replicas"]}
         if rid and s["time"] <= fault.injected_at and rid in reps:
             gen_before = reps[rid]["generation"]
+    after_heal = max(fault.injected_at, fault.healed_at or 0.0)
     for s in samples:
-        if s["time"] < after or not s["hosts"].get(fault.host):
+        if s["time"] < fault.injected_at or not s["hosts"].get(fault.host):
             continue
         reps = {r["id"]: r for r in s["replicas"]}
         if rid:
             r = reps.get(rid)
-            rebuilt = gen_before is None or r is not None and r["generation"] > gen_before
-            if r and r["state"] in ("ready", "leased") and (rebuilt or fault.healed_at):
-                return float(s["time"])  # a healed freeze may resume in place; anything else is rebuilt
-        else:
+            if not r or r["state"] not in ("ready", "leased"):
+                continue
+            rebuilt = gen_before is None or r["generation"] > gen_before
+            if rebuilt or (fault.healed_at is not None and s["time"] >= fault.healed_at):
+                return float(s["time"])
+        elif s["time"] >= after_heal:
             mine = [r for r in s["replicas"] if r["id"].startswith(f"{fault.host}.")]
             if mine and not any(r["state"] in ("failed", "recovering") for r in mine):
                 return float(s["time"])
@@ -339,7 +342,7 @@ def run(
     every_s: float = 25.0,
     kinds: tuple[str, ...] = KINDS,
     say: Say = print,
-    pick: str = "leased",
+    pick: str = "any",
 ) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     bench_root = settings.scratch_dir / f"chaos-{run_dir.name}"
