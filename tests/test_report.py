@@ -105,8 +105,14 @@ def test_a_chaos_run_through_a_gateway_gets_its_section_and_timeline(tmp_path: P
     host = {"replicas": {"ready": 1, "leased": 1}, "disk_allocated_bytes": {"overlays": 2**20}, "cpu_busy_share": 0.5}
     fleet = {"time": started + 2, "hosts": {"h1": {"sample": host}, "h2": {"sample": host}}}  # through a gateway
     (tmp_path / "samples.jsonl").write_text(json.dumps(fleet) + "\n")
+    seen = {
+        "time": started + 3,
+        "hosts": {"h1": True},
+        "replicas": [{"id": "h1.r-1", "state": "leased", "generation": 2}],
+    }
+    (tmp_path / "fleet-samples.jsonl").write_text(json.dumps(seen) + "\n")
     paths = render(tmp_path)
-    assert tmp_path / "chaos_timeline.png" in paths
+    assert tmp_path / "chaos_timeline.png" in paths and tmp_path / "fleet_states.png" in paths
     Image.open(tmp_path / "chaos_timeline.png").verify()
     md = (tmp_path / "report.md").read_text()
     assert "Faults (osfleet bench chaos)" in md and "| kill_qemu | h1/r-1 | SIGKILL | 30 s | 12.5 s | rebuild |" in md

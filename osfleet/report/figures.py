@@ -44,9 +44,31 @@ def draw(results: RunResults) -> list[Figure]:
         figures.append(_density(plt, out, results.density))
     if results.chaos is not None and results.chaos.get("started_at"):
         figures.append(_chaos(plt, out, results))
+        if results.fleet_samples:
+            figures.append(_fleet_states(plt, out, results))
     if results.cost is not None:
         figures.append(_cost(plt, out, results.cost, results.load.caption))
     return figures
+
+
+def _fleet_states(plt: Any, out: Path, results: RunResults) -> Figure:
+    """Replicas by state across the fleet over the chaos run, as the gateway saw them every 2 s."""
+    t0 = float((results.chaos or {})["started_at"])
+    states = ("ready", "leased", "resetting", "failed", "recovering", "booting")
+    xs = [float(s["time"]) - t0 for s in results.fleet_samples]
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    for state in states:
+        ys = [sum(1 for r in s["replicas"] if r["state"] == state) for s in results.fleet_samples]
+        if any(ys):
+            ax.plot(xs, ys, label=state, linewidth=1.2)
+    for f in (results.chaos or {}).get("faults", []):
+        ax.axvline(f["injected_at"], color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("seconds since the load started (dotted: a fault injected)")
+    ax.set_ylabel("replicas")
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title("Replicas by state across the fleet (gateway's view)", fontsize=9)
+    _save(plt, fig, out / "fleet_states.png", results.load.caption)
+    return Figure("fleet_states.png", "Replicas by state across the fleet during the chaos run")
 
 
 def _chaos(plt: Any, out: Path, results: RunResults) -> Figure:

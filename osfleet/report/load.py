@@ -49,6 +49,7 @@ class RunResults:
     density: dict[str, Any] | None = None  # density.json from ``osfleet bench density --out``
     chaos: dict[str, Any] | None = None  # chaos.json from ``osfleet bench chaos`` (its run directory)
     infra: dict[str, Any] | None = None  # infra.json from ``osfleet bench infra --out RUN_DIR/infra.json``
+    fleet_samples: list[dict[str, Any]] = field(default_factory=list)  # bench chaos: the gateway's view
 
 
 def load(run_dir: Path) -> RunResults:
@@ -75,7 +76,8 @@ def load(run_dir: Path) -> RunResults:
     if density is not None and density.get("mib_per_replica"):
         cost = _density_cost(density, cost)
     chaos, infra = _json(run_dir, "chaos.json"), _json(run_dir, "infra.json")
-    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra)
+    fleet = _jsonl(run_dir / "fleet-samples.jsonl")
+    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra, fleet)
 
 
 def caption(machine: dict[str, Any]) -> str:
