@@ -136,8 +136,20 @@ def test_a_client_cannot_tell_the_fleet_from_one_host(agents: dict[str, Agent]) 
         assert gw.post("/v1/leases", json={}).status_code == 401
 
 
+def rooms_known(gw: TestClient) -> dict[str, dict[str, object]]:
+    """Every host's entry once the gateway has polled them all healthy (slow starts on a busy machine)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        hosts = gw.get("/v1/host", headers=AUTH).json()["hosts"]
+        if all(h["healthy"] and h["room"] for h in hosts.values()):
+            return hosts  # type: ignore[no-any-return]
+        time.sleep(0.1)
+    raise AssertionError(f"the gateway did not see every host healthy: {hosts}")
+
+
 def test_scale_up_goes_where_it_fits_most_tightly(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
+        rooms_known(gw)
         r = gw.post("/v1/replicas", json={"count": 2}, headers=AUTH)
         assert r.status_code == 202, r.text
         assert r.json()["placement"] == {"small": 2}
