@@ -115,6 +115,7 @@ def test_placement_packs_on_the_binding_resource() -> None:
 
 def test_a_client_cannot_tell_the_fleet_from_one_host(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
+        rooms_known(gw)
         r = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
         assert r.status_code == 201, r.text
         rid, lid = r.json()["replica_id"], r.json()["lease_id"]
@@ -170,6 +171,7 @@ def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go
     agents: dict[str, Agent],
 ) -> None:
     with gateway(agents) as gw:
+        rooms_known(gw)
         first = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH).json()
         dead = first["replica_id"].split(".")[0]
         agents[dead].stop()
@@ -192,6 +194,7 @@ def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go
 
 def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
+        rooms_known(gw)
         a = gw.post("/reset", json={"task_config": TASK, "timeout": 600}, headers=AUTH)
         assert a.status_code == 200, a.text
         vm = a.json()["vm_id"]
@@ -205,8 +208,10 @@ def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, 
 
 def test_a_restarted_gateway_carries_on_with_the_same_fleet_ids(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
+        rooms_known(gw)
         r = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH).json()
     with gateway(agents) as gw:  # a new process: nothing remembered but the hosts list
+        rooms_known(gw)
         step = {"lease_id": r["lease_id"], "action_id": "a1", "actions": SHELL, "observe": False}
         assert gw.post(f"/v1/replicas/{r['replica_id']}/step", json=step, headers=AUTH).status_code == 200
 
