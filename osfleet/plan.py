@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from osfleet.cli_support import friendly
 from osfleet.cost import PRICES, PRICES_NAME, Footprint, HostType, load_prices, replicas_per_host
 from osfleet.errors import ConfigError, OsfleetError
 
@@ -243,6 +244,7 @@ def render(p: Plan) -> str:
               help="price table (default: the one shipped with osfleet)")  # fmt: skip
 @click.option("--host-type", "host_types", multiple=True, help="only these host types (repeatable)")
 @click.option("--json", "as_json", is_flag=True)
+@friendly
 def plan_cmd(
     replicas: int,
     run_dir: Path | None,
@@ -255,24 +257,6 @@ def plan_cmd(
     as_json: bool,
 ) -> None:
     """A capacity plan for N replicas: host mix, replicas per host, binding resource, cost per replica-day."""
-    from osfleet.lab.cli import friendly
-
-    friendly(_plan_cmd)(
-        replicas, run_dir, runs_dir, cpu_cores, memory_mib, disk_mib, prices, host_types, as_json
-    )  # fmt: skip
-
-
-def _plan_cmd(
-    replicas: int,
-    run_dir: Path | None,
-    runs_dir: Path,
-    cpu_cores: float | None,
-    memory_mib: float | None,
-    disk_mib: float | None,
-    prices: Path,
-    host_types: tuple[str, ...],
-    as_json: bool,
-) -> None:
     m = measured_footprint(
         run_dir,
         runs_dir,
