@@ -18,6 +18,7 @@ from typing import Any
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from osfleet.errors import CommandFailedError, ImageInUseError
+from osfleet.host_tune import KSM_PAGES_TO_SCAN, KSM_SLEEP_MILLISECONDS
 from osfleet.imaging.host import Host
 from osfleet_infra.remote import CONN_KEYS, host_of
 
@@ -26,7 +27,8 @@ SYSCTL_FILE = "/etc/sysctl.d/90-osfleet.conf"
 # What a large fleet needs from the kernel: many QEMU processes and their mappings, and KSM merging the
 # nearly identical memory of clones.
 FLEET_SYSCTLS = {"vm.max_map_count": "1048576", "kernel.pid_max": "4194304", "fs.inotify.max_user_instances": "8192"}
-KSM = {"run": "1", "pages_to_scan": "1000", "sleep_millisecs": "20"}
+# KSM at the rates ``osfleet host tune`` sets (one place for them: osfleet.host_tune).
+KSM = {"run": "1", "pages_to_scan": str(KSM_PAGES_TO_SCAN), "sleep_millisecs": str(KSM_SLEEP_MILLISECONDS)}
 AGENT_START_SECONDS = 300.0
 
 
