@@ -860,6 +860,11 @@ from osfleet.recording.cli import trajectories  # noqa: E402  (issue 12: recorde
 
 cli.add_command(trajectories)
 
+from osfleet.tasks.cli import assets, tasks_import  # noqa: E402  (issue 13: OSWorld tasks offline)
+
+tasks.add_command(assets)
+tasks.add_command(tasks_import)
+
 
 def main() -> None:
     cli(prog_name="osfleet")

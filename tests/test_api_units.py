@@ -98,7 +98,7 @@ def osworld(**over: object) -> dict[str, object]:
 
 def test_osworld_subset_converts() -> None:
     t = parse_task(osworld())
-    assert t.source == "osworld" and [s.type for s in t.setup] == ["run", "sleep", "launch", "launch", "run"]
+    assert t.source == "osworld" and [s.type for s in t.setup] == ["run", "sleep", "launch", "launch", "run", "run"]
     assert [c.check.type for c in t.criteria] == ["command_output", "file_content"]
     assert t.setup[0].command == "touch /tmp/x"  # type: ignore[union-attr]
 
@@ -106,17 +106,17 @@ def test_osworld_subset_converts() -> None:
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"config": [{"type": "download", "parameters": {}}]}, "set-up type 'download'"),
-        ({"evaluator": {"func": "compare_table", "result": {}, "expected": {}}}, "metric 'compare_table'"),
+        ({"config": [{"type": "chrome_open_tabs", "parameters": {}}]}, "set-up type 'chrome_open_tabs'"),
+        ({"evaluator": {"func": "compare_pdfs", "result": {}, "expected": {}}}, "metric 'compare_pdfs'"),
         (
             {
                 "evaluator": {
                     "func": "exact_match",
-                    "result": {"type": "cloud_file"},
+                    "result": {"type": "vm_wallpaper"},
                     "expected": {"type": "rule", "rules": {}},
                 }
             },
-            "result type 'cloud_file'",
+            "result type 'vm_wallpaper'",
         ),
         ({"evaluator": {"func": ["exact_match"], "conj": "or", "result": [], "expected": []}}, "conj 'or'"),
     ],

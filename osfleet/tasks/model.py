@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from osfleet.errors import OsfleetError, first_problem
 from osfleet.replicas.actions import Action
@@ -54,7 +55,19 @@ class Sleep(_M):
     seconds: float = Field(ge=0, le=120)
 
 
-SetupStep = Annotated[Run | Launch | Sleep, Field(discriminator="type")]
+class PutFile(_M):
+    """Write a file from the host's asset store into the guest (OSWorld's ``download``, resolved offline).
+
+    Made only by the OSWorld converter, after the URL was found in the store; not part of the published
+    osfleet task format."""
+
+    type: Literal["put_file"]
+    path: str = Field(pattern=r"^/[^\x00]*$")
+    url: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+SetupStep = Annotated[Run | Launch | Sleep | SkipJsonSchema[PutFile], Field(discriminator="type")]
 
 
 def _pattern(regex: str) -> re.Pattern[str]:
@@ -140,7 +153,18 @@ class FileContent(_M):
     absent: bool = False
 
 
-Check = Annotated[CommandOutput | FileContent, Field(discriminator="type")]
+class OsworldCheck(_M):
+    """One OSWorld evaluator function with its getters, scored on the host (osfleet.tasks.evaluators) on
+    files and outputs fetched from the guest. Made only by the OSWorld converter (not published)."""
+
+    type: Literal["osworld"]
+    func: str
+    result: dict[str, Any]
+    expected: dict[str, Any] | None = None
+    options: dict[str, Any] = {}
+
+
+Check = Annotated[CommandOutput | FileContent | SkipJsonSchema[OsworldCheck], Field(discriminator="type")]
 
 
 class Criterion(_M):
@@ -158,6 +182,8 @@ class Task(_M):
     criteria: list[Criterion] = Field(min_length=1)
     oracle: list[Action] = []
     source: str = "osfleet"
+    # OSWorld's post-config: steps run before every evaluation (e.g. save the document); not published.
+    postconfig: SkipJsonSchema[list[SetupStep]] = []
 
 
 class CriterionResult(BaseModel):

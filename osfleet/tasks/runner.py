@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import shlex
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from osfleet.errors import OsfleetError
 from osfleet.replicas import actions
 from osfleet.replicas.manager import ReplicaHost
+from osfleet.tasks import evaluators, getters
+from osfleet.tasks.assets import AssetStore
+from osfleet.tasks.guest_files import put_file
 from osfleet.tasks.model import (
     CommandOutput,
     CriterionResult,
     Evaluation,
     FileContent,
     Launch,
+    OsworldCheck,
+    PutFile,
     Run,
+    SetupStep,
     Sleep,
     Task,
     score,
@@ -34,18 +42,34 @@ class VerifierError(OsfleetError):
     """A criterion could not be checked (guest unreachable, timeout): never scored as unmet."""
 
 
-def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
-    """Run the task's set-up steps; all of them together get ``SETUP_BUDGET_SECONDS`` (sleeps and command
-    timeouts are cut to what is left), so a reset request has a bounded length whatever the task says."""
-    deadline = time.monotonic() + SETUP_BUDGET_SECONDS
-    for i, step in enumerate(task.setup):
-        left = deadline - time.monotonic()
+def _run_steps(
+    host: ReplicaHost,
+    rid: str,
+    steps: list[SetupStep],
+    deadline: tuple[float, float],
+    what: str,
+    strict: bool = True,
+) -> list[str]:
+    """Run ``steps`` before ``deadline`` (sleeps and command timeouts are cut to what is left).
+
+    ``strict``: a step that exits non-zero raises ``TaskSetupError``; otherwise its complaint is returned
+    and the next step runs (OSWorld's post-config: saving a document the agent already closed is no
+    infrastructure failure). A guest that cannot be reached raises either way.
+    """
+    complaints = []
+    end, budget = deadline
+    for i, step in enumerate(steps):
+        left = end - time.monotonic()
         if left <= 0:
-            raise TaskSetupError(
-                f"task {task.id}: set-up did not finish within {SETUP_BUDGET_SECONDS:.0f} s (at step {i + 1})"
-            )
+            raise TaskSetupError(f"{what} did not finish within {budget:.0f} s (at step {i + 1})")
         if isinstance(step, Sleep):
             time.sleep(min(step.seconds, left))
+            continue
+        if isinstance(step, PutFile):
+            try:
+                put_file(host, rid, step.path, AssetStore.from_settings().path(step.url), left)
+            except OsfleetError as exc:
+                raise TaskSetupError(f"{what} step {i + 1} (download {step.url}) failed: {exc}") from None
             continue
         if isinstance(step, Launch):
             command = f"setsid -f sh -c {shlex.quote(step.command)} >/dev/null 2>&1 </dev/null"
@@ -57,12 +81,21 @@ def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
         try:
             out = host.shell(rid, command, timeout, as_root)
         except OsfleetError as exc:
-            raise TaskSetupError(f"task {task.id}: set-up step {i + 1} failed: {exc}") from None
+            raise TaskSetupError(f"{what} step {i + 1} failed: {exc}") from None
         if out["exit_code"] != 0:
             detail = (out["stderr"] or out["stdout"]).strip().splitlines()
-            raise TaskSetupError(
-                f"task {task.id}: set-up step {i + 1} exited {out['exit_code']}: {detail[-1] if detail else ''}"
-            )
+            complaint = f"{what} step {i + 1} exited {out['exit_code']}: {detail[-1] if detail else ''}"
+            if strict:
+                raise TaskSetupError(complaint)
+            complaints.append(complaint)
+    return complaints
+
+
+def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
+    """Run the task's set-up steps; all of them together get ``SETUP_BUDGET_SECONDS`` (sleeps and command
+    timeouts are cut to what is left), so a reset request has a bounded length whatever the task says."""
+    deadline = (time.monotonic() + SETUP_BUDGET_SECONDS, SETUP_BUDGET_SECONDS)
+    _run_steps(host, rid, list(task.setup), deadline, f"task {task.id}: set-up")
 
 
 def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
@@ -74,9 +107,23 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
 
 
 def evaluate(host: ReplicaHost, rid: str, task: Task) -> Evaluation:
-    """Check every criterion in the guest; together they get ``EVALUATE_BUDGET_SECONDS``."""
-    results = []
+    """Run the task's post-config, then check every criterion; together they get ``EVALUATE_BUDGET_SECONDS``.
+
+    Checks of osfleet's own format run in the guest; OSWorld metrics run here, on files and outputs the
+    getters fetched from the guest into a private temporary folder."""
     deadline = time.monotonic() + EVALUATE_BUDGET_SECONDS
+    if task.postconfig:
+        try:
+            budget = (deadline, EVALUATE_BUDGET_SECONDS)
+            _run_steps(host, rid, list(task.postconfig), budget, f"task {task.id}: post-config", strict=False)
+        except TaskSetupError as exc:
+            raise VerifierError(str(exc)) from None
+    with tempfile.TemporaryDirectory(prefix="osfleet-eval-") as workdir:
+        return _criteria(host, rid, task, deadline, Path(workdir))
+
+
+def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path) -> Evaluation:
+    results = []
     for c in task.criteria:
         check = c.check
         left = deadline - time.monotonic()
@@ -92,6 +139,8 @@ def evaluate(host: ReplicaHost, rid: str, task: Task) -> Evaluation:
                     check.match is None or check.match.check(out["stdout"])
                 )
                 detail = out["stdout"][-200:]
+            elif isinstance(check, OsworldCheck):
+                met, detail = _check_osworld(host, rid, check, workdir, min(CHECK_TIMEOUT_SECONDS, left))
             else:
                 assert isinstance(check, FileContent)
                 met, detail = _check_file(host, rid, check)
@@ -113,6 +162,15 @@ def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, 
         return True, "present"
     text = host.read_file(rid, check.path, actions.MAX_READ_BYTES).decode(errors="replace")
     return check.match.check(text), text[-200:]
+
+
+def _check_osworld(host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, timeout: float) -> tuple[bool, str]:
+    """An OSWorld metric on the host; met when it scores 1 (OSWorld's metrics here are all-or-nothing)."""
+    store = AssetStore.from_settings()
+    result = getters.get(host, rid, check.result, workdir, store, timeout)
+    expected = getters.get(host, rid, check.expected, workdir, store, timeout) if check.expected else None
+    value, detail = evaluators.run_metric(check.func, result, expected, check.options)
+    return value >= 1.0, detail[-200:]
 
 
 def run_oracle(host: ReplicaHost, rid: str, task: Task) -> None:

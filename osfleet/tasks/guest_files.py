@@ -1,0 +1,56 @@
+"""Writing a host file into a guest through the guest agent's command channel (no network, no shared folder).
+
+The bytes go as base64 in ``sh -c`` arguments, a chunk per command (an argument must stay under the
+kernel's 128 KiB limit), into a temporary name that is renamed at the end, so a task never sees half a
+file. Files in the desktop user's home or /tmp are written as that user (they own what they can edit);
+anywhere else as root.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+from osfleet.errors import OsfleetError
+from osfleet.replicas.actions import GUEST_USER
+
+RAW_CHUNK_BYTES = 48 * 1024  # 64 KiB of base64 per command
+
+
+class GuestShell(Protocol):
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
+
+
+class GuestWriteError(OsfleetError):
+    """A file could not be written into the guest."""
+
+
+def _as_user(path: str) -> bool:
+    p = PurePosixPath(path)
+    return any(p.is_relative_to(d) for d in (PurePosixPath(f"/home/{GUEST_USER}"), PurePosixPath("/tmp")))
+
+
+def put_file(host: GuestShell, rid: str, path: str, source: Path, timeout: float) -> None:
+    """Copy ``source`` to ``path`` in the guest, creating its folder; all commands share ``timeout``."""
+    deadline = time.monotonic() + timeout
+    as_root = not _as_user(path)
+    target, part = shlex.quote(path), shlex.quote(f"{path}.osfleet-part")
+    folder = shlex.quote(str(PurePosixPath(path).parent))
+
+    def run(command: str) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GuestWriteError(f"writing {path} did not finish within {timeout:.0f} s")
+        out = host.shell(rid, command, left, as_root)
+        if out["exit_code"] != 0:
+            detail = (out["stderr"] or out["stdout"]).strip().splitlines()
+            raise GuestWriteError(f"cannot write {path}: {detail[-1] if detail else 'exit ' + str(out['exit_code'])}")
+
+    run(f"mkdir -p {folder} && : > {part}")
+    with source.open("rb") as f:
+        while chunk := f.read(RAW_CHUNK_BYTES):
+            run(f"printf %s {base64.b64encode(chunk).decode()} | base64 -d >> {part}")
+    run(f"mv -f {part} {target}")
