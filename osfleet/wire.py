@@ -11,10 +11,14 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 
 
-def _integral(value: Any) -> Any:
+def integral(value: Any) -> Any:
+    """An integral float as the int it is; anything else unchanged (the strict int check then judges it)."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
-JsonInt = Annotated[int, BeforeValidator(_integral)]
+JsonInt = Annotated[int, BeforeValidator(integral)]
+# Bounds of an optional JsonInt go inside, before the validator: ``JsonInt | None = Field(ge=1)`` would reach
+# the JSON Schema as the non-standard keywords ge/le, which schema tools ignore (and then send 0).
+# e.g. ``Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)] | None``

@@ -6,7 +6,6 @@ guest is faked: a reset is instant, ``act`` records the actions it was given, th
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from osfleet.replicas.errors import CapacityError, ReplicaBusyError
 from osfleet.replicas.leases import LeaseBook
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
+from osfleet.screen import ImageFormat, encode
 
 
 @dataclass
@@ -48,6 +48,7 @@ class FakeHost:
     files: dict[str, str] = field(default_factory=dict)
     max_replicas: int = 8
     rss: int = 300 * 2**20  # what each fake replica "uses", for placement
+    shots: list[tuple[str, int | None]] = field(default_factory=list)  # (format, quality) of each screenshot
 
     def __post_init__(self) -> None:
         self.settings = Settings(home=self.home, libvirt_uri="test:///default")
@@ -146,11 +147,10 @@ class FakeHost:
             raise ReplicaBusyError(f"replica {rid} is {rec.state}")
         return rec
 
-    def screenshot(self, rid: str, fmt: str = "png") -> bytes:
+    def screenshot(self, rid: str, fmt: ImageFormat = "png", quality: int | None = None) -> bytes:
         self._running(rid)
-        buf = io.BytesIO()
-        Image.new("RGB", self.image.screen).save(buf, "PNG" if fmt == "png" else "JPEG")
-        return buf.getvalue()
+        self.shots.append((fmt, quality))
+        return encode(Image.new("RGB", self.image.screen), fmt, quality)
 
     def act(self, rid: str, actions: list[Action]) -> list[ActionResult]:
         self._running(rid)

@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -24,6 +24,8 @@ from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.metrics import host_usage
 from osfleet.api.models import (
+    FORMAT_DOC,
+    QUALITY_DOC,
     Health,
     LeaseBody,
     LeaseRequest,
@@ -55,9 +57,11 @@ from osfleet.replicas.episodes import AppliedStep, Episode, OsgymClient
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError
 from osfleet.replicas.input import InputError
 from osfleet.replicas.manager import ReplicaHost
+from osfleet.screen import DEFAULT_QUALITY, ImageFormat
 from osfleet.tasks import runner
 from osfleet.tasks.model import Evaluation, Task, TaskError, find_task
 from osfleet.tasks.osworld import OsworldTask, from_osworld
+from osfleet.timing import Stages, collecting, stage
 
 
 class StepOutcomeUnknownError(OsfleetError):
@@ -65,10 +69,19 @@ class StepOutcomeUnknownError(OsfleetError):
     applied again (reset the replica to go on from a known state)."""
 
 
-def _observe(host: ReplicaHost, rid: str, fmt: Literal["png", "jpeg"] = "png") -> Observation:
-    data = host.screenshot(rid, fmt)
+def _observe(host: ReplicaHost, rid: str, fmt: ImageFormat = "png", quality: int | None = None) -> Observation:
+    """The replica's screen now, captured and encoded in this worker thread (never on the event loop)."""
+    data = host.screenshot(rid, fmt, quality)
+    with stage("encode"):
+        text = base64.b64encode(data).decode()
     w, h = host.image.screen
-    return Observation(screenshot=base64.b64encode(data).decode(), format=fmt, width=w, height=h)
+    used = None if fmt == "png" else (quality or DEFAULT_QUALITY)
+    return Observation(screenshot=text, format=fmt, quality=used, width=w, height=h)
+
+
+def _timed(response: Response, stages: Stages) -> None:
+    """Where the request's time went, for clients and ``osfleet bench step`` (``Server-Timing``, ms)."""
+    response.headers["Server-Timing"] = stages.header()
 
 
 def _task_from(req: ResetRequest) -> Task | None:
@@ -152,11 +165,11 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
         return {"time": time.time(), **s.metrics.sample(s.host), **host_usage()}
 
     @r.post("/replicas/{rid}/reset", responses=documented(404, 409, 503))
-    def reset(rid: str, req: ResetRequest) -> ResetResponse:
+    def reset(rid: str, req: ResetRequest, response: Response) -> ResetResponse:
         s = state()
         live = s.episode(rid, req.lease_id)
         task = _task_from(req)
-        with live.lock:
+        with collecting() as stages, live.lock:
             start = time.monotonic()
             if task is None:
                 s.host.reset(rid)
@@ -166,8 +179,10 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
             s.metrics.reset.observe(took)
             _set_task(live, task)
             s.save(live)
-            seen = _observe(s.host, rid) if req.observe else None
-            _record_begin(s, rid, live, seen)
+            seen = _observe(s.host, rid, req.observation_format, req.observation_quality) if req.observe else None
+            with stage("record"):
+                _record_begin(s, rid, live, seen)
+        _timed(response, stages)
         return ResetResponse(
             replica_id=rid,
             generation=s.host.get(rid).generation,
@@ -179,19 +194,28 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
 
     @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503))
     def observation(
-        rid: str, lease_id: str = Query(min_length=1, max_length=200), format: Literal["png", "jpeg"] = "png"
+        rid: str,
+        response: Response,
+        lease_id: str = Query(min_length=1, max_length=200),
+        format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
+        quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
     ) -> Observation:
         s = state()
         s.episode(rid, lease_id)
-        return _observe(s.host, rid, format)
+        with collecting() as stages:
+            seen = _observe(s.host, rid, format, quality)
+        _timed(response, stages)
+        return seen
 
     @r.post("/replicas/{rid}/step", responses=documented(404, 409, 503))
-    def step(rid: str, req: StepRequest) -> StepResponse:
+    def step(rid: str, req: StepRequest, response: Response) -> StepResponse:
         """Apply a batch of actions once per ``action_id``: a retry (even after an agent restart) gets the
-        stored results back with ``replayed: true`` and a fresh observation."""
+        stored results back with ``replayed: true`` and a fresh observation. The ``Server-Timing`` header
+        says where the time went (act, persist, capture, encode, record, total)."""
         s = state()
         live = s.episode(rid, req.lease_id)
-        with live.lock:
+        observe = (req.observation_format, req.observation_quality)
+        with collecting() as stages, live.lock:
             applied = live.data.applied(req.action_id)
             seen = None
             if applied is None:
@@ -202,7 +226,8 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                         "and it is not applied again: reset the replica"
                     )
                 live.data.pending = req.action_id
-                s.save(live)
+                with stage("persist"):
+                    s.save(live)
                 start = time.monotonic()
                 try:
                     results = s.host.act(rid, req.actions)
@@ -222,32 +247,37 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                 )
                 live.data.remember(applied)
                 live.data.pending = None
-                s.save(live)
-                s.audit(rid, live.data.lease_id, req.action_id)
+                with stage("persist"):
+                    s.save(live)
+                    s.audit(rid, live.data.lease_id, req.action_id)
                 replayed = False
                 if s.recorder is not None:
-                    seen = _observe(s.host, rid) if req.observe else None
-                    s.recorder.step(
-                        rid,
-                        req.lease_id,
-                        req.action_id,
-                        [a.model_dump(mode="json") for a in req.actions],
-                        applied.results,
-                        took,
-                        applied.done,
-                        metadata=req.metadata,
-                        observation=_png(s, rid, seen),
-                    )
+                    seen = _observe(s.host, rid, *observe) if req.observe else None
+                    with stage("record"):
+                        s.recorder.step(
+                            rid,
+                            req.lease_id,
+                            req.action_id,
+                            [a.model_dump(mode="json") for a in req.actions],
+                            applied.results,
+                            took,
+                            applied.done,
+                            metadata=req.metadata,
+                            observation=_png(s, rid, seen),
+                        )
             else:
                 replayed = True
                 s.metrics.replays.inc()
-            return StepResponse(
-                action_id=req.action_id,
-                replayed=replayed,
-                done=applied.done,
-                results=[ActionResult.model_validate(x) for x in applied.results],
-                observation=seen if seen is not None else (_observe(s.host, rid) if req.observe else None),
-            )
+            if seen is None and req.observe:
+                seen = _observe(s.host, rid, *observe)
+        _timed(response, stages)
+        return StepResponse(
+            action_id=req.action_id,
+            replayed=replayed,
+            done=applied.done,
+            results=[ActionResult.model_validate(x) for x in applied.results],
+            observation=seen,
+        )
 
     @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503))
     def evaluate(rid: str, req: LeaseBody) -> Evaluation:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from osfleet.config import Mode
 from osfleet.replicas.actions import Action, ActionResult
+from osfleet.screen import DEFAULT_QUALITY, ImageFormat
 from osfleet.tasks.model import Task
 from osfleet.tasks.osworld import OsworldTask
-from osfleet.wire import JsonInt
+from osfleet.wire import JsonInt, integral
 
 
 class _Strict(BaseModel):
@@ -76,7 +77,20 @@ AnyTask = Annotated[
 ]
 
 
-class ResetRequest(LeaseBody):
+QUALITY_DOC = f"JPEG/WebP quality, 1 (smallest) to 100; default {DEFAULT_QUALITY}; ignored for png"
+FORMAT_DOC = "image format of the observation: png (lossless), or jpeg / webp (several times smaller)"
+
+
+class ObserveOptions(_Strict):
+    """How the screen after a reset or step is sent back (only when ``observe`` is true)."""
+
+    observation_format: ImageFormat = Field("png", description=FORMAT_DOC)
+    observation_quality: Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)] | None = Field(
+        None, description=QUALITY_DOC
+    )
+
+
+class ResetRequest(LeaseBody, ObserveOptions):
     task_id: str | None = Field(None, min_length=1, max_length=200, description="a built-in task")
     task: AnyTask | None = Field(None, description="an inline task, osfleet's format or OSWorld's")
     observe: bool = True
@@ -84,7 +98,8 @@ class ResetRequest(LeaseBody):
 
 class Observation(BaseModel):
     screenshot: str | None = Field(None, description="base64 image")
-    format: Literal["png", "jpeg"] = "png"
+    format: ImageFormat = "png"
+    quality: int | None = Field(None, description="the JPEG/WebP quality it was encoded at; null for png")
     width: int
     height: int
 
@@ -98,7 +113,7 @@ class ResetResponse(BaseModel):
     observation: Observation | None
 
 
-class StepRequest(LeaseBody):
+class StepRequest(LeaseBody, ObserveOptions):
     action_id: str = Field(min_length=1, max_length=200, description="caller-chosen; a retry with it applies once")
     actions: list[Action] = Field(min_length=1, max_length=100)
     observe: bool = True

@@ -8,7 +8,6 @@ beside it), ``WarmPool`` and ``adoption``. Nothing here touches a domain or file
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from osfleet import screen
 from osfleet.accel import detect_accelerator
 from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
@@ -23,6 +23,7 @@ from osfleet.images import GoldenImage
 from osfleet.replicas import adoption, saved_state
 from osfleet.replicas.actions import Action, ActionResult, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
+from osfleet.replicas.capture import ScreenCapture
 from osfleet.replicas.errors import (
     CapacityError,
     LeaseError,
@@ -40,6 +41,7 @@ from osfleet.replicas.pool import WarmPool
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
 from osfleet.replicas.template_memory import MemoryMode
+from osfleet.timing import stage
 from osfleet.virt import Virt
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,8 @@ class ReplicaHost:
             self.virt, image, self.accel, self.shape, self.settings, self.say, memory=memory, spares=spares
         )
         self.liveness = Liveness(self.virt)
+        memory_dir = self.settings.memory_dir
+        self.capture = ScreenCapture(self.virt, memory_dir / "screens" if memory_dir is not None else None)
         self.lifecycle = Lifecycle(
             self.registry,
             self.generations,
@@ -250,21 +254,17 @@ class ReplicaHost:
             raise ReplicaBusyError(f"replica {replica_id} is {rec.state}")
         return rec
 
-    def screenshot(self, replica_id: str, fmt: str = "png") -> bytes:
+    def screenshot(self, replica_id: str, fmt: screen.ImageFormat = "png", quality: int | None = None) -> bytes:
+        """The replica's screen as PNG, JPEG or WebP (``quality`` 1..100 for the last two; default 85)."""
+        if fmt not in screen.FORMATS:
+            raise OsfleetError(f"unknown screenshot format {fmt!r} (png, jpeg or webp)")
         rec = self._running(replica_id)
-        image = self.virt.screenshot(rec.domain)
-        buf = io.BytesIO()
-        if fmt == "jpeg":
-            image.save(buf, "JPEG", quality=85)
-        elif fmt == "png":
-            image.save(buf, "PNG", compress_level=1)
-        else:
-            raise OsfleetError(f"unknown screenshot format {fmt!r} (png or jpeg)")
-        return buf.getvalue()
+        return screen.encode(self.capture.grab(rec.domain), fmt, quality)
 
     def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
         rec = self._running(replica_id)
-        return run_actions(self.virt, rec.domain, self.image.screen, actions)
+        with stage("act"):
+            return run_actions(self.virt, rec.domain, self.image.screen, actions)
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
         """Run a shell command in the replica's guest (task set-up and verifiers)."""

@@ -1,0 +1,300 @@
+"""Observe/act latency without VMs: stage timing, screen capture and encoding, the API's observation options
+(formats, quality, Server-Timing, off the event loop) over a fake host."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from osfleet.api.app import create_app
+from osfleet.config import AgentConfig
+from osfleet.errors import VirtError
+from osfleet.replicas.capture import ScreenCapture
+from osfleet.screen import DEFAULT_QUALITY, encode
+from osfleet.timing import Stages, collecting, parse_server_timing, stage
+from tests.fakes import FakeHost
+
+TOKEN = "t"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+# --- stage timing ---------------------------------------------------------------------------------------------
+def test_stages_add_up_per_name_and_render_as_server_timing() -> None:
+    with collecting() as stages:
+        with stage("capture"):
+            time.sleep(0.01)
+        with stage("encode"):
+            pass
+        with stage("capture"):
+            time.sleep(0.01)
+    assert list(stages.seconds) == ["capture", "encode"]
+    assert stages.seconds["capture"] >= 0.02 and stages.total is not None and stages.total >= 0.02
+    parsed = parse_server_timing(stages.header())
+    assert list(parsed) == ["capture", "encode", "total"]
+    assert parsed["capture"] == pytest.approx(stages.seconds["capture"], abs=0.0001)
+
+
+def test_a_stage_outside_a_request_only_runs_its_block() -> None:
+    ran = []
+    with stage("capture"):
+        ran.append(1)
+    assert ran == [1]
+
+
+def test_server_timing_header_parsing() -> None:
+    s = Stages()
+    s.add("act", 0.0123)
+    assert s.header() == "act;dur=12.3"
+    assert parse_server_timing('act;dur=12.5, cache;desc="hit", db;dur="3", bad;dur=x, total;dur=20') == {
+        "act": 0.0125,
+        "db": 0.003,
+        "total": 0.02,
+    }
+    assert parse_server_timing(None) == {}
+
+
+# --- encoding -------------------------------------------------------------------------------------------------
+def _desktop() -> Image.Image:
+    img = Image.new("RGB", (320, 200), (40, 90, 140))
+    img.paste((250, 250, 250), (20, 20, 200, 150))  # a window
+    for x in range(30, 190, 6):
+        img.paste((0, 0, 0), (x, 40, x + 4, 48))  # text
+    return img
+
+
+def test_png_is_lossless_and_jpeg_webp_follow_quality() -> None:
+    img = _desktop()
+    png = Image.open(io.BytesIO(encode(img, "png")))
+    assert png.format == "PNG" and png.convert("RGB").tobytes() == img.tobytes()
+    for fmt, name in (("jpeg", "JPEG"), ("webp", "WEBP")):
+        low, high = encode(img, fmt, 10), encode(img, fmt, 95)  # type: ignore[arg-type]
+        assert len(low) < len(high)
+        decoded = Image.open(io.BytesIO(high))
+        assert decoded.format == name and decoded.size == img.size
+    assert encode(img, "jpeg") == encode(img, "jpeg", DEFAULT_QUALITY)
+    with pytest.raises(ValueError, match="quality 0"):
+        encode(img, "jpeg", 0)
+    with pytest.raises(ValueError, match="gif"):
+        encode(img, "gif")  # type: ignore[arg-type]
+
+
+# --- capture --------------------------------------------------------------------------------------------------
+class FakeVirt:
+    """QMP screendump writes a PPM where it is told; libvirt's stream returns another colour."""
+
+    def __init__(self, dump_error: Exception | None = None, running: bool = True) -> None:
+        self.dump_error = dump_error
+        self.running = running
+        self.dumped: list[str] = []
+        self.streamed = 0
+        self.lock = threading.Lock()
+
+    def qmp(self, name: str, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        assert command == "screendump" and arguments is not None
+        if self.dump_error is not None:
+            raise self.dump_error
+        with self.lock:
+            self.dumped.append(arguments["filename"])
+        Image.new("RGB", (64, 40), (1, 2, 3)).save(arguments["filename"], "PPM")
+        return {}
+
+    def screenshot(self, name: str) -> Image.Image:
+        if not self.running:
+            raise VirtError(f"domain {name} is not running")
+        self.streamed += 1
+        return Image.new("RGB", (64, 40), (9, 9, 9))
+
+    def is_running(self, name: str) -> bool:
+        return self.running
+
+    def qemu_ids(self) -> tuple[int, int] | None:
+        return None
+
+
+def test_capture_reads_a_screendump_from_its_directory_and_removes_it(tmp_path: Path) -> None:
+    virt = FakeVirt()
+    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
+    with collecting() as stages:
+        img = cap.grab("osfleet-r-1-g1")
+    assert img.mode == "RGB" and img.getpixel((0, 0)) == (1, 2, 3) and virt.streamed == 0
+    assert cap.method == "screendump" and "capture" in stages.seconds
+    assert (tmp_path / "screens").stat().st_mode & 0o777 == 0o700
+    assert list((tmp_path / "screens").iterdir()) == []  # read, then removed
+
+
+def test_concurrent_captures_of_one_domain_use_their_own_files(tmp_path: Path) -> None:
+    virt = FakeVirt()
+    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
+    threads = [threading.Thread(target=cap.grab, args=("osfleet-r-1-g1",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(virt.dumped)) == 8 and virt.streamed == 0
+
+
+def test_capture_falls_back_to_libvirts_stream_when_qemu_cannot_dump(tmp_path: Path) -> None:
+    virt = FakeVirt(dump_error=VirtError("QMP screendump on d: Permission denied"))
+    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
+    assert cap.grab("d").getpixel((0, 0)) == (9, 9, 9) and cap.method == "libvirt"
+    virt.dump_error = None
+    cap.grab("d")
+    assert virt.dumped == [] and virt.streamed == 2  # no second try of a path that failed on a running domain
+
+
+def test_a_gone_domain_is_reported_as_libvirt_names_it_and_keeps_the_fast_path(tmp_path: Path) -> None:
+    virt = FakeVirt(dump_error=VirtError("no domain d"), running=False)
+    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
+    with pytest.raises(VirtError, match="not running"):
+        cap.grab("d")
+    assert cap.method == "screendump"
+
+
+def test_without_a_directory_capture_uses_libvirt(tmp_path: Path) -> None:
+    virt = FakeVirt()
+    cap = ScreenCapture(virt, None)  # type: ignore[arg-type]
+    cap.grab("d")
+    assert cap.method == "libvirt" and virt.streamed == 1 and virt.dumped == []
+
+
+# --- the API --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[TestClient, FakeHost]]:
+    host = FakeHost(tmp_path)
+    with TestClient(create_app(AgentConfig(token=TOKEN), lambda: host)) as client:
+        yield client, host
+
+
+def _lease(client: TestClient) -> tuple[str, str]:
+    r = client.post("/v1/leases", json={}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return r.json()["replica_id"], r.json()["lease_id"]
+
+
+def _image(obs: dict[str, Any]) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(obs["screenshot"])))
+
+
+def test_a_step_answers_in_the_asked_format_with_its_stages(api: tuple[TestClient, FakeHost]) -> None:
+    client, host = api
+    rid, lid = _lease(client)
+    click = [{"type": "click", "x": 1, "y": 1}]
+    plain = client.post(
+        f"/v1/replicas/{rid}/step", json={"lease_id": lid, "action_id": "a", "actions": click}, headers=AUTH
+    )
+    assert plain.status_code == 200, plain.text
+    obs = plain.json()["observation"]
+    assert obs["format"] == "png" and obs["quality"] is None and _image(obs).format == "PNG"
+    body = {
+        "lease_id": lid,
+        "action_id": "b",
+        "actions": click,
+        "observation_format": "webp",
+        "observation_quality": 40,
+    }
+    r = client.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    obs = r.json()["observation"]
+    assert obs["format"] == "webp" and obs["quality"] == 40 and _image(obs).format == "WEBP"
+    assert host.shots[-1] == ("webp", 40)
+    stages = parse_server_timing(r.headers["server-timing"])
+    assert {"persist", "encode", "total"} <= set(stages) and stages["total"] >= stages["persist"]
+    jpeg = client.post(
+        f"/v1/replicas/{rid}/step",
+        json={**body, "action_id": "c", "observation_format": "jpeg", "observation_quality": None},
+        headers=AUTH,
+    ).json()["observation"]
+    assert jpeg["format"] == "jpeg" and jpeg["quality"] == DEFAULT_QUALITY and _image(jpeg).format == "JPEG"
+    # a retried step is replayed with a fresh observation in the format asked this time
+    again = client.post(f"/v1/replicas/{rid}/step", json={**body, "observation_format": "jpeg"}, headers=AUTH)
+    assert again.json()["replayed"] is True and again.json()["observation"]["format"] == "jpeg"
+
+
+def test_observation_and_reset_take_format_and_quality(api: tuple[TestClient, FakeHost]) -> None:
+    client, host = api
+    rid, lid = _lease(client)
+    r = client.get(
+        f"/v1/replicas/{rid}/observation", params={"lease_id": lid, "format": "webp", "quality": 30}, headers=AUTH
+    )
+    assert r.status_code == 200 and r.json()["quality"] == 30 and _image(r.json()).format == "WEBP"
+    assert "encode" in parse_server_timing(r.headers["server-timing"])
+    reset = client.post(
+        f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "observation_format": "jpeg"}, headers=AUTH
+    ).json()
+    assert _image(reset["observation"]).format == "JPEG" and host.shots[-1] == ("jpeg", None)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"observation_quality": 0},
+        {"observation_quality": 101},
+        {"observation_quality": "80"},
+        {"observation_quality": True},
+        {"observation_format": "gif"},
+        {"observation_format": "JPEG"},
+    ],
+)
+def test_bad_observation_options_are_refused_with_422(api: tuple[TestClient, FakeHost], change: dict[str, Any]) -> None:
+    client, host = api
+    rid, lid = _lease(client)
+    body = {"lease_id": lid, "action_id": "a", "actions": [{"type": "wait", "seconds": 0}], **change}
+    r = client.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH)
+    assert r.status_code == 422 and r.json()["kind"] == "invalid_request", r.text
+    assert host.applied == []  # refused before anything reached the guest
+
+
+@pytest.mark.parametrize("params", [{"quality": 0}, {"quality": 101}, {"format": "bmp"}, {"quality": "high"}])
+def test_bad_observation_query_is_refused_with_422(api: tuple[TestClient, FakeHost], params: dict[str, Any]) -> None:
+    client, _ = api
+    rid, lid = _lease(client)
+    r = client.get(f"/v1/replicas/{rid}/observation", params={"lease_id": lid, **params}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["kind"] == "invalid_request", r.text
+
+
+def test_capture_and_encoding_run_in_a_worker_thread_not_on_the_event_loop(
+    api: tuple[TestClient, FakeHost], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, host = api
+    seen: list[bool] = []
+    real = host.screenshot
+
+    def screenshot(rid: str, fmt: Any = "png", quality: int | None = None) -> bytes:
+        try:
+            asyncio.get_running_loop()
+            seen.append(True)
+        except RuntimeError:  # no event loop runs in this thread
+            seen.append(False)
+        return real(rid, fmt, quality)
+
+    monkeypatch.setattr(host, "screenshot", screenshot)
+    rid, lid = _lease(client)
+    client.post(
+        f"/v1/replicas/{rid}/step",
+        json={"lease_id": lid, "action_id": "a", "actions": [{"type": "wait", "seconds": 0}]},
+        headers=AUTH,
+    )
+    client.get(f"/v1/replicas/{rid}/observation", params={"lease_id": lid, "format": "jpeg"}, headers=AUTH)
+    assert seen == [False, False]
+
+
+def test_the_openapi_documents_the_options_with_their_bounds(api: tuple[TestClient, FakeHost]) -> None:
+    client, _ = api
+    schema = client.get("/openapi.json").json()
+    props = schema["components"]["schemas"]["StepRequest"]["properties"]
+    quality = next(x for x in props["observation_quality"]["anyOf"] if x.get("type") == "integer")
+    assert (quality["minimum"], quality["maximum"]) == (1, 100)
+    assert props["observation_format"]["enum"] == ["png", "jpeg", "webp"]
+    assert "observation_quality" in schema["components"]["schemas"]["ResetRequest"]["properties"]
+    params = {p["name"]: p for p in schema["paths"]["/v1/replicas/{rid}/observation"]["get"]["parameters"]}
+    assert params["format"]["schema"]["enum"] == ["png", "jpeg", "webp"] and "quality" in params
