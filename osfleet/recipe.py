@@ -18,6 +18,7 @@ from osfleet.errors import BadRecipeError, first_problem
 
 # Bump when the build steps change in a way that changes the image for the same recipe.
 BUILDER_VERSION = "3"
+OPTIONAL_SINCE_V3 = ("pip_packages", "chrome_devtools_port")
 HASH_LENGTH = 16
 
 _PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
@@ -25,6 +26,7 @@ _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
 # Values that end up in shell commands, guest files or the guest's environment: each must be a plain name.
 _SUITE = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
 _PROGRAM = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,40}$")
+_PIP_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,60}==[0-9][A-Za-z0-9.+!-]{0,30}$")
 _MIRROR = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+/-]*)?$")
 
 
@@ -57,6 +59,12 @@ class Recipe(BaseModel):
     kernel_modules: list[str]
     # Kernel modules the initrd loads to find and mount the root disk.
     initrd_modules: list[str]
+    # Python packages Debian does not ship (e.g. pyautogui for OSWorld's set-up steps), pinned ``name==version``,
+    # installed with pip without their dependencies (those come from Debian packages in ``packages``).
+    pip_packages: list[str] = []
+    # When set, ``google-chrome`` in the guest starts Chromium with its DevTools protocol on this port (the port
+    # OSWorld's browser tasks reach).
+    chrome_devtools_port: int | None = Field(None, ge=1024, le=65535)
 
     @field_validator("packages", "kernel_modules", "initrd_modules")
     @classmethod
@@ -64,6 +72,14 @@ class Recipe(BaseModel):
         bad = [v for v in values if not _PACKAGE_NAME.match(v.replace("_", "-"))]
         if bad:
             raise ValueError(f"invalid names: {', '.join(repr(b) for b in bad)}")
+        return values
+
+    @field_validator("pip_packages")
+    @classmethod
+    def _pins(cls, values: list[str]) -> list[str]:
+        bad = [v for v in values if not _PIP_PIN.match(v)]
+        if bad:
+            raise ValueError(f"pip packages must be pinned as name==version: {', '.join(repr(b) for b in bad)}")
         return values
 
     @field_validator("kernel_package")
@@ -127,7 +143,11 @@ def recipe_hash(recipe: Recipe, guest_files: dict[str, str]) -> str:
     """Content hash naming the image built from ``recipe`` with these guest file contents."""
     h = hashlib.sha256()
     h.update(f"builder={BUILDER_VERSION}\n".encode())
-    h.update(json.dumps(recipe.model_dump(), sort_keys=True).encode())
+    values = recipe.model_dump()
+    for key in OPTIONAL_SINCE_V3:  # fields added later count only when set: older images keep their names
+        if values.get(key) in (None, []):
+            values.pop(key, None)
+    h.update(json.dumps(values, sort_keys=True).encode())
     for name in sorted(guest_files):
         h.update(f"\n--- {name}\n".encode())
         h.update(guest_files[name].encode())

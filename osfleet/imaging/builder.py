@@ -126,6 +126,12 @@ def _build_in(host: Host, recipe: Recipe, work: str) -> str:
         try:
             pkgs = " ".join(q(p) for p in [recipe.kernel_package, *recipe.packages])
             host.run(f"{chroot} apt-get install -y -q --no-install-recommends {pkgs}", what="apt-get install")
+            if recipe.pip_packages:
+                pins = " ".join(q(p) for p in recipe.pip_packages)
+                host.run(
+                    f"{chroot} python3 -m pip install -q --no-deps --no-cache-dir --break-system-packages {pins}",
+                    what="pip install",
+                )
         finally:
             host.run(f"umount {q(f'{rootfs}/proc')}")
     kernel_version = _kernel_version(host.run(f"ls {q(f'{rootfs}/lib/modules')}"))
@@ -199,6 +205,8 @@ def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
     host.write_file(f"{rootfs}/etc/osfleet/xsession", files["xsession"], 0o755)
     xorg = files["xorg.conf"].replace("@WIDTH@", str(recipe.screen.width))
     host.write_file(f"{rootfs}/etc/X11/xorg.conf", xorg.replace("@HEIGHT@", str(recipe.screen.height)))
+    if recipe.chrome_devtools_port is not None:
+        host.write_file(f"{rootfs}/usr/local/bin/google-chrome", _chrome_wrapper(recipe.chrome_devtools_port), 0o755)
     if not host.exists(f"{rootfs}/sbin/shutdown"):
         host.write_file(f"{rootfs}/sbin/shutdown", files["shutdown"], 0o755)
     host.write_file(f"{rootfs}/etc/hostname", recipe.hostname + "\n")
@@ -206,6 +214,16 @@ def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
     host.run(f"{chroot} useradd -m -u 1000 -s /bin/bash {q(recipe.user)}", what="useradd")
     # Clones get their own machine id at first boot of each replica (see the replica runtime).
     host.run(f": > {q(f'{rootfs}/etc/machine-id')}")
+
+
+def _chrome_wrapper(port: int) -> str:
+    """``google-chrome`` as OSWorld's tasks call it: Chromium with DevTools on ``port`` (a task's own
+    ``--remote-debugging-port`` comes later on the command line and wins)."""
+    return (
+        "#!/bin/sh\n# Chromium under the name OSWorld's tasks use, with the DevTools port they expect.\n"
+        "exec chromium --no-first-run --no-default-browser-check --password-store=basic --disable-gpu "
+        f'--remote-debugging-port={port} "$@"\n'
+    )
 
 
 def _module_closure(host: Host, chroot: str, kernel_version: str, modules: list[str]) -> list[str]:
