@@ -860,6 +860,10 @@ from osfleet.recording.cli import trajectories  # noqa: E402  (issue 12: recorde
 
 cli.add_command(trajectories)
 
+from osfleet.bench.step import bench_step  # noqa: E402  (issue 11: observe/act latency)
+
+bench.add_command(bench_step)
+
 from osfleet.tasks.cli import assets, tasks_import  # noqa: E402  (issue 13: OSWorld tasks offline)
 
 tasks.add_command(assets)

@@ -1,5 +1,5 @@
 """Observe/act latency without VMs: stage timing, screen capture and encoding, the API's observation options
-(formats, quality, Server-Timing, off the event loop) over a fake host."""
+(formats, quality, Server-Timing, off the event loop) and ``osfleet bench step`` over a fake host."""
 
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 from PIL import Image
 
 from osfleet.api.app import create_app
+from osfleet.bench import step as bench_step
 from osfleet.config import AgentConfig
 from osfleet.errors import VirtError
 from osfleet.replicas.capture import ScreenCapture
 from osfleet.screen import DEFAULT_QUALITY, encode
 from osfleet.timing import Stages, collecting, parse_server_timing, stage
+from tests.conftest import free_port
 from tests.fakes import FakeHost
 
 TOKEN = "t"
@@ -298,3 +301,52 @@ def test_the_openapi_documents_the_options_with_their_bounds(api: tuple[TestClie
     assert "observation_quality" in schema["components"]["schemas"]["ResetRequest"]["properties"]
     params = {p["name"]: p for p in schema["paths"]["/v1/replicas/{rid}/observation"]["get"]["parameters"]}
     assert params["format"]["schema"]["enum"] == ["png", "jpeg", "webp"] and "quality" in params
+
+
+# --- osfleet bench step ---------------------------------------------------------------------------------------
+def test_step_body_stays_plain_for_png_so_older_agents_take_it() -> None:
+    body = bench_step.step_body("l", 3, "png", None)
+    assert "observation_format" not in body and body["actions"][0]["type"] == "click"
+    assert bench_step.step_body("l", 3, "webp", 60)["observation_quality"] == 60
+
+
+def test_summarize_takes_p50_per_stage_and_the_http_remainder() -> None:
+    rounds = [
+        {"seconds": 0.100, "bytes": 10, "stages": {"act": 0.02, "capture": 0.03, "encode": 0.01, "total": 0.07}},
+        {"seconds": 0.120, "bytes": 30, "stages": {"act": 0.04, "capture": 0.05, "encode": 0.01, "total": 0.11}},
+        {"seconds": 0.200, "bytes": 20, "stages": {"act": 0.03, "capture": 0.04, "encode": 0.03, "total": 0.15}},
+    ]
+    s = bench_step.summarize(rounds)
+    assert s["n"] == 3 and s["p50"] == pytest.approx(0.12) and s["bytes_p50"] == 20
+    assert s["stages_p50_seconds"] == pytest.approx(
+        {"act": 0.03, "capture": 0.04, "encode": 0.01, "http": 0.03}  # http: 0.03, 0.01, 0.05
+    )
+    assert "stages_p50_seconds" not in bench_step.summarize([{"seconds": 0.5, "bytes": 1, "stages": {}}])
+
+
+def test_bench_step_runs_through_a_real_http_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_step, "SETTLE_SECONDS", 0.0)  # this machine may be busy: one short CPU sample
+    monkeypatch.setattr(bench_step, "SETTLE_SAMPLE_SECONDS", 0.1)
+    host = FakeHost(tmp_path / "home")
+    port = free_port()
+    app = create_app(AgentConfig(token=TOKEN), lambda: host)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        result = bench_step.run(
+            tmp_path / "run", 4, ["png", "webp"], 50, url=f"http://127.0.0.1:{port}", token=TOKEN, say=lambda _: None
+        )
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert set(result["formats"]) == {"png", "webp"} and result["formats"]["webp"]["n"] == 4
+    assert {"persist", "encode", "http"} <= set(result["formats"]["webp"]["stages_p50_seconds"])
+    assert result["p50_seconds"] == result["formats"][result["best_format"]]["p50"]
+    assert isinstance(result["goal_met"], bool) and 0 <= result["host_cpu_busy_share_before"] <= 1
+    assert len(host.applied) == 2 * (4 + bench_step.WARMUP_ROUNDS) and host.shots[-1] == ("webp", 50)
+    assert host.replicas()[0].lease is None  # released at the end
+    assert "p50" in bench_step.table(result)
