@@ -3,8 +3,8 @@
 Semantics, as OSWorld documents them:
 - ``exact_match``: the result equals ``rules.expected``.
 - ``check_include_exclude``: every ``rules.include`` string is in the result and no ``rules.exclude`` one.
-- ``literal_match``: the result equals the expected value; options ``type`` (``str``, default, or ``list``)
-  and ``ignore_case``.
+- ``literal_match``: the result equals the expected value (a constant, or a rule's ``rules.expected``);
+  options ``type`` (``str``, default, or ``list``) and ``ignore_case``.
 - ``is_in_list``: ``rules.expected`` is one of the result's items (or a substring of a string result).
 - ``compare_text_file``: two text files are equal; options ``ignore_blanks`` (runs of whitespace count as
   one space, ends stripped) and ``ignore_case``.
@@ -65,6 +65,8 @@ def check_include_exclude(result: Any, expected: Any, options: dict[str, Any]) -
 
 
 def literal_match(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    if isinstance(expected, dict) and "expected" in expected:  # given by a rule getter: its rules.expected
+        expected = expected["expected"]
     kind = options.get("type", "str")
     fold = bool(options.get("ignore_case", False))
     if kind == "list":

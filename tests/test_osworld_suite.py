@@ -1,0 +1,99 @@
+"""The shipped ``osworld`` suite, checked without a VM: every task is supported, and 0 -> oracle 1 -> reset 0 holds
+when the guest is this machine's shell with the guest's home moved into a temporary folder.
+
+The real check on the office image is ``osfleet tasks validate --suite osworld --json``; this one catches a
+broken task, asset or oracle in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from osfleet.tasks import runner
+from osfleet.tasks.assets import AssetStore
+from osfleet.tasks.importer import import_folder
+from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.suites import SUITES, load_suite
+from osfleet.tasks.suites.generate import HOME, generate
+
+SUITE = SUITES["osworld"]
+
+
+class HomeGuest:
+    """The guest's shell, played locally: ``/home/user`` is ``home``; python3 is the test's interpreter."""
+
+    def __init__(self, home: Path, bin_dir: Path) -> None:
+        self.home, self.bin_dir = home, bin_dir
+
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        env = {**os.environ, "HOME": str(self.home), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
+        p = subprocess.run(
+            ["sh", "-c", command], capture_output=True, text=True, timeout=timeout, env=env, cwd=self.home
+        )
+        return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
+        return Path(path).read_bytes()[:limit]
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AssetStore:
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path / "osfleet-home"))
+    return AssetStore.from_settings()
+
+
+def test_the_suite_has_at_least_12_supported_tasks_over_3_apps(store: AssetStore) -> None:
+    report = import_folder(SUITE, store)
+    assert report.summary["supported"] == len(report.tasks) >= 12, report.summary
+    tasks = load_suite("osworld", store)
+    assert len({a for t in tasks for a in t.apps}) >= 3 and all(t.task.oracle for t in tasks)
+
+
+def test_the_committed_suite_is_what_the_generator_writes(tmp_path: Path) -> None:
+    generate(tmp_path / "fresh")
+    committed = sorted(p.name for p in SUITE.glob("*.json"))
+    assert committed == sorted(p.name for p in (tmp_path / "fresh").glob("*.json"))
+    for name in committed:
+        assert json.loads((SUITE / name).read_text()) == json.loads((tmp_path / "fresh" / name).read_text()), name
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SUITE.glob("*.json")))
+def test_each_task_scores_0_then_1_after_its_oracle_then_0_after_a_reset(
+    name: str, store: AssetStore, tmp_path: Path
+) -> None:
+    store.add_bundle(SUITE)
+    home = tmp_path / "home"
+    text = (SUITE / f"{name}.json").read_text().replace(HOME, str(home))
+    data = json.loads(text)
+    task = from_osworld(data, store)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    guest = HomeGuest(home, bin_dir)
+
+    def reset() -> None:
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir()
+        runner.apply_setup(guest, "r-1", task)  # type: ignore[arg-type]
+
+    def reward() -> float:
+        return runner.evaluate(guest, "r-1", task).reward  # type: ignore[arg-type]
+
+    reset()
+    assert reward() == 0.0
+    for action in data["osfleet_oracle"]:
+        out = guest.shell("r-1", action["command"], 30)
+        assert out["exit_code"] == 0, out["stderr"]
+    after = runner.evaluate(guest, "r-1", task)  # type: ignore[arg-type]
+    assert after.reward == 1.0, [c.detail for c in after.criteria]
+    reset()
+    assert reward() == 0.0
