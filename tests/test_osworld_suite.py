@@ -97,3 +97,18 @@ def test_each_task_scores_0_then_1_after_its_oracle_then_0_after_a_reset(
     assert after.reward == 1.0, [c.detail for c in after.criteria]
     reset()
     assert reward() == 0.0
+
+
+def test_validating_the_suite_without_its_image_says_how_to_build_it(tmp_path: Path) -> None:
+    env = {**os.environ, "OSFLEET_HOME": str(tmp_path / "empty-home")}
+    osfleet = Path(sys.executable).parent / "osfleet"
+    p = subprocess.run(
+        [str(osfleet), "tasks", "validate", "--suite", "osworld", "--json"], capture_output=True, text=True, env=env
+    )
+    assert p.returncode == 1 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert (
+        line.startswith("osfleet: error: suite osworld runs on golden-")
+        and "--recipe" in line
+        and "office.yaml" in line
+    )
