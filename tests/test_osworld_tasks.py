@@ -290,3 +290,11 @@ def test_import_and_assets_commands(home: Path, tmp_path: Path) -> None:
     )
     r = cli_runner.invoke(cli, ["tasks", "import", str(tmp_path / "bundle" / "assets")])
     assert r.exit_code != 0 and r.output.strip().splitlines()[-1].startswith("osfleet: error: no task JSON")
+
+
+def test_a_broken_asset_index_leaves_the_schema_without_downloads(home: Path) -> None:
+    (home / "assets").mkdir(parents=True)
+    (home / "assets" / "index.json").write_text("{not json")
+    assert '"maxLength": 0' in json.dumps(OsworldTask.model_json_schema())
+    with pytest.raises(AssetError, match="unreadable"):
+        AssetStore.from_settings().resolve(URL)

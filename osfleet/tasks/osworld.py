@@ -17,6 +17,7 @@ Metrics whose getters hand them values of the wrong kind score 0, as in OSWorld.
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 from pathlib import PurePosixPath
@@ -61,13 +62,18 @@ OPENERS = {
 }
 
 Command = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)]
+log = logging.getLogger(__name__)
 
 
 def _stored_urls(field: str) -> Any:
     """Schema hook: ``field`` may only be a URL this host's asset store holds, listed when the schema is made."""
 
     def hook(schema: dict[str, Any]) -> None:
-        urls = AssetStore.from_settings().urls()
+        try:
+            urls = AssetStore.from_settings().urls()
+        except OsfleetError as exc:  # a broken index must not take the API's documentation down with it
+            log.warning("%s; the published schema offers no downloads", exc)
+            urls = []
         if urls:
             schema["properties"][field]["enum"] = urls
         else:
