@@ -127,11 +127,7 @@ def _build_in(host: Host, recipe: Recipe, work: str) -> str:
             pkgs = " ".join(q(p) for p in [recipe.kernel_package, *recipe.packages])
             host.run(f"{chroot} apt-get install -y -q --no-install-recommends {pkgs}", what="apt-get install")
             if recipe.pip_packages:
-                pins = " ".join(q(p) for p in recipe.pip_packages)
-                host.run(
-                    f"{chroot} python3 -m pip install -q --no-deps --no-cache-dir --break-system-packages {pins}",
-                    what="pip install",
-                )
+                _pip_install(host, recipe, work, rootfs, chroot)
         finally:
             host.run(f"umount {q(f'{rootfs}/proc')}")
     kernel_version = _kernel_version(host.run(f"ls {q(f'{rootfs}/lib/modules')}"))
@@ -214,6 +210,22 @@ def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
     host.run(f"{chroot} useradd -m -u 1000 -s /bin/bash {q(recipe.user)}", what="useradd")
     # Clones get their own machine id at first boot of each replica (see the replica runtime).
     host.run(f": > {q(f'{rootfs}/etc/machine-id')}")
+
+
+def _pip_install(host: Host, recipe: Recipe, work: str, rootfs: str, chroot: str) -> None:
+    """Install the recipe's pinned pip packages in the image, without their dependencies (Debian packages give
+    those). The build host downloads them (it has the package index and its certificates; the chroot does not),
+    and the chroot installs from that folder with no index, building source packages with Debian's setuptools."""
+    pins = " ".join(q(p) for p in recipe.pip_packages)
+    wheels = f"{work}/pip"
+    host.run(f"python3 -m pip download -q --no-deps -d {q(wheels)} {pins}", what="pip download")
+    host.run(f"cp -r {q(wheels)} {q(f'{rootfs}/tmp/osfleet-pip')}")
+    host.run(
+        f"{chroot} python3 -m pip install -q --no-index --find-links /tmp/osfleet-pip --no-deps"
+        f" --no-build-isolation --no-cache-dir --break-system-packages {pins}",
+        what="pip install",
+    )
+    host.run(f"rm -rf {q(f'{rootfs}/tmp/osfleet-pip')}")
 
 
 def _chrome_wrapper(port: int) -> str:
