@@ -833,6 +833,7 @@ def tasks_validate(
                     say(f"FAIL  {t.id:<24} {v.problem}  ({v.seconds:.1f} s)")
                 rows.append(
                     {"id": t.id, "apps": apps, "ok": v.ok, "rewards": v.rewards, "seconds": round(v.seconds, 2)}
+                    | {"phases": v.phases}
                     | ({"problem": v.problem} if v.problem else {})
                 )
         finally:

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
+from osfleet.replicas.actions import Action, ActionResult
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.importer import import_folder
@@ -43,6 +45,18 @@ class HomeGuest:
     def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
         return Path(path).read_bytes()[:limit]
 
+    def reset(self, replica_id: str) -> None:
+        """Back to the initial state: an empty home."""
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir()
+
+    def act(self, replica_id: str, actions: list[Any]) -> list[ActionResult]:
+        results = []
+        for a in actions:
+            out = self.shell(replica_id, a.command, a.timeout)
+            results.append(ActionResult(type=a.type, ok=out["exit_code"] == 0, seconds=0.0, error=out["stderr"]))
+        return results
+
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AssetStore:
@@ -65,20 +79,24 @@ def test_the_committed_suite_is_what_the_generator_writes(tmp_path: Path) -> Non
         assert json.loads((SUITE / name).read_text()) == json.loads((tmp_path / "fresh" / name).read_text()), name
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in SUITE.glob("*.json")))
-def test_each_task_scores_0_then_1_after_its_oracle_then_0_after_a_reset(
-    name: str, store: AssetStore, tmp_path: Path
-) -> None:
+def guest_and_task(name: str, store: AssetStore, tmp_path: Path) -> tuple[HomeGuest, Any, dict[str, Any]]:
     store.add_bundle(SUITE)
     home = tmp_path / "home"
-    text = (SUITE / f"{name}.json").read_text().replace(HOME, str(home))
-    data = json.loads(text)
+    data = json.loads((SUITE / f"{name}.json").read_text().replace(HOME, str(home)))
     task = from_osworld(data, store)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     (bin_dir / "python3").chmod(0o755)
-    guest = HomeGuest(home, bin_dir)
+    return HomeGuest(home, bin_dir), task, data
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SUITE.glob("*.json")))
+def test_each_task_scores_0_then_1_after_its_oracle_then_0_after_a_reset(
+    name: str, store: AssetStore, tmp_path: Path
+) -> None:
+    guest, task, data = guest_and_task(name, store, tmp_path)
+    home = guest.home
 
     def reset() -> None:
         shutil.rmtree(home, ignore_errors=True)
@@ -112,3 +130,11 @@ def test_validating_the_suite_without_its_image_says_how_to_build_it(tmp_path: P
         and "--recipe" in line
         and "office.yaml" in line
     )
+
+
+def test_validate_times_each_phase(store: AssetStore, tmp_path: Path) -> None:
+    guest, task, data = guest_and_task("calc-total-row", store, tmp_path)
+    task = task.model_copy(update={"oracle": TypeAdapter(list[Action]).validate_python(data["osfleet_oracle"])})
+    v = runner.validate(guest, "r-1", task)  # type: ignore[arg-type]
+    assert v.ok, v.problem
+    assert list(v.phases) == ["reset", "evaluate_initial", "oracle", "evaluate_oracle", "reset_again", "evaluate_reset"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import shlex
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from osfleet.errors import OsfleetError
 from osfleet.replicas import actions
@@ -29,6 +31,7 @@ from osfleet.tasks.model import (
     score,
 )
 
+T = TypeVar("T")
 CHECK_TIMEOUT_SECONDS = 30.0
 SETUP_BUDGET_SECONDS = 60.0  # all set-up steps of one reset together
 EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together
@@ -186,20 +189,30 @@ class Validation:
     rewards: list[float] = field(default_factory=list)
     seconds: float = 0.0
     problem: str = ""
+    # Seconds per phase, in order: reset (with set-up), evaluate, oracle, evaluate, reset, evaluate.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def validate(host: ReplicaHost, rid: str, task: Task) -> Validation:
     """The task is valid if its verifier scores 0 on the initial state, 1 after the oracle, 0 after a reset."""
     start = time.monotonic()
     v = Validation(task=task.id, ok=False)
+
+    def timed(phase: str, fn: Callable[[], T]) -> T:
+        t0 = time.monotonic()
+        try:
+            return fn()
+        finally:
+            v.phases[phase] = round(time.monotonic() - t0, 2)
+
     try:
-        reset_to_task(host, rid, task)
-        v.rewards.append(evaluate(host, rid, task).reward)
-        run_oracle(host, rid, task)
-        after = evaluate(host, rid, task)
+        timed("reset", lambda: reset_to_task(host, rid, task))
+        v.rewards.append(timed("evaluate_initial", lambda: evaluate(host, rid, task)).reward)
+        timed("oracle", lambda: run_oracle(host, rid, task))
+        after = timed("evaluate_oracle", lambda: evaluate(host, rid, task))
         v.rewards.append(after.reward)
-        reset_to_task(host, rid, task)
-        v.rewards.append(evaluate(host, rid, task).reward)
+        timed("reset_again", lambda: reset_to_task(host, rid, task))
+        v.rewards.append(timed("evaluate_reset", lambda: evaluate(host, rid, task)).reward)
     except OsfleetError as exc:
         v.problem = str(exc)
     else:
@@ -208,7 +221,7 @@ def validate(host: ReplicaHost, rid: str, task: Task) -> Validation:
         if not v.ok:
             v.problem = f"rewards {v.rewards}, expected {expected}"
             if v.rewards[1] != 1.0:
-                unmet = [c.name for c in after.criteria if not c.met]
+                unmet = [f"{c.name} ({c.detail[-120:]})" if c.detail else c.name for c in after.criteria if not c.met]
                 v.problem += f"; unmet after the oracle: {', '.join(unmet)}"
     v.seconds = time.monotonic() - start
     return v
