@@ -232,11 +232,11 @@ def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[
             time.sleep(0.02)
         gw = SimpleNamespace(url=f"http://127.0.0.1:{port}", headers=AUTH)
         hosts = [SimpleNamespace(name=a.name, url=a.entry.url, token=a.entry.token) for a in agents.values()]
-        out = gateway_overhead(gw, hosts, rounds=10)  # type: ignore[arg-type]
+        out = gateway_overhead(gw, hosts, rounds=10, warmup=2)  # type: ignore[arg-type]
         assert out["rounds"] == 10 and out["direct_p50_ms"] > 0 and out["gateway_p50_ms"] > 0
-        assert out["added_p50_ms"] == pytest.approx(out["gateway_p50_ms"] - out["direct_p50_ms"])
-        applied = sum(len(a.host.applied) for a in agents.values())
-        assert applied == 20  # every step really ran, ten each way
+        assert out["added_p95_ms"] >= out["added_p50_ms"]  # the p50 of the per-round differences
+        applied = [a.host.applied for a in agents.values() if a.host.applied]
+        assert len(applied) == 1 and len(applied[0]) == 24  # one replica, every step really ran, twelve each way
     finally:
         server.should_exit = True
         thread.join(10)

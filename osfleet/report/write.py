@@ -116,9 +116,10 @@ def _chaos(c: dict[str, Any], key: list[list[str]]) -> Section:
     overhead = c.get("gateway_overhead")
     if overhead:
         text += (
-            f" The gateway added {overhead['added_p50_ms']:.1f} ms p50 per step (one step "
-            f"{overhead['direct_p50_ms']:.1f} ms straight to its host, {overhead['gateway_p50_ms']:.1f} ms through "
-            f"the gateway, {overhead['rounds']} rounds alternating; {HERE})."
+            f" The gateway added {overhead['added_p50_ms']:.1f} ms p50 per step (the p50 of the differences of "
+            f"{overhead['rounds']} rounds, each one step straight to its host and one through the gateway on the "
+            f"same replica, the order swapped every round; p50s {overhead['direct_p50_ms']:.1f} ms direct, "
+            f"{overhead['gateway_p50_ms']:.1f} ms through the gateway; {HERE})."
         )
         key.append(["gateway overhead per step, p50", f"{overhead['added_p50_ms']:.1f} ms", HERE])
     key += [
