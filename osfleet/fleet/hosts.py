@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from osfleet.api.auth import ON_BEHALF_OF
 from osfleet.api.errors import NotFound
 from osfleet.errors import ConfigError, OsfleetError, first_problem
+from osfleet.fleet.hostclient import HostCallError, HostCallTimeout, HostClient, HostResponse
 from osfleet.fleet.ids import HOST_NAME
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class HostState:
 class HostPool:
     """The hosts, their state, and calls to them with deadlines."""
 
-    def __init__(self, entries: list[HostEntry], client: httpx.AsyncClient) -> None:
+    def __init__(self, entries: list[HostEntry], client: HostClient) -> None:
         check_unique(entries)
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
         self._by_name = {h.name: h for h in self.hosts}
@@ -133,7 +133,7 @@ class HostPool:
             if sample.status_code != 200:
                 raise HostUnavailableError(f"/v1/host answered {sample.status_code}")
             host.sample = sample.json()
-        except (httpx.HTTPError, HostUnavailableError, ValueError) as exc:
+        except (HostCallError, HostUnavailableError, ValueError) as exc:
             host.failures += 1
             if host.failures >= FAILS_TO_DRAIN:
                 self.drain(host, f"host {host.name} is not answering its health checks ({_reason(exc)})")
@@ -143,7 +143,7 @@ class HostPool:
             log.warning("host %s is healthy: it takes replicas and leases (again)", host.name)
             host.healthy, host.reason, host.since = True, "ok", time.time()
 
-    async def _get(self, host: HostState, path: str, auth: bool) -> httpx.Response:
+    async def _get(self, host: HostState, path: str, auth: bool) -> HostResponse:
         headers = {"Authorization": f"Bearer {host.entry.token}"} if auth else {}
         return await self.client.get(host.entry.url + path, headers=headers, timeout=POLL_TIMEOUT_SECONDS)
 
@@ -164,7 +164,7 @@ class HostPool:
         params: dict[str, Any] | None = None,
         timeout: float,
         client_id: str | None = None,
-    ) -> httpx.Response:
+    ) -> HostResponse:
         """Call a host with its own token and a deadline. A drained host, a refused connection or a timeout
         is a 503 infrastructure error naming the host; a refused connection also drains it."""
         if not host.healthy:
@@ -176,9 +176,9 @@ class HostPool:
             return await self.client.request(
                 method, host.entry.url + path, json=json, params=params, headers=headers, timeout=timeout
             )
-        except httpx.TimeoutException:
+        except HostCallTimeout:
             raise HostTimeoutError(f"host {host.name} did not answer {method} {path} within {timeout:.0f} s") from None
-        except httpx.TransportError as exc:
+        except HostCallError as exc:
             self.drain(host, f"host {host.name} is not answering ({_reason(exc)})")
             raise HostUnavailableError(f"{host.reason}; lease again") from None
 
