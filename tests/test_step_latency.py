@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -13,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schemathesis
 import uvicorn
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from osfleet.api.app import create_app
+from osfleet.api.models import StepRequest
 from osfleet.bench import step as bench_step
 from osfleet.config import AgentConfig
 from osfleet.errors import VirtError
@@ -303,6 +308,18 @@ def test_the_openapi_documents_the_options_with_their_bounds(api: tuple[TestClie
     assert params["format"]["schema"]["enum"] == ["png", "jpeg", "webp"] and "quality" in params
 
 
+def _schema_strategy(path: str, method: str) -> st.SearchStrategy[Any]:
+    app = create_app(AgentConfig(token=TOKEN), lambda: FakeHost(Path("/nonexistent")))
+    return schemathesis.openapi.from_dict(app.openapi())[path][method].as_strategy()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=_schema_strategy("/v1/replicas/{rid}/step", "POST"))
+def test_every_schema_valid_step_body_is_taken_as_json(case: Any) -> None:
+    req = StepRequest.model_validate_json(json.dumps(case.body))
+    assert req.observation_quality is None or 1 <= req.observation_quality <= 100
+
+
 # --- osfleet bench step ---------------------------------------------------------------------------------------
 def test_step_body_stays_plain_for_png_so_older_agents_take_it() -> None:
     body = bench_step.step_body("l", 3, "png", None)
@@ -327,7 +344,7 @@ def test_summarize_takes_p50_per_stage_and_the_http_remainder() -> None:
 def test_bench_step_runs_through_a_real_http_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_step, "SETTLE_SECONDS", 0.0)  # this machine may be busy: one short CPU sample
     monkeypatch.setattr(bench_step, "SETTLE_SAMPLE_SECONDS", 0.1)
-    host = FakeHost(tmp_path / "home")
+    host = FakeHost(tmp_path / "home", ready=2)
     port = free_port()
     app = create_app(AgentConfig(token=TOKEN), lambda: host)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -338,15 +355,23 @@ def test_bench_step_runs_through_a_real_http_agent(tmp_path: Path, monkeypatch: 
         time.sleep(0.02)
     try:
         result = bench_step.run(
-            tmp_path / "run", 4, ["png", "webp"], 50, url=f"http://127.0.0.1:{port}", token=TOKEN, say=lambda _: None
+            tmp_path / "run",
+            4,
+            ["png", "webp"],
+            50,
+            url=f"http://127.0.0.1:{port}",
+            token=TOKEN,
+            say=lambda _: None,
+            clients=2,
         )
     finally:
         server.should_exit = True
         thread.join(10)
-    assert set(result["formats"]) == {"png", "webp"} and result["formats"]["webp"]["n"] == 4
+    assert set(result["formats"]) == {"png", "webp"} and result["formats"]["webp"]["n"] == 2 * 4
     assert {"persist", "encode", "http"} <= set(result["formats"]["webp"]["stages_p50_seconds"])
     assert result["p50_seconds"] == result["formats"][result["best_format"]]["p50"]
     assert isinstance(result["goal_met"], bool) and 0 <= result["host_cpu_busy_share_before"] <= 1
-    assert len(host.applied) == 2 * (4 + bench_step.WARMUP_ROUNDS) and host.shots[-1] == ("webp", 50)
-    assert host.replicas()[0].lease is None  # released at the end
+    assert len(host.applied) == 2 * 2 * (4 + bench_step.WARMUP_ROUNDS) and host.shots[-1] == ("webp", 50)
+    assert {rid for rid, _ in host.applied} == {r.id for r in host.replicas()}  # one replica per client
+    assert all(r.lease is None for r in host.replicas())  # released at the end
     assert "p50" in bench_step.table(result)

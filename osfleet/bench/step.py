@@ -1,8 +1,9 @@
 """``osfleet bench step``: one step (a click and the screen after it) through the real HTTP API, by stage.
 
 A replica is leased from a host agent (started here on loopback with one warm replica, or a running one
-given by ``--url``/``--token``). Each round is one ``POST .../step`` with a left click inside the terminal
-window and ``observe: true``, once per asked-for image format, formats interleaved so drift hits each alike.
+given by ``--url``/``--token``); with ``--clients N``, N agents step at once, each on its own replica. Each
+round is one ``POST .../step`` with a left click inside the terminal window and ``observe: true``, once per
+asked-for image format, formats interleaved so drift hits each alike.
 The client times the whole round trip; the agent's ``Server-Timing`` header splits its own share into
 ``act`` (QMP input events), ``persist`` (the episode file, fsync'd, and the audit line), ``capture`` (the
 screen from QEMU), ``encode`` (image + base64) and ``record`` (the episode recorder, when on); ``http`` is
@@ -17,9 +18,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -95,7 +98,7 @@ def _quiet_host(say: Say) -> float:
 
 @contextmanager
 def _agent(
-    url: str | None, token: str | None, run_dir: Path, image: str | None, record: bool, say: Say
+    url: str | None, token: str | None, run_dir: Path, image: str | None, record: bool, clients: int, say: Say
 ) -> Iterator[tuple[str, str]]:
     if url is not None:
         if not token:
@@ -103,10 +106,10 @@ def _agent(
         yield url.rstrip("/"), token
         return
     os.environ["OSFLEET_RECORD"] = "1" if record else "0"  # the agent started here inherits it
-    say(f"starting a host agent on loopback with one warm replica (recording {'on' if record else 'off'})")
-    agent = LocalAgent(1, run_dir / "agent.log", image)
+    say(f"starting a host agent on loopback with {clients} warm replica(s) (recording {'on' if record else 'off'})")
+    agent = LocalAgent(clients, run_dir / "agent.log", image)
     try:
-        agent.wait_ready(1, READY_TIMEOUT_SECONDS)
+        agent.wait_ready(clients, READY_TIMEOUT_SECONDS)
         yield agent.url, agent.token
     finally:
         say("stopping the host agent and retiring its replica")
@@ -123,6 +126,7 @@ def run(
     image: str | None = None,
     record: bool = False,
     say: Say = print,
+    clients: int = 1,
 ) -> dict[str, Any]:
     for fmt in formats:
         if fmt not in FORMATS:
@@ -130,36 +134,51 @@ def run(
     run_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "machine": describe(),
-        "agent": url or "started here (loopback, 1 warm replica)",
+        "agent": url or f"started here (loopback, {clients} warm replica(s))",
         "recording": record if url is None else None,
+        "clients": clients,
         "rounds_per_format": rounds,
         "quality": quality,
         "goal_p50_seconds": GOAL_P50_SECONDS,
     }
-    with (
-        _agent(url, token, run_dir, image, record, say) as (base, tok),
-        httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {tok}"}, timeout=REQUEST_TIMEOUT_SECONDS
-        ) as client,
-    ):
-        lease = client.post("/v1/leases", json={"holder": "bench-step"})
-        if lease.status_code != 201:
-            raise OsfleetError(f"leasing a replica: HTTP {lease.status_code} {lease.text[:200]}")
-        rid, lid = lease.json()["replica_id"], lease.json()["lease_id"]
+    samples: dict[str, list[dict[str, Any]]] = {fmt: [] for fmt in formats}
+    with _agent(url, token, run_dir, image, record, clients, say) as (base, tok):
+        sessions = [
+            httpx.Client(base_url=base, headers={"Authorization": f"Bearer {tok}"}, timeout=REQUEST_TIMEOUT_SECONDS)
+            for _ in range(clients)
+        ]
+        leased: list[tuple[httpx.Client, str, str]] = []
         try:
-            for i in range(WARMUP_ROUNDS):
-                for fmt in formats:
-                    _round(client, rid, lid, i, fmt, quality)
+            for client in sessions:
+                lease = client.post("/v1/leases", json={"holder": "bench-step"})
+                if lease.status_code != 201:
+                    raise OsfleetError(f"leasing a replica: HTTP {lease.status_code} {lease.text[:200]}")
+                leased.append((client, lease.json()["replica_id"], lease.json()["lease_id"]))
+            for client, rid, lid in leased:
+                for i in range(WARMUP_ROUNDS):
+                    for fmt in formats:
+                        _round(client, rid, lid, i, fmt, quality)
             result["host_cpu_busy_share_before"] = _quiet_host(say)
-            samples: dict[str, list[dict[str, Any]]] = {fmt: [] for fmt in formats}
-            for i in range(rounds):
-                for fmt in formats:
-                    samples[fmt].append(_round(client, rid, lid, WARMUP_ROUNDS + i, fmt, quality))
-                if (i + 1) % 10 == 0:
-                    say(f"  {i + 1}/{rounds} rounds")
+
+            def agent(client: httpx.Client, rid: str, lid: str) -> None:
+                for i in range(rounds):
+                    for fmt in formats:
+                        took = _round(client, rid, lid, WARMUP_ROUNDS + i, fmt, quality)
+                        with lock:
+                            samples[fmt].append(took)
+                    if (i + 1) % 10 == 0 and rid == leased[0][1]:
+                        say(f"  {i + 1}/{rounds} rounds")
+
+            lock = threading.Lock()
+            with ThreadPoolExecutor(max_workers=clients) as pool:
+                for done in [pool.submit(agent, *x) for x in leased]:
+                    done.result()
             result["host_cpu_busy_share_during"] = psutil.cpu_percent(interval=None) / 100.0
         finally:
-            client.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid})
+            for client, rid, lid in leased:
+                client.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid})
+            for client in sessions:
+                client.close()
     result["formats"] = {fmt: summarize(samples[fmt]) for fmt in formats}
     best = min(formats, key=lambda f: result["formats"][f]["p50"])
     result["best_format"] = best
@@ -191,7 +210,10 @@ def _round(client: httpx.Client, rid: str, lid: str, i: int, fmt: ImageFormat, q
 
 def table(result: dict[str, Any]) -> str:
     """A short human summary of ``run``'s result."""
-    lines = [f"click + observation through the API ({result['rounds_per_format']} rounds per format)"]
+    lines = [
+        f"click + observation through the API ({result['rounds_per_format']} rounds per format, "
+        f"{result['clients']} client(s) at once)"
+    ]
     for fmt, r in result["formats"].items():
         stages = ", ".join(f"{k} {v * 1000:.0f}" for k, v in r.get("stages_p50_seconds", {}).items())
         lines.append(
@@ -217,6 +239,13 @@ def table(result: dict[str, Any]) -> str:
     help="observation format (repeat for several; default: png, jpeg and webp)",
 )
 @click.option("--quality", default=None, type=click.IntRange(1, 100), help="JPEG/WebP quality (default: the agent's)")
+@click.option(
+    "--clients",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="agents stepping at once, one replica each",
+)
 @click.option("--record/--no-record", default=False, show_default=True, help="the agent started here records episodes")
 @click.option("--url", default=None, help="a running host agent instead of one started here")
 @click.option("--token", default=None, envvar="OSFLEET_API_TOKEN", help="its bearer token (with --url)")
@@ -229,6 +258,7 @@ def bench_step(
     rounds: int,
     formats: tuple[ImageFormat, ...],
     quality: int | None,
+    clients: int,
     record: bool,
     url: str | None,
     token: str | None,
@@ -241,7 +271,7 @@ def bench_step(
     (act, persist, capture, encode, record) and the HTTP remainder."""
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     run_dir = run_dir or Path("runs") / (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-step")
-    result = run(run_dir, rounds, list(formats or FORMATS), quality, url, token, image_ref, record, say)
+    result = run(run_dir, rounds, list(formats or FORMATS), quality, url, token, image_ref, record, say, clients)
     text = json.dumps(result, indent=2) + "\n"
     (run_dir / "step.json").write_text(text)
     if out:
