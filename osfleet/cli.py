@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from osfleet import __version__, logs
+from osfleet.cli_support import emit
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import MODES, Mode, Settings
 from osfleet.errors import OsfleetError
@@ -213,10 +214,7 @@ def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, o
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     result = disk_bench.run(find_image(image_ref, settings), replicas, settings, boot=boot, say=say)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    click.echo(json.dumps(result, indent=2) if as_json else disk_table(result))
+    emit(result, as_json, out, disk_table)
 
 
 @bench.command("all")
@@ -270,15 +268,35 @@ def bench_reset(
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     result = reset_bench.run(find_image(image_ref, settings), replicas, resets, hold, hold_max, settings, say)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    click.echo(json.dumps(result, indent=2) if as_json else reset_table(result))
+    emit(result, as_json, out, reset_table)
+
+
+@bench.command("fork")
+@click.option("--children", default=8, show_default=True, type=click.IntRange(2, 64))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
+    """Fork a replica mid-task N ways: same state in every child, diverging input, timings, clean-up."""
+    from osfleet.bench import fork as fork_bench
+    from osfleet.bench.tables import fork_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    emit(fork_bench.run(find_image(image_ref, settings), children, settings, say), as_json, out, fork_table)
 
 
 @bench.command("density")
 @click.option("--max", "max_replicas", default=None, type=click.IntRange(1, 100000), help="stop at N replicas")
 @click.option("--compare", is_flag=True, help="also run with template memory off (full-stream restores)")
+@click.option(
+    "--park/--running",
+    default=True,
+    show_default=True,
+    help="ready replicas wait paused until leased (as host serve --park), or keep running",
+)
 @click.option(
     "--ksm-wait", default=0.0, show_default=True, help="seconds to let KSM merge before measuring (when it is on)"
 )
@@ -287,28 +305,23 @@ def bench_reset(
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
 @_friendly
 def bench_density(
-    max_replicas: int | None, compare: bool, ksm_wait: float, image_ref: str | None, as_json: bool, out: Path | None
+    max_replicas: int | None,
+    compare: bool,
+    park: bool,
+    ksm_wait: float,
+    image_ref: str | None,
+    as_json: bool,
+    out: Path | None,
 ) -> None:
     """Ready desktops held at once until memory runs out: each answers; memory, idle CPU, bring-up per replica."""
     from osfleet.bench import density
+    from osfleet.bench.tables import density_table
     from osfleet.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    result = density.run(find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    for label, r in [("sharing on", result), ("sharing off", result.get("sharing_off"))]:
-        if r:
-            cpu = (r["cpu_per_idle_replica"] or 0) * 100
-            click.echo(
-                f"{label}: {r['held_ready']} held, {r['answering']} answering, {r['mib_per_replica'] or 0:.0f} MiB and "
-                f"{cpu:.1f} % of a core each, bring-up p50 {r['bringup_p50_s'] or 0:.2f} s ({r['stop_reason']})"
-            )
+    result = density.run(find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say, park)
+    emit(result, as_json, out, density_table)
 
 
 @bench.command("chaos")
@@ -524,6 +537,32 @@ def replicas_reset(replica_id: str, mode: Mode | None) -> None:
     click.echo(f"{replica_id}  reset ({t.mode}) in {t.seconds:.2f} s")
 
 
+@replicas.command("fork")
+@click.argument("replica_id")
+@click.option("--children", default=1, show_default=True, type=click.IntRange(1, 64), help="replicas to start from it")
+@_friendly
+def replicas_fork(replica_id: str, children: int) -> None:
+    """Save a running, unleased replica and start CHILDREN replicas from that exact state (left ready).
+
+    A leased replica is forked by its lease holder through the API (POST /v1/replicas/ID/fork)."""
+    from osfleet.replicas.records import RecordStore
+
+    settings = Settings.from_env()
+    records, _ = RecordStore(settings.replicas_dir).load_all()
+    rec = next((r for r in records if r.id == replica_id), None)
+    if rec is None:
+        raise OsfleetError(f"no replica {replica_id} (see 'osfleet replicas ls')")
+    with _replica_host(rec.image, rec.mode) as host:
+        _refuse_foreign(host.adopt(), [replica_id])
+        forked = host.fork(replica_id, children)
+    click.echo(
+        f"{replica_id}  forked as {forked.fork_id} ({forked.memory_mode} memory): saved in "
+        f"{forked.save_seconds:.2f} s, {len(forked.children)} child(ren) ready in {forked.total_seconds:.2f} s"
+    )
+    for child in forked.children:
+        click.echo(f"{child.record.id}  ready in {child.seconds:.2f} s")
+
+
 @replicas.command("down")
 @click.argument("replica_ids", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="every replica on this host, whatever its image")
@@ -581,7 +620,14 @@ def host() -> None:
     "--max-replicas",
     default=None,
     type=click.IntRange(1, 100000),
-    help="most replicas this host holds (default: from its memory, ~350 MiB each)",
+    help="most replicas this host holds (default: from its memory, ~160 MiB each with template memory)",
+)
+@click.option(
+    "--park/--no-park",
+    default=False,
+    envvar="OSFLEET_PARK",
+    show_envvar=True,
+    help="keep ready replicas paused until leased: no CPU while idle, ~0.1 s more per lease (default off)",
 )
 @click.option(
     "--record/--no-record",
@@ -607,6 +653,7 @@ def host_serve(
     token_file: Path | None,
     osgym_allow: tuple[str, ...],
     max_replicas: int | None,
+    park: bool,
     record: bool,
     record_format: str,
     record_quality: int,
@@ -664,6 +711,7 @@ def host_serve(
             warm=warm,
             say=lambda m: click.echo(m, err=True),
             max_replicas=max_replicas,
+            park=park,
         ),
     )
     click.echo(f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm)", err=True)
@@ -881,14 +929,14 @@ from osfleet.recording.cli import trajectories  # noqa: E402  (issue 12: recorde
 
 cli.add_command(trajectories)
 
-from osfleet.bench.step import bench_step  # noqa: E402  (issue 11: observe/act latency)
-
-bench.add_command(bench_step)
-
 from osfleet.tasks.cli import assets, tasks_import  # noqa: E402  (issue 13: OSWorld tasks offline)
 
 tasks.add_command(assets)
 tasks.add_command(tasks_import)
+
+from osfleet.bench.step import bench_step  # noqa: E402  (issue 11: observe/act latency)
+
+bench.add_command(bench_step)
 
 
 def main() -> None:

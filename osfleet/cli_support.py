@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -30,3 +32,13 @@ def friendly(fn: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def emit(result: dict[str, Any], as_json: bool, out: Path | None, summary: Callable[[dict[str, Any]], str]) -> None:
+    """A bench's result, every bench the same way: written to ``out`` when asked, then printed as one JSON
+    document (``--json``) or as its human summary."""
+    text = json.dumps(result, indent=2)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    click.echo(text if as_json else summary(result))

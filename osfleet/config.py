@@ -124,6 +124,11 @@ class Settings:
         return self.home / "states"
 
     @property
+    def forks_dir(self) -> Path:
+        """Running replicas saved mid-episode (``osfleet.replicas.forks``); each lives while a child uses it."""
+        return self.home / "forks"
+
+    @property
     def token_file(self) -> Path:
         """The host agent's bearer token when none is given (made once, readable by root only)."""
         return self.home / "api-token"

@@ -7,14 +7,18 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fabric import Connection
 
 from osfleet.config import NAME_PREFIX, Settings
 from osfleet.images import GoldenImage, load
+
+if TYPE_CHECKING:
+    from osfleet.replicas.manager import ReplicaHost
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
@@ -131,3 +135,24 @@ def no_leftovers(settings: Settings) -> Iterator[None]:
     before = state()
     yield
     assert state() == before, "the test left domains or scratch files behind"
+
+
+@pytest.fixture
+def replica_hosts(golden: GoldenImage, settings: Settings, no_leftovers: None) -> Iterator[Callable[..., ReplicaHost]]:
+    """``make(**options)``: a ReplicaHost of the golden image; every replica it made is torn down after."""
+    from osfleet.replicas.manager import ReplicaHost
+
+    made: list[tuple[ReplicaHost, set[str]]] = []
+
+    def make(**options: Any) -> ReplicaHost:
+        h = ReplicaHost(golden, settings, **{"mode": "snapshot", "auto_recover": False, **options})
+        made.append((h, {r.id for r in h.replicas()}))
+        return h
+
+    yield make
+    for h, before in made:
+        try:
+            h.stop_background()
+            h.down([r.id for r in h.replicas() if r.id not in before])
+        finally:
+            h.close()

@@ -19,8 +19,10 @@ from osfleet.config import Mode, Settings
 from osfleet.errors import OsfleetError
 from osfleet.replicas.actions import Action, ActionResult
 from osfleet.replicas.adoption import AdoptReport
-from osfleet.replicas.errors import CapacityError, ReplicaBusyError
+from osfleet.replicas.errors import CapacityError, LeaseError, ReplicaBusyError
+from osfleet.replicas.forks import ForkInfo
 from osfleet.replicas.leases import LeaseBook
+from osfleet.replicas.lifecycle import Child, Forked
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
 from osfleet.screen import ImageFormat, encode
@@ -49,6 +51,7 @@ class FakeHost:
     max_replicas: int = 8
     rss: int = 300 * 2**20  # what each fake replica "uses", for placement
     shots: list[tuple[str, int | None]] = field(default_factory=list)  # (format, quality) of each screenshot
+    forked: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.settings = Settings(home=self.home, libvirt_uri="test:///default")
@@ -139,6 +142,28 @@ class FakeHost:
 
     def release(self, rid: str, lease_id: str) -> bool:
         return self.leases.release(rid, lease_id)
+
+    # --- forks (the real ones are tested on real replicas in test_forks.py) ----------------------------------
+    def fork(self, rid: str, children: int, lease_id: str | None = None, seconds: float = 600.0) -> Forked:
+        """Children are new records leased to the parent's holder, made under the parent's lock."""
+        if len(self.registry.all()) + children > self.max_replicas:
+            raise CapacityError(f"this host can take {self.max_replicas - len(self.registry.all())} more replica(s)")
+        with self.registry.locked(rid) as parent:
+            if parent.lease is None or parent.lease.id != lease_id:
+                raise LeaseError(f"lease {lease_id} does not hold replica {rid}")
+            holder = parent.lease.holder
+            made = []
+            for _ in range(children):
+                child = self._make()
+                with self.registry.locked(child) as rec:
+                    lease = self.leases.grant(rec, holder, seconds)
+                    self.registry.save(rec)
+                    made.append(Child(rec.model_copy(deep=True), lease, 0.0))
+        self.forked.append(rid)
+        return Forked(rid, f"f-{uuid.uuid4().hex[:10]}", "template", 0.0, 0.0, made)
+
+    def fork_states(self) -> list[ForkInfo]:
+        return []
 
     # --- guest ----------------------------------------------------------------------------------------------
     def _running(self, rid: str) -> ReplicaRecord:

@@ -335,3 +335,42 @@ def test_requests_take_exactly_what_the_schema_says(client: TestClient) -> None:
     assert r.status_code == 404  # 3.0 is (JSON Schema says so), and there is no vm 3
     r = client.post("/v1/replicas", json={"count": "2"}, headers=AUTH)
     assert r.status_code == 422 and r.json()["error"].startswith("count:")
+
+
+def test_fork_leases_each_child_to_the_caller_with_the_parents_task(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(1)
+    rid, lid = _lease(client)
+    assert (
+        client.post(
+            f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task_id": "cli-write-note"}, headers=AUTH
+        ).status_code
+        == 200
+    )
+    step = {"lease_id": lid, "action_id": "before-fork", "actions": SHELL, "observe": False}
+    assert client.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).status_code == 200
+    r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 2}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["parent_id"] == rid and len(body["children"]) == 2
+    for child in body["children"]:
+        cid, clid = child["replica_id"], child["lease_id"]
+        assert cid != rid and clid != lid
+        # the parent's applied step is known to the child: retried by its id, it is replayed, not applied again
+        again = {**step, "lease_id": clid}
+        r = client.post(f"/v1/replicas/{cid}/step", json=again, headers=AUTH)
+        assert r.status_code == 200 and r.json()["replayed"] is True
+        # the task came along: evaluate works on the child
+        assert client.post(f"/v1/replicas/{cid}/evaluate", json={"lease_id": clid}, headers=AUTH).status_code == 200
+    assert len(fake.applied) == 1
+
+
+def test_fork_needs_the_parents_lease_and_room(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(1)
+    rid, lid = _lease(client)
+    r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": "someone-else", "children": 1}, headers=AUTH)
+    assert r.status_code == 409 and "does not hold" in r.json()["error"]
+    r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 8}, headers=AUTH)
+    assert r.status_code == 503 and r.json()["kind"] == "capacity"
+    r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 0}, headers=AUTH)
+    assert r.status_code == 422
+    assert fake.forked == []

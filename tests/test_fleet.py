@@ -240,3 +240,23 @@ def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_fork_through_the_gateway_gives_fleet_ids_on_the_parents_host(agents: dict[str, Agent]) -> None:
+    with gateway(agents) as gw:
+        rooms_known(gw)
+        r = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        host = rid.split(".")[0]
+        r = gw.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 2}, headers=AUTH)
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["parent_id"] == rid and len(body["children"]) == 2
+        for child in body["children"]:
+            cid, clid = child["replica_id"], child["lease_id"]
+            assert cid.startswith(f"{host}.") and clid.startswith(f"{host}.")
+            r = gw.post(f"/v1/replicas/{cid}/release", json={"lease_id": clid}, headers=AUTH)
+            assert r.status_code == 200 and r.json()["replica_id"] == cid
+        assert agents[host].host.forked == [rid.split(".", 1)[1]]
+        r = gw.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 1000}, headers=AUTH)
+        assert r.status_code == 422

@@ -26,6 +26,9 @@ from osfleet.api.metrics import host_usage
 from osfleet.api.models import (
     FORMAT_DOC,
     QUALITY_DOC,
+    ForkChild,
+    ForkRequest,
+    ForkResponse,
     Health,
     LeaseBody,
     LeaseRequest,
@@ -277,6 +280,39 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
             done=applied.done,
             results=[ActionResult.model_validate(x) for x in applied.results],
             observation=seen,
+        )
+
+    @r.post("/replicas/{rid}/fork", status_code=201, responses=documented(404, 409, 503))
+    def fork(rid: str, req: ForkRequest) -> ForkResponse:
+        """Fork the leased replica mid-episode: ``children`` replicas start from its current state (screen,
+        memory, disk), each with its own identity, leased to the caller, with the parent's task and applied
+        steps (``evaluate`` works on each). The parent pauses only while it is saved, then goes on. 503
+        capacity when this host cannot hold that many more replicas."""
+        s = state()
+        live = s.episode(rid, req.lease_id)
+        with live.lock:  # no step of the parent is half-applied in the saved state
+            s.check_not_taken_over(rid, req.lease_id)
+            forked = s.host.fork(rid, req.children, req.lease_id, s.config.lease_seconds)
+            children = []
+            for child in forked.children:
+                assert child.lease is not None  # a lease holder's fork leases every child
+                child_live = s.adopt_fork_child(child.record.id, child.lease.id, live)
+                _record_begin(s, child.record.id, child_live, None)
+                children.append(
+                    ForkChild(
+                        replica_id=child.record.id,
+                        lease_id=child.lease.id,
+                        expires_at=child.lease.expires_at,
+                        seconds=child.seconds,
+                    )
+                )
+        return ForkResponse(
+            parent_id=rid,
+            fork_id=forked.fork_id,
+            memory_mode="template" if forked.memory_mode == "template" else "stream",
+            save_seconds=forked.save_seconds,
+            total_seconds=forked.total_seconds,
+            children=children,
         )
 
     @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503))

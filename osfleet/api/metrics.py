@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,11 @@ class Metrics:
         # 3 a rebuild of a failed replica (detected failures and recoveries).
         self.replays = Counter("osfleet_step_replays_total", "Steps retried by action id", registry=self.registry)
         self.events = Gauge("osfleet_replica_events", "Replica events since start", ["event"], registry=self.registry)
+        self.forks = Gauge("osfleet_fork_states", "Saved forks still used by a replica", registry=self.registry)
+        self.fork_children = Gauge(
+            "osfleet_fork_children", "Replicas using a saved fork (sum of reference counts)", registry=self.registry
+        )
+        self.fork_bytes = Gauge("osfleet_fork_bytes", "Saved forks' bytes", ["kind"], registry=self.registry)
 
     def failure(self, kind: str) -> None:
         self.failures.labels(kind=kind).inc()
@@ -47,14 +53,21 @@ class Metrics:
             "golden": qcow2.allocated_bytes(host.image.disk),
             "overlays": sum(qcow2.allocated_bytes(p) for p in host.settings.replicas_dir.glob("r-*/*.qcow2")),
             "saved_states": _tree_bytes(host.settings.states_dir),
+            "forks": _tree_bytes(host.settings.forks_dir),
         }
         for kind, n in disk.items():
             self.disk.labels(kind=kind).set(n)
         counters = host.counters.snapshot()
         for event, n in counters.items():
             self.events.labels(event=event).set(n)
+        forks = host.fork_states()
+        self.forks.set(len(forks))
+        self.fork_children.set(sum(f.children for f in forks))
+        self.fork_bytes.labels(kind="disk").set(sum(f.disk_bytes for f in forks))
+        self.fork_bytes.labels(kind="memory").set(sum(f.memory_bytes for f in forks))
         return {
             "replicas": counts,
+            "forks": [asdict(f) for f in forks],
             "disk_allocated_bytes": disk,
             "counters": counters,
             "capacity": capacity(host, counts),

@@ -65,6 +65,30 @@ class LeaseBody(_Strict):
     lease_id: str = Field(min_length=1, max_length=200)
 
 
+MAX_FORK_CHILDREN = 64
+
+
+class ForkRequest(_Strict):
+    lease_id: str = Field(min_length=1, max_length=200)
+    children: JsonInt = Field(1, ge=1, le=MAX_FORK_CHILDREN)
+
+
+class ForkChild(BaseModel):
+    replica_id: str
+    lease_id: str
+    expires_at: float
+    seconds: float = Field(description="this child's bring-up from the saved fork until ready")
+
+
+class ForkResponse(BaseModel):
+    parent_id: str
+    fork_id: str
+    memory_mode: Literal["template", "stream"]
+    save_seconds: float = Field(description="pausing the parent and saving its state (the parent then goes on)")
+    total_seconds: float = Field(description="from the request until every child was ready")
+    children: list[ForkChild]
+
+
 def _task_format(data: Any) -> str:
     """Which format a task is in, as ``parse_task`` decides: OSWorld's has ``evaluator``/``config``."""
     if isinstance(data, dict):

@@ -84,6 +84,18 @@ class AgentState:
                 self._episodes[rid] = live
             return live
 
+    def adopt_fork_child(self, rid: str, lease_id: str, parent: LiveEpisode) -> LiveEpisode:
+        """A fork's child goes on with its parent's episode: same task (so ``evaluate`` works), same applied
+        steps (a step retried by its action id is replayed, not applied again); no OSGym vm id."""
+        data = parent.data.model_copy(
+            deep=True, update={"replica_id": rid, "lease_id": lease_id, "pending": None, "osgym": None}
+        )
+        live = LiveEpisode(data, parent.task)
+        self.save(live)
+        with self._lock:
+            self._episodes[rid] = live
+        return live
+
     def save(self, live: LiveEpisode) -> None:
         self.store.save(live.data)
 

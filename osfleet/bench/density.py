@@ -7,6 +7,12 @@ torn down. Replicas are held without reset spares (a spare costs about as much a
 reset`` measures them). ``--compare`` repeats the run with template memory off (full-stream restores) in
 the same invocation, so both figures come from one machine state.
 
+Ready replicas are parked by default (``--park``, as ``host serve --park`` keeps them): paused until
+leased, so an idle TCG desktop's ~1 % of a core (which bounds how many *running* replicas two cores hold,
+``--running``) is not spent while nobody uses it. Each one is resumed for its answering check as a lease
+resumes it (``resume_p50_s``) and parked again; ``cpu_per_idle_replica`` is still what a running idle
+replica costs (measured on a few resumed for the window), ``cpu_per_parked_replica`` what a parked one does.
+
 Memory per replica is the host's view (MemAvailable before the first bring-up minus after the last,
 divided by the count: QEMU, libvirt, page cache and all); ``pss_mib_per_replica`` is the replicas' QEMU
 processes' proportional set size, which another workload on the host cannot disturb. The template RAM
@@ -15,6 +21,7 @@ file on tmpfs exists before the first bring-up and is reported on its own (``tem
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -33,12 +40,15 @@ from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.stats import percentile
 
+log = logging.getLogger(__name__)
+
 MEMORY_RESERVE_BYTES = 2 * 2**30
 MAX_BRINGUP_SECONDS = 20.0
 SLOW_WINDOW = 5  # bring-ups judged together: one slow one (a neighbour's burst) does not end the run
 SAMPLE_EVERY = 8  # replicas between two points of the memory curve
 SETTLE_SECONDS = 5.0  # after the last bring-up, before answering and CPU are measured
 CPU_WINDOW_SECONDS = 10.0
+CPU_SAMPLE_RUNNING = 8  # parked runs: replicas resumed to measure what a running idle one costs
 KSM_POLL_SECONDS = 5.0
 UNLIMITED = 100_000
 MAX_FAILURES_IN_A_ROW = 3
@@ -105,17 +115,57 @@ def wait_for_ksm(timeout: float, say: Say) -> dict[str, Any]:
     return status
 
 
-def _answers(host: ReplicaHost, rid: str) -> bool:
-    """Guest agent ping and a drawn desktop: the replica is really there."""
-    for _ in range(ANSWER_ATTEMPTS):  # a host this full is slow: a second chance before "not answering"
+def _answers(host: ReplicaHost, rid: str, resumes: list[float]) -> bool:
+    """Guest agent ping and a drawn desktop: the replica is really there. A parked replica is resumed for
+    the check as a lease would resume it (clock set; the time goes to ``resumes``) and parked again."""
+    with host.registry.locked(rid) as rec:
+        parked = rec.parked
         try:
-            domain = host.get(rid).domain
-            host.virt.agent(domain, "guest-ping", timeout=10)
-            if screen.desktop_drawn(host.virt.screenshot(domain), host.image.background, host.image.screen):
-                return True
+            if parked:
+                t = time.monotonic()
+                host.lifecycle.unpark_locked(rec)
+                resumes.append(time.monotonic() - t)
+            for _ in range(ANSWER_ATTEMPTS):  # a host this full is slow: a second chance before "not answering"
+                try:
+                    host.virt.agent(rec.domain, "guest-ping", timeout=10)
+                    shot = host.virt.screenshot(rec.domain)
+                    if screen.desktop_drawn(shot, host.image.background, host.image.screen):
+                        return True
+                except OsfleetError:
+                    continue
+            return False
         except OsfleetError:
-            continue
-    return False
+            return False
+        finally:
+            if parked and not rec.parked:
+                try:
+                    host.lifecycle.park_locked(rec)
+                except OsfleetError as exc:
+                    log.warning("density: %s could not park again: %s", rid, exc)
+
+
+def _running_idle_cpu(host: ReplicaHost, sample: list[str], say: Say) -> float | None:
+    """Idle CPU of a running (unparked) replica, what a leased replica that waits for its agent costs:
+    measured on a few replicas resumed for the window, then parked again."""
+    woken = []
+    for rid in sample:
+        with host.registry.locked(rid) as rec:
+            try:
+                host.lifecycle.unpark_locked(rec)
+                woken.append(rid)
+            except OsfleetError as exc:
+                log.warning("density: resuming %s failed: %s", rid, exc)
+    time.sleep(SETTLE_SECONDS)
+    pids = [p for rid in woken if (p := host.virt.qemu_pid(host.get(rid).domain)) is not None]
+    say(f"  measuring idle CPU of {len(pids)} running replicas for {CPU_WINDOW_SECONDS:.0f} s")
+    cpu = idle_cpu_per_replica(pids)
+    for rid in woken:
+        with host.registry.locked(rid) as rec:
+            try:
+                host.lifecycle.park_locked(rec)
+            except OsfleetError as exc:
+                log.warning("density: parking %s again failed: %s", rid, exc)
+    return cpu
 
 
 def hold(
@@ -126,8 +176,10 @@ def hold(
     say: Say,
     ksm_wait: float = 0.0,
     reserve: int = MEMORY_RESERVE_BYTES,
+    park: bool = True,
 ) -> dict[str, Any]:
-    """Bring up snapshot replicas until memory runs out (or ``max_replicas``), check them, tear them down."""
+    """Bring up snapshot replicas until memory runs out (or ``max_replicas``), check them, tear them down.
+    ``park``: ready replicas wait paused until leased, as ``host serve --park`` keeps them."""
     limit = max_replicas or UNLIMITED
     host = ReplicaHost(
         image,
@@ -139,12 +191,16 @@ def hold(
         max_replicas=limit,
         memory=memory,
         spares=False,
+        park=park,
     )
     made: list[str] = []
     try:
         state = host.saved()  # made once, before anything is measured
         sharing = state.memory_mode == "template"
-        say(f"density, template memory {'on' if sharing else 'off'}: up to {limit if max_replicas else 'memory'}")
+        say(
+            f"density, template memory {'on' if sharing else 'off'}, ready replicas "
+            f"{'parked' if park else 'running'}: up to {limit if max_replicas else 'memory'}"
+        )
         before = mem_available()
         times: list[float] = []
         curve: list[dict[str, float]] = []
@@ -189,15 +245,27 @@ def hold(
         if n and (not curve or curve[-1]["replicas"] != n):
             curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
         pids = [p for rid in made if (p := host.virt.qemu_pid(host.get(rid).domain)) is not None]
-        say(f"  measuring idle CPU of {len(pids)} replicas for {CPU_WINDOW_SECONDS:.0f} s")
-        cpu = idle_cpu_per_replica(pids)
+        cpu_parked = None
+        if park:
+            say(f"  measuring the CPU of {len(pids)} parked replicas for {CPU_WINDOW_SECONDS:.0f} s")
+            cpu_parked = idle_cpu_per_replica(pids)
+            cpu = _running_idle_cpu(host, made[:CPU_SAMPLE_RUNNING], say)
+        else:
+            say(f"  measuring idle CPU of {len(pids)} replicas for {CPU_WINDOW_SECONDS:.0f} s")
+            cpu = idle_cpu_per_replica(pids)
         pss = [process_memory(p).get("pss", 0) for p in pids]
         say(f"  checking that each of {n} replicas answers (guest agent + drawn desktop)")
-        answering = sum(1 for rid in made if _answers(host, rid))
+        resumes: list[float] = []
+        answering = sum(1 for rid in made if _answers(host, rid, resumes))
+        parked = sum(1 for rid in made if host.get(rid).parked)
         return {
             "template_sharing": sharing,
             "memory_mode": state.memory_mode,
             "spares": False,
+            "parked": park,
+            "parked_at_end": parked,
+            "resume_p50_s": percentile(resumes, 50) if resumes else None,
+            "resume_p95_s": percentile(resumes, 95) if resumes else None,
             "held_ready": n,
             "answering": answering,
             "stop_reason": stop_reason,
@@ -207,6 +275,7 @@ def hold(
             "host_memory_used_mib": used / 2**20,
             "template_ram_mib": (state.ram.stat().st_blocks * 512) / 2**20 if state.ram else 0,
             "cpu_per_idle_replica": cpu,
+            "cpu_per_parked_replica": cpu_parked,
             "bringup_p50_s": percentile(times, 50) if times else None,
             "bringup_p95_s": percentile(times, 95) if times else None,
             "memory_curve": curve,
@@ -228,15 +297,16 @@ def run(
     ksm_wait: float = 0.0,
     settings: Settings | None = None,
     say: Say = print,
+    park: bool = True,
 ) -> dict[str, Any]:
     """One density run (template memory where this host can); ``compare`` adds one with it off."""
     if max_replicas is not None and max_replicas < 1:
         raise OsfleetError("--max must be at least 1")
     settings = settings or Settings.from_env()
     result: dict[str, Any] = {"benchmark": "density", "image": image.name, "reserve_mib": MEMORY_RESERVE_BYTES >> 20}
-    result.update(hold(image, settings, None, max_replicas, say, ksm_wait))
+    result.update(hold(image, settings, None, max_replicas, say, ksm_wait, park=park))
     if compare:
         say("the same with template memory off (full-stream restores)")
-        result["sharing_off"] = hold(image, settings, "stream", max_replicas, say, ksm_wait)
+        result["sharing_off"] = hold(image, settings, "stream", max_replicas, say, ksm_wait, park=park)
     result["machine"] = describe()
     return result

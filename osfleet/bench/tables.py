@@ -79,3 +79,28 @@ def reset_table(r: dict[str, Any]) -> str:
             f"{human_bytes(h['memory_bytes_per_replica'])} host memory per replica"
         )
     return "\n".join(lines)
+
+
+def fork_table(result: dict[str, Any]) -> str:
+    """One paragraph: children ready, per-child timings, the checks, leaks."""
+    return (
+        f"{result['children_ready']}/{result['children']} children ready ({result['memory_mode']} memory): "
+        f"p50 {result['fork_p50_s']:.2f} s, p95 {result['fork_p95_s']:.2f} s per child; parent saved in "
+        f"{result['save_s']:.2f} s (paused {result['parent_paused_s']:.2f} s), all ready in {result['total_s']:.2f} s; "
+        f"same state {result['same_state']}, diverged {result['diverged']}, nested {result['nested_fork_ok']}, "
+        f"leaks {sum(result['leaks'].values())}"
+    )
+
+
+def density_table(result: dict[str, Any]) -> str:
+    """One line per run (sharing on, and off with --compare)."""
+    lines = []
+    for label, r in [("sharing on", result), ("sharing off", result.get("sharing_off"))]:
+        if r:
+            cpu = (r["cpu_per_idle_replica"] or 0) * 100
+            lines.append(
+                f"{label}: {r['held_ready']} held ({'parked' if r.get('parked') else 'running'}), {r['answering']} "
+                f"answering, {r['mib_per_replica'] or 0:.0f} MiB and {cpu:.1f} % of a core (running idle) each, "
+                f"bring-up p50 {r['bringup_p50_s'] or 0:.2f} s ({r['stop_reason']})"
+            )
+    return "\n".join(lines)

@@ -28,6 +28,8 @@ from osfleet.api.contract import BoundaryRoute, add_metrics_route
 from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict
 from osfleet.api.models import (
+    ForkRequest,
+    ForkResponse,
     LeaseBody,
     LeaseRequest,
     LeaseResponse,
@@ -58,7 +60,15 @@ from osfleet.tasks.model import Evaluation
 
 # Deadlines of proxied calls: a cold reset boots a desktop (about a minute under TCG); a step may run a
 # guest command for up to its own timeout; everything else is quick.
-DEADLINES = {"lease": 30.0, "reset": 400.0, "step": 700.0, "evaluate": 300.0, "release": 400.0, "quick": 30.0}
+DEADLINES = {
+    "lease": 30.0,
+    "fork": 600.0,  # saving the parent, then N children (a few seconds each under TCG)
+    "reset": 400.0,
+    "step": 700.0,
+    "evaluate": 300.0,
+    "release": 400.0,
+    "quick": 30.0,
+}
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
 
@@ -248,6 +258,20 @@ def _native(gw: Callable[[], Gateway]) -> APIRouter:
     async def step(rid: str, req: StepRequest) -> Response:
         """Served by the fast path (fastpath.py) when nothing about it is unusual; here otherwise."""
         return await gw().step(rid, req)
+
+    @r.post("/replicas/{rid}/fork", status_code=201, responses=documented(404, 409, 503), response_model=ForkResponse)
+    async def fork(rid: str, req: ForkRequest) -> Response:
+        """Children start on the parent's host, where its saved memory and disk are."""
+        host = ids.split(rid)[0]
+        resp = await forward("fork", rid, req.lease_id, "fork", {"children": req.children})
+        if resp.status_code >= 300:
+            return _passthrough(resp)
+        body = resp.json()
+        body["parent_id"] = ids.join(host, body["parent_id"])
+        for child in body["children"]:
+            child["replica_id"] = ids.join(host, child["replica_id"])
+            child["lease_id"] = ids.join(host, child["lease_id"])
+        return JSONResponse(body, status_code=resp.status_code)
 
     @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503), response_model=Evaluation)
     async def evaluate(rid: str, req: LeaseBody) -> Response:

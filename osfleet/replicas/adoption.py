@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
-from osfleet.replicas import saved_state
+from osfleet.replicas import forks, saved_state
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.records import (
     RUNNING_STATES,
@@ -130,6 +130,7 @@ def teardown_all(settings: Settings, states: bool = False, force: bool = False) 
     if settings.replicas_dir.exists():
         removed = len(list(settings.replicas_dir.glob("*.json")))
         shutil.rmtree(settings.replicas_dir)
+    forks.remove_all_forks(settings)
     if states:
         saved_state.remove_saved_states(settings)
     return len(names), removed

@@ -121,6 +121,7 @@ class Generations:
         """
         rec.generation += 1
         rec.domain = self.domain_name(rec.id, rec.generation)
+        rec.parked, rec.clock_helper = False, None  # a new generation runs
         disk = self.replica_dir(rec.id) / f"disk-g{rec.generation}.qcow2"
         rec.disk = str(disk)
         meta = {"replica": rec.id, "generation": str(rec.generation), "image": self.image.name}
@@ -128,7 +129,7 @@ class Generations:
             rec.move(State.BOOTING)
         if mode == "snapshot":
             state = self.saved()
-            rec.layers = [str(state.disk), str(self.image.disk)]
+            rec.layers = [str(p) for p in state.layers(self.image)]
             spare = self._take_standby(rec.id, rec.domain)
             clock: Future[None] | None = None
             if spare is not None and spare.restored:
@@ -155,6 +156,25 @@ class Generations:
             self.virt.start_transient(spec)
             wait_until_ready(self.virt, self.image, rec.domain, start, COLD_BOOT_TIMEOUT_SECONDS)
             self.set_identity(rec)
+
+    def bring_up_from(self, rec: ReplicaRecord, state: saved_state.SavedState) -> None:
+        """Make generation ``rec.generation + 1`` from ``state`` instead of the replica's initial state: a
+        fork's child starts where its parent was. The caller holds the lock and saves the record, as for
+        ``bring_up``; the child's next reset goes back to the image's initial state like any replica's."""
+        rec.generation += 1
+        rec.domain = self.domain_name(rec.id, rec.generation)
+        rec.parked, rec.clock_helper = False, None
+        disk = self.replica_dir(rec.id) / f"disk-g{rec.generation}.qcow2"
+        rec.disk = str(disk)
+        rec.layers = [str(p) for p in state.layers(self.image)]
+        if rec.state == State.PROVISIONING:
+            rec.move(State.BOOTING)
+        meta = {"replica": rec.id, "generation": str(rec.generation), "image": self.image.name}
+        saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
+        saved_state.load_memory(self.virt, state, rec.domain)
+        # The parent's screen may show anything (an app over the desktop), so it is not judged: a guest that
+        # ran the identity script through its agent is running, with the parent's screen restored.
+        self.set_identity(rec)
 
     def desktop_drawn(self, domain: str) -> bool:
         """The replica's screen shows the desktop. On the reset path: QMP ``screendump`` straight into a

@@ -14,7 +14,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
-from osfleet.errors import OsfleetError
+from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.replicas.errors import (
     LeaseError,
     LeaseLostError,
@@ -37,9 +37,16 @@ class LeaseBook:
     """Leases on the replicas of ``registry``; ``reset_locked(record, then)`` resets a replica whose lock
     the caller holds and leaves it in state ``then``."""
 
-    def __init__(self, registry: Registry, reset_locked: ResetLocked) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        reset_locked: ResetLocked,
+        unpark_locked: Callable[[ReplicaRecord], None] | None = None,
+    ) -> None:
+        """``unpark_locked(record)`` resumes a parked replica whose lock the caller holds (see ``Lifecycle``)."""
         self.registry = registry
         self._reset_locked = reset_locked
+        self._unpark_locked = unpark_locked
         # Leases ended by expiry or by a failure, so a late caller hears why rather than "unknown lease".
         self._expired: OrderedDict[str, str] = OrderedDict()
         self._lost: OrderedDict[str, str] = OrderedDict()
@@ -54,6 +61,14 @@ class LeaseBook:
                 with self.registry.locked(rec.id, wait=False) as live:
                     if live.state != State.READY:
                         continue
+                    if live.parked and self._unpark_locked is not None:
+                        try:
+                            self._unpark_locked(live)
+                        except Exception as exc:  # the monitor rebuilds it; the next ready replica is tried
+                            self.registry.fail(
+                                live, f"resuming the parked replica failed: {as_osfleet(exc, 'resuming')}"
+                            )
+                            continue
                     live.lease = Lease(id=uuid.uuid4().hex, holder=holder, expires_at=time.time() + seconds)
                     live.move(State.LEASED)
                     try:
@@ -66,6 +81,14 @@ class LeaseBook:
             except (ReplicaNotFoundError, ReplicaBusyError):
                 continue
         raise NoReplicaAvailableError("no ready replica to lease; try again shortly")
+
+    def grant(self, rec: ReplicaRecord, holder: str, seconds: float) -> Lease:
+        """Lease the ready replica ``rec``, whose lock the caller holds, to ``holder`` (a fork's children go
+        to whoever forked; the caller saves the record)."""
+        lease = Lease(id=uuid.uuid4().hex, holder=holder, expires_at=time.time() + seconds)
+        rec.lease = lease
+        rec.move(State.LEASED)
+        return lease
 
     def check(self, replica_id: str, lease_id: str) -> ReplicaRecord:
         """The replica's record if ``lease_id`` holds it now; else a ``LeaseError`` saying why not."""

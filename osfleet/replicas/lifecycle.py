@@ -8,20 +8,27 @@ the monitor then rebuilds it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from osfleet.config import Mode
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.replicas.errors import ReplicaBusyError, ReplicaNotFoundError
+from osfleet.replicas import guest_clock
+from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
+from osfleet.replicas.forks import Forks
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.liveness import Liveness
-from osfleet.replicas.records import RUNNING_STATES, ReplicaRecord, State
+from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
+from osfleet.replicas.saved_state import SavedState
+
+log = logging.getLogger(__name__)
 
 # A replica whose recovery failed is tried again after this long (a failing host is not hammered).
 RECOVERY_RETRY_SECONDS = 30.0
@@ -36,6 +43,32 @@ class Timed:
     seconds: float
 
 
+Grant = Callable[[ReplicaRecord], Lease]
+FORK_WORKERS = 1  # children restored one after another: under TCG two at once only slow each other down
+
+
+@dataclass(frozen=True)
+class Child:
+    """A fork's child: its record when it became ready, its lease (if granted), its bring-up seconds."""
+
+    record: ReplicaRecord
+    lease: Lease | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Forked:
+    """The result of a fork: the saved fork, how long the parent's save and the whole fork took, the children."""
+
+    parent: str
+    fork_id: str
+    memory_mode: str
+    save_seconds: float
+    total_seconds: float
+    children: list[Child]
+    paused_seconds: float = 0.0  # how long the parent stood still (inside save_seconds)
+
+
 class Lifecycle:
     """Bring-up, reset, recovery and retirement of the replicas in ``registry``."""
 
@@ -46,12 +79,17 @@ class Lifecycle:
         default_mode: Mode,
         liveness: Liveness | None = None,
         on_lease_lost: Callable[[str, str], None] | None = None,
+        forks: Forks | None = None,
+        park: bool = False,
     ) -> None:
+        """``park``: pause every replica that becomes ready until it is leased (``park_locked``)."""
         self.registry = registry
         self.gen = generations
         self.default_mode: Mode = default_mode
         self.liveness = liveness
         self.on_lease_lost = on_lease_lost or (lambda _lease, _why: None)
+        self.forks = forks
+        self.park = park
 
     # --- bring-up ------------------------------------------------------------------------------------------
     def create(self, mode: Mode | None = None) -> Timed:
@@ -59,6 +97,24 @@ class Lifecycle:
         mode = mode or self.default_mode
         if mode == "snapshot":
             self.gen.saved()  # made once; not part of any replica's bring-up time
+        rid = self._new_record(mode)
+        start = time.monotonic()
+        with self.registry.locked(rid) as rec:
+            try:
+                self.gen.bring_up(rec, mode)
+                rec.move(State.READY)
+                self.registry.save(rec)
+            except Exception as exc:
+                err = as_osfleet(exc, f"bringing up {rid}")
+                self.registry.fail(rec, f"bring-up failed: {err}")
+                raise err from exc
+            took = time.monotonic() - start
+            self.gen.prepare_standby(rec)
+            self._maybe_park(rec)
+        return Timed(rid, mode, took)
+
+    def _new_record(self, mode: Mode) -> str:
+        """A new replica's directory and record (provisioning), registered; returns its id."""
         rid = f"r-{uuid.uuid4().hex[:8]}"
         now = time.time()
         record = ReplicaRecord(
@@ -82,19 +138,81 @@ class Lifecycle:
             shutil.rmtree(self.gen.replica_dir(rid), ignore_errors=True)
             raise
         self.registry.add(record)
+        return rid
+
+    # --- forks ---------------------------------------------------------------------------------------------
+    def fork(self, parent_id: str, children: int, lease_id: str | None = None, grant: Grant | None = None) -> Forked:
+        """Save the running replica ``parent_id`` and bring up ``children`` replicas from that state.
+
+        ``lease_id``: the parent's lease, checked under its lock (None: the parent must be unleased, e.g.
+        from the command line). ``grant(record)`` leases each child to the caller while its lock is held,
+        so no one else can lease it first. All or nothing: if any child fails, the others are retired.
+        """
+        if self.forks is None:
+            raise OsfleetError("forks are not available on this host")
+        started = time.monotonic()
+        with self.registry.locked(parent_id) as parent:
+            if parent.state not in RUNNING_STATES:
+                raise ReplicaBusyError(f"replica {parent_id} is {parent.state}; only a running replica forks")
+            held = parent.lease.id if parent.lease is not None else None
+            if held != lease_id:
+                raise LeaseError(
+                    f"lease {lease_id} does not hold replica {parent_id}"
+                    if lease_id
+                    else f"replica {parent_id} is leased: fork it through its lease holder"
+                )
+            try:
+                self.unpark_locked(parent)  # its state is saved running, as any child will run
+                state = self.forks.save(parent)
+            except Exception as exc:
+                raise as_osfleet(exc, f"forking {parent_id}") from exc
+            finally:
+                self._maybe_park(parent)  # an unleased parent waits parked again, as every ready replica
+        saved_s = time.monotonic() - started
+        fork_id = state.directory.name
+        self.registry.counters.inc("forks")
+        made: list[str] = []
+        try:
+            with ThreadPoolExecutor(max_workers=FORK_WORKERS, thread_name_prefix="osfleet-fork") as pool:
+                futures = [pool.submit(self._fork_child, state, grant, made) for _ in range(children)]
+                results = [f.result() for f in futures]
+        except Exception as exc:
+            for rid in made:
+                with contextlib.suppress(OsfleetError):
+                    self.retire(rid)
+            raise as_osfleet(exc, f"bringing up the children of {parent_id}") from exc
+        finally:
+            self.forks.unpin(fork_id)
+            self.collect_forks()
+        total = time.monotonic() - started
+        paused = float(state.meta.get("parent_paused_seconds", 0.0))
+        return Forked(parent_id, fork_id, state.memory_mode, saved_s, total, results, paused)
+
+    def _fork_child(self, state: SavedState, grant: Grant | None, made: list[str]) -> Child:
+        rid = self._new_record("snapshot")
+        made.append(rid)
         start = time.monotonic()
         with self.registry.locked(rid) as rec:
             try:
-                self.gen.bring_up(rec, mode)
+                self.gen.bring_up_from(rec, state)
                 rec.move(State.READY)
+                lease = grant(rec) if grant is not None else None
                 self.registry.save(rec)
             except Exception as exc:
-                err = as_osfleet(exc, f"bringing up {rid}")
-                self.registry.fail(rec, f"bring-up failed: {err}")
+                err = as_osfleet(exc, f"bringing up fork child {rid}")
+                self.registry.fail(rec, f"fork bring-up failed: {err}")
                 raise err from exc
             took = time.monotonic() - start
+            self.registry.counters.inc("fork_children")
             self.gen.prepare_standby(rec)
-        return Timed(rid, mode, took)
+            self._maybe_park(rec)
+            return Child(rec.model_copy(deep=True), lease, took)
+
+    def collect_forks(self) -> list[str]:
+        """Remove saved forks no replica uses any more (a child reset or retired was the last user)."""
+        if self.forks is None:
+            return []
+        return self.forks.collect(self.registry.all())
 
     # --- resets --------------------------------------------------------------------------------------------
     def reset(self, replica_id: str, mode: Mode | None = None) -> Timed:
@@ -111,7 +229,7 @@ class Lifecycle:
         if mode != "snapshot":
             self.gen.drop_standby(rec.id)
         after = then or (State.LEASED if rec.state == State.LEASED else State.READY)
-        old_domain, old_disk = rec.domain, rec.disk
+        old_domain, old_disk, old_layers = rec.domain, rec.disk, list(rec.layers)
         start = time.monotonic()
         rec.move(State.RESETTING)
         try:
@@ -130,9 +248,46 @@ class Lifecycle:
             raise err from exc
         self.gen.retire_generation(old_domain, Path(old_disk))
         self.registry.counters.inc("resets")
+        if self.forks is not None and any(Path(p).parent.parent == self.forks.root for p in old_layers):
+            self.collect_forks()  # a fork's child went back to the initial state
         took = time.monotonic() - start
         self.gen.prepare_standby(rec)
+        self._maybe_park(rec)
         return Timed(rec.id, mode, took)
+
+    # --- parking -------------------------------------------------------------------------------------------
+    def park_locked(self, rec: ReplicaRecord) -> None:
+        """Pause a ready, unleased replica until it is leased: a parked replica uses no CPU (an idle TCG
+        desktop costs ~1 % of a core, which bounds how many a host holds) and resumes in a fraction of a
+        second. Its guest gets a clock helper first, so the lease sets the clock in one agent call."""
+        if rec.parked or rec.state != State.READY or rec.lease is not None:
+            return
+        try:
+            helper: int | None = guest_clock.start_helper(self.gen.virt, rec.domain)
+        except OsfleetError as exc:  # the lease sets the clock the slower way
+            log.info("replica %s parks without a clock helper: %s", rec.id, exc)
+            helper = None
+        self.gen.virt.suspend(rec.domain)
+        rec.parked, rec.clock_helper = True, helper
+        self.registry.save(rec)
+
+    def unpark_locked(self, rec: ReplicaRecord) -> None:
+        """Resume a parked replica and set its clock (it stood still while paused)."""
+        if not rec.parked:
+            return
+        self.gen.virt.resume(rec.domain)
+        helper = rec.clock_helper
+        rec.parked, rec.clock_helper = False, None
+        guest_clock.set_now(self.gen.virt, rec.domain, helper)
+        self.registry.save(rec)
+
+    def _maybe_park(self, rec: ReplicaRecord) -> None:
+        if not self.park or rec.state != State.READY:
+            return
+        try:
+            self.park_locked(rec)
+        except Exception as exc:  # a replica that could not park stays ready and running
+            log.warning("replica %s: parking failed: %s", rec.id, as_osfleet(exc, f"parking {rec.id}"))
 
     # --- failures ------------------------------------------------------------------------------------------
     def detect(self) -> list[str]:
@@ -155,7 +310,7 @@ class Lifecycle:
                 if not retrying or time.time() - rec.updated_at >= RECOVERY_RETRY_SECONDS:
                     due.append(rec.id)
         if self.liveness is not None:
-            self.liveness.probe([r.domain for r in records if r.state in RUNNING_STATES])
+            self.liveness.probe([r.domain for r in records if r.state in RUNNING_STATES and not r.parked])
         return due
 
     def _problem(self, rec: ReplicaRecord, dead: set[str]) -> str | None:
@@ -196,8 +351,10 @@ class Lifecycle:
                     self.registry.save(rec)
                 raise err from exc
             self.registry.counters.inc("recoveries")
+            self.collect_forks()
             took = time.monotonic() - start
             self.gen.prepare_standby(rec)
+            self._maybe_park(rec)
             return Timed(replica_id, mode, took)
 
     # --- retirement ----------------------------------------------------------------------------------------
@@ -211,3 +368,4 @@ class Lifecycle:
             shutil.rmtree(self.gen.replica_dir(rec.id), ignore_errors=True)
             self.registry.store.delete(rec.id)
         self.registry.remove(replica_id)
+        self.collect_forks()

@@ -20,7 +20,7 @@ from osfleet.accel import detect_accelerator
 from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
-from osfleet.replicas import adoption, saved_state
+from osfleet.replicas import adoption, saved_state, template_memory
 from osfleet.replicas.actions import Action, ActionResult, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
 from osfleet.replicas.capture import ScreenCapture
@@ -32,9 +32,10 @@ from osfleet.replicas.errors import (
     ReplicaFailedError,
     ReplicaNotFoundError,
 )
+from osfleet.replicas.forks import ForkInfo, Forks
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.leases import DEFAULT_LEASE_SECONDS, LeaseBook
-from osfleet.replicas.lifecycle import Lifecycle, Timed
+from osfleet.replicas.lifecycle import Forked, Lifecycle, Timed
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
@@ -46,9 +47,11 @@ from osfleet.virt import Virt
 
 log = logging.getLogger(__name__)
 
-# Host memory per replica assumed when no maximum is configured (measured ~300 MiB with its standby,
-# see the notes), and memory kept for the host itself.
+# Host memory per replica assumed when no maximum is configured, and memory kept for the host itself.
+# Measured (notes, ``bench density``/``bench reset``): ~270 MiB with its spare where every restore copies
+# the whole stream; ~65 MiB with template memory, plus ~50 MiB for its restored spare.
 ESTIMATED_REPLICA_BYTES = 350 * 2**20
+ESTIMATED_TEMPLATE_REPLICA_BYTES = 160 * 2**20
 HOST_RESERVE_BYTES = 2 * 2**30
 
 __all__ = [
@@ -64,10 +67,19 @@ __all__ = [
 ]
 
 
-def default_max_replicas() -> int:
+def default_max_replicas(per_replica_bytes: int = ESTIMATED_REPLICA_BYTES) -> int:
     """How many replicas this host's memory can hold, by the measured footprint (at least 1)."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(1, (total - HOST_RESERVE_BYTES) // ESTIMATED_REPLICA_BYTES)
+    return max(1, (total - HOST_RESERVE_BYTES) // per_replica_bytes)
+
+
+def footprint(settings: Settings, shape: ReplicaShape, mode: Mode, memory: MemoryMode | None) -> int:
+    """The memory one replica is assumed to need here: small where snapshot replicas share template RAM."""
+    if mode != "snapshot" or memory == "stream":
+        return ESTIMATED_REPLICA_BYTES
+    if template_memory.unavailable(settings.memory_dir, shape.memory_mib * 2**20) is not None:
+        return ESTIMATED_REPLICA_BYTES
+    return ESTIMATED_TEMPLATE_REPLICA_BYTES
 
 
 class ReplicaHost:
@@ -85,7 +97,10 @@ class ReplicaHost:
         max_replicas: int | None = None,
         memory: MemoryMode | None = None,
         spares: bool = True,
+        park: bool = False,
     ) -> None:
+        """``park``: ready replicas wait paused until leased (no CPU while idle; a lease resumes one in a
+        fraction of a second). ``spares``: see ``Generations``."""
         if mode not in MODES:
             raise OsfleetError(f"unknown reset mode {mode!r} (cold or snapshot)")
         self.image = image
@@ -93,7 +108,7 @@ class ReplicaHost:
         self.shape = shape or ReplicaShape()
         self.mode: Mode = mode
         self.warm = warm
-        self.max_replicas = max_replicas or default_max_replicas()
+        self.max_replicas = max_replicas or default_max_replicas(footprint(self.settings, self.shape, mode, memory))
         self.say = say or log.info
         self.virt = Virt(self.settings.libvirt_uri)
         self.accel = detect_accelerator(image.kernel, self.settings)
@@ -104,14 +119,19 @@ class ReplicaHost:
         self.liveness = Liveness(self.virt)
         memory_dir = self.settings.memory_dir
         self.capture = ScreenCapture(self.virt, memory_dir / "screens" if memory_dir is not None else None)
+        self.forks = Forks(self.virt, image, self.accel, self.shape, self.settings)
         self.lifecycle = Lifecycle(
             self.registry,
             self.generations,
             mode,
             self.liveness,
             on_lease_lost=lambda lid, why: self.leases.note_lost(lid, why),
+            forks=self.forks,
+            park=park,
         )
-        self.leases = LeaseBook(self.registry, lambda rec, then: self.lifecycle.reset_locked(rec, then=then))
+        self.leases = LeaseBook(
+            self.registry, lambda rec, then: self.lifecycle.reset_locked(rec, then=then), self.lifecycle.unpark_locked
+        )
         self.monitor = Monitor(
             detect=self.lifecycle.detect,
             recover=self.lifecycle.recover if auto_recover else None,
@@ -232,7 +252,33 @@ class ReplicaHost:
         return len(targets)
 
     def adopt(self) -> AdoptReport:
-        return adoption.adopt(self.registry, self.generations)
+        report = adoption.adopt(self.registry, self.generations)
+        self.lifecycle.collect_forks()  # forks whose children did not survive the restart
+        return report
+
+    # --- forks ---------------------------------------------------------------------------------------------
+    def fork(
+        self, replica_id: str, children: int, lease_id: str | None = None, seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> Forked:
+        """Save a running replica mid-episode and bring up ``children`` replicas from it on this host.
+
+        With ``lease_id`` (the API: only the lease holder forks) each child is leased to the parent's holder;
+        without it (the command line, an unleased replica) children are left ready."""
+        room = self.max_replicas - len(self.replicas())
+        if children > room:
+            raise CapacityError(
+                f"this host can take {max(room, 0)} more replica(s); a fork of {children} asked for more"
+            )
+        grant = None
+        if lease_id is not None:
+            holder = self.get(replica_id).lease
+            who = holder.holder if holder is not None else ""
+            grant = lambda rec: self.leases.grant(rec, who, seconds)  # noqa: E731
+        return self.lifecycle.fork(replica_id, children, lease_id, grant)
+
+    def fork_states(self) -> list[ForkInfo]:
+        """Saved forks with how many replicas use each (their reference count) and their disk and memory."""
+        return self.forks.info(self.replicas())
 
     # --- leases --------------------------------------------------------------------------------------------
     def lease(self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS) -> tuple[ReplicaRecord, Lease]:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class Counters:
     """Event counts shared by several threads (failures detected, recoveries, resets)."""
 
-    NAMES = ("failures_detected", "recoveries", "resets", "recovery_failures")
+    NAMES = ("failures_detected", "recoveries", "resets", "recovery_failures", "forks", "fork_children")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -75,10 +75,22 @@ class SavedState:
         return self.directory / "ram.bin"
 
     def memory_file(self) -> MemoryFile | None:
-        """How a replica restored from this state maps the template RAM (None: no file)."""
-        if self.ram is None:
+        """How a replica restored from this state maps the template RAM (None: no file).
+
+        A full-stream fork of a replica whose RAM was a file mapping maps that same file privately
+        (``mapped_ram``): QEMU checks RAM block names, so the child needs the parent's backend, and the
+        stream then overwrites every page."""
+        ram = self.ram or (Path(p) if (p := self.meta.get("mapped_ram")) else None)
+        if ram is None:
             return None
-        return MemoryFile(self.ram, share=False, rom_off=template_memory.maps_readonly_files())
+        return MemoryFile(ram, share=False, rom_off=template_memory.maps_readonly_files())
+
+    def layers(self, image: GoldenImage) -> tuple[Path, ...]:
+        """The read-only disk chain a replica restored from this state sits on, nearest first (a fork's
+        chain is longer: its own layers, then its parent's)."""
+        if "layers" in self.meta:
+            return tuple(Path(p) for p in self.meta["layers"])
+        return (self.disk, image.disk)
 
 
 def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: MemoryMode = "stream") -> str:
@@ -159,9 +171,9 @@ def ensure_saved_state(
         virt.suspend(name)
         if ram is not None:
             virt.qmp(name, "migrate-set-capabilities", {"capabilities": IGNORE_SHARED})
-        _hand_over(virt, name, work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        hand_over(virt, name, work / "memory.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         virt.qmp(name, "migrate", {"uri": f"fd:{FD_NAME}"})
-        _wait_migration(virt, name)
+        wait_migration(virt, name)
         save_seconds = time.monotonic() - started
         virt.destroy(name)  # the RAM file is final from here on
         meta: dict[str, Any] = {
@@ -218,7 +230,7 @@ def start_incoming(
         image,
         name,
         overlay,
-        (state.disk, image.disk),
+        state.layers(image),
         state.meta["accel"],
         shape,
         incoming=True,
@@ -232,13 +244,13 @@ def load_memory(virt: Virt, state: SavedState, name: str) -> None:
     """Feed the saved memory into a domain made by ``start_incoming`` and let it run."""
     if state.memory_mode == "template":
         virt.qmp(name, "migrate-set-capabilities", {"capabilities": IGNORE_SHARED})
-    _hand_over(virt, name, state.memory, os.O_RDONLY)
+    hand_over(virt, name, state.memory, os.O_RDONLY)
     virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
-    _wait_migration(virt, name)
+    wait_migration(virt, name)
     virt.resume(name)
 
 
-def _hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:
+def hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:
     """Open ``path`` here (as root) and give QEMU its descriptor under FD_NAME; QEMU keeps its own copy."""
     fd = os.open(path, flags, 0o600)
     try:
@@ -247,7 +259,7 @@ def _hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:
         os.close(fd)
 
 
-def _wait_migration(virt: Virt, name: str) -> None:
+def wait_migration(virt: Virt, name: str) -> None:
     deadline = time.monotonic() + MIGRATION_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         status = virt.qmp(name, "query-migrate") or {}
