@@ -163,7 +163,15 @@ def test_put_file_writes_large_files_in_chunks(tmp_path: Path) -> None:
     dest = tmp_path / "deep" / "dir" / "big.bin"
     put_file(guest, "r-1", str(dest), src, 30)
     assert dest.read_bytes() == src.read_bytes() and not Path(f"{dest}.osfleet-part").exists()
-    assert len(guest.commands) == 4  # mkdir, two chunks, rename
+    assert len(guest.commands) == 3  # mkdir with the first chunk, the second chunk, rename
+    small = tmp_path / "small.txt"
+    small.write_text("hello\n")
+    put_file(guest, "r-1", str(tmp_path / "x" / "small.txt"), small, 30)
+    assert (tmp_path / "x" / "small.txt").read_text() == "hello\n" and len(guest.commands) == 4  # one command
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    put_file(guest, "r-1", str(tmp_path / "x" / "empty"), empty, 30)
+    assert (tmp_path / "x" / "empty").read_bytes() == b""
 
 
 def test_getters_command_line_rule_and_window_size(home: Path, tmp_path: Path) -> None:
