@@ -254,3 +254,28 @@ def test_a_killed_agent_restarts_and_the_episode_goes_on(
         agent.send_signal(signal.SIGINT)
         agent.wait(120)
         subprocess.run([osf, "replicas", "down", "--all"], capture_output=True, timeout=300, check=False)
+
+
+def test_forked_children_carry_the_episode_and_score_on_their_own(api: tuple[TestClient, ReplicaHost]) -> None:
+    client, _ = api
+    rid, lid = lease(client)
+    post(client, rid, "reset", {"lease_id": lid, "task_id": "cli-write-note", "observe": False})
+    half = [{"type": "cli_command", "command": "mkdir -p ~/notes"}]
+    post(client, rid, "step", {"lease_id": lid, "action_id": "half", "actions": half, "observe": False})
+    r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 2}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    (a, la), (b, lb) = ((c["replica_id"], c["lease_id"]) for c in r.json()["children"])
+    finish = [{"type": "cli_command", "command": "echo 'buy milk' > ~/notes/todo.txt"}]
+    post(client, a, "step", {"lease_id": la, "action_id": "finish", "actions": finish, "observe": False})
+    assert post(client, a, "evaluate", {"lease_id": la})["reward"] == 1.0  # the parent's task came along
+    assert post(client, b, "evaluate", {"lease_id": lb})["reward"] == 0.0  # b did not finish it
+    assert post(client, rid, "evaluate", {"lease_id": lid})["reward"] == 0.0  # nor did the parent
+    look = [{"type": "shell", "command": "test -d ~/notes && echo forked-after-mkdir"}]
+    done = post(client, b, "step", {"lease_id": lb, "action_id": "ls", "observe": False, "actions": look})
+    assert done["results"][0]["stdout"] == "forked-after-mkdir\n"  # type: ignore[index]
+    sample = client.get("/v1/host", headers=AUTH).json()
+    assert [f["children"] for f in sample["forks"]] == [2]
+    for child, child_lease in ((a, la), (b, lb)):
+        assert post(client, child, "release", {"lease_id": child_lease})["released"] is True
+    assert client.get("/v1/host", headers=AUTH).json()["forks"] == []  # both children went back to s0
+    post(client, rid, "release", {"lease_id": lid})
