@@ -115,7 +115,7 @@ class FakeHost:
         rec.move(after)
         self.registry.save(rec)
 
-    def reset(self, rid: str, mode: Mode | None = None) -> None:
+    def reset(self, rid: str, mode: Mode | None = None, unless_pristine: bool = False) -> None:
         with self.registry.locked(rid) as rec:
             if rec.state not in RUNNING_STATES:
                 raise ReplicaBusyError(f"replica {rid} is {rec.state}")

@@ -442,3 +442,15 @@ def test_liveness_names_a_stopped_qemu_without_waiting_for_pings(monkeypatch: py
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_a_task_reset_skips_a_generation_nothing_acted_on_but_never_a_used_one(tmp_path: Path) -> None:
+    reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
+    life = Lifecycle(reg, FakeGenerations(tmp_path, None), "snapshot")  # type: ignore[arg-type]
+    assert life.reset("r-1", unless_pristine=True).seconds >= 0 and reg.get("r-1").generation == 1  # unknown: reset
+    assert life.reset("r-1", unless_pristine=True).seconds == 0.0 and reg.get("r-1").generation == 1  # as made
+    life.mark_used("r-1", 1)  # an action reached the guest
+    life.reset("r-1", unless_pristine=True)
+    assert reg.get("r-1").generation == 2 and reg.counters["resets"] == 2
+    life.reset("r-1", mode="cold", unless_pristine=True)  # another mode is a real reset
+    assert reg.get("r-1").generation == 3

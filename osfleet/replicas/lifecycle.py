@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -90,6 +91,8 @@ class Lifecycle:
         self.on_lease_lost = on_lease_lost or (lambda _lease, _why: None)
         self.forks = forks
         self.park = park
+        self._pristine: set[tuple[str, int]] = set()
+        self._pristine_lock = threading.Lock()
 
     # --- bring-up ------------------------------------------------------------------------------------------
     def create(self, mode: Mode | None = None) -> Timed:
@@ -102,6 +105,7 @@ class Lifecycle:
         with self.registry.locked(rid) as rec:
             try:
                 self.gen.bring_up(rec, mode)
+                self._note_pristine(rec)
                 rec.move(State.READY)
                 self.registry.save(rec)
             except Exception as exc:
@@ -215,12 +219,33 @@ class Lifecycle:
         return self.forks.collect(self.registry.all())
 
     # --- resets --------------------------------------------------------------------------------------------
-    def reset(self, replica_id: str, mode: Mode | None = None) -> Timed:
-        """Bring the replica back to its exact initial state (a new generation); keeps its lease."""
+    def reset(self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False) -> Timed:
+        """Bring the replica back to its exact initial state (a new generation); keeps its lease.
+
+        ``unless_pristine``: nothing to do when its generation is still as it was made (nothing acted on it
+        since): a replica is reset when its lease ends, so the reset at the start of the next lease's first
+        task would only redo that one (and wait for the spare the first reset is still making)."""
         with self.registry.locked(replica_id) as rec:
             if rec.state not in RUNNING_STATES:
                 raise ReplicaBusyError(f"replica {replica_id} is {rec.state}; only ready or leased replicas reset")
+            if unless_pristine and (mode is None or mode == rec.mode) and self.pristine(rec):
+                return Timed(rec.id, rec.mode, 0.0)
             return self.reset_locked(rec, mode)
+
+    # --- pristine generations: made by a bring-up or reset, nothing acted on them since ------------------------
+    def _note_pristine(self, rec: ReplicaRecord) -> None:
+        with self._pristine_lock:
+            self._pristine.add((rec.id, rec.generation))
+
+    def mark_used(self, replica_id: str, generation: int) -> None:
+        """Something is about to act on this generation (an action, a shell command): it is not pristine."""
+        with self._pristine_lock:
+            self._pristine.discard((replica_id, generation))
+
+    def pristine(self, rec: ReplicaRecord) -> bool:
+        """In memory only: after a restart of this process no generation counts as pristine (it is reset)."""
+        with self._pristine_lock:
+            return (rec.id, rec.generation) in self._pristine
 
     def reset_locked(self, rec: ReplicaRecord, mode: Mode | None = None, then: State | None = None) -> Timed:
         """Reset ``rec`` while the caller holds its lock. The replica stays ``resetting`` (not leasable) until
@@ -239,6 +264,7 @@ class Lifecycle:
             with contextlib.suppress(OsfleetError):  # already gone: the new generation replaces it anyway
                 self.gen.virt.suspend(old_domain)
             self.gen.bring_up(rec, mode)
+            self._note_pristine(rec)
             rec.move(after)
             self.registry.save(rec)
         except Exception as exc:
@@ -341,6 +367,7 @@ class Lifecycle:
                 self.gen.drop_standby(replica_id)
                 self.gen.retire_generation(rec.domain, Path(rec.disk))
                 self.gen.bring_up(rec, mode)
+                self._note_pristine(rec)
                 rec.move(State.READY)
                 self.registry.save(rec)
             except Exception as exc:

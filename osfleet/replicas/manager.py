@@ -230,8 +230,8 @@ class ReplicaHost:
         except OsfleetError as exc:
             self.say(f"bring-up failed: {exc}")
 
-    def reset(self, replica_id: str, mode: Mode | None = None) -> Timed:
-        return self.lifecycle.reset(replica_id, mode)
+    def reset(self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False) -> Timed:
+        return self.lifecycle.reset(replica_id, mode, unless_pristine)
 
     def check(self) -> list[str]:
         """Detect failed replicas now (the monitor does this every second); returns ids due for recovery."""
@@ -309,12 +309,15 @@ class ReplicaHost:
 
     def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
         rec = self._running(replica_id)
+        self.lifecycle.mark_used(rec.id, rec.generation)
         with stage("act"):
             return run_actions(self.virt, rec.domain, self.image.screen, actions)
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
         """Run a shell command in the replica's guest (task set-up and verifiers)."""
-        return shell(self.virt, self._running(replica_id).domain, command, timeout, as_root)
+        rec = self._running(replica_id)
+        self.lifecycle.mark_used(rec.id, rec.generation)
+        return shell(self.virt, rec.domain, command, timeout, as_root)
 
     def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
         return read_file(self.virt, self._running(replica_id).domain, path, limit)

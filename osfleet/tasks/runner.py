@@ -102,9 +102,10 @@ def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
 
 
 def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
-    """Reset the replica to its initial state, then apply the task's set-up; returns seconds taken."""
+    """Reset the replica to its initial state (unless it is still there: a lease starts on a freshly reset
+    replica), then apply the task's set-up; returns seconds taken."""
     start = time.monotonic()
-    host.reset(rid)
+    host.reset(rid, unless_pristine=True)
     apply_setup(host, rid, task)
     return time.monotonic() - start
 
