@@ -45,7 +45,7 @@ class HomeGuest:
     def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
         return Path(path).read_bytes()[:limit]
 
-    def reset(self, replica_id: str) -> None:
+    def reset(self, replica_id: str, mode: object = None, unless_pristine: bool = False) -> None:
         """Back to the initial state: an empty home."""
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.mkdir()
