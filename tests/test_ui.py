@@ -55,12 +55,12 @@ COLOURS = [(200, 30, 30), (30, 160, 60), (40, 80, 220), (230, 160, 0), (120, 40,
 class ScreenHost(FakeHost):
     """A fake host whose screen changes with every action batch applied (one colour per count)."""
 
-    def screenshot(self, rid: str, fmt: str = "png") -> bytes:
+    def screenshot(self, rid: str, fmt: str = "png", quality: int | None = None) -> bytes:
         self._running(rid)
         n = sum(1 for r, _ in self.applied if r == rid)
         img = Image.new("RGB", self.image.screen, COLOURS[n % len(COLOURS)])
         buf = io.BytesIO()
-        img.save(buf, "PNG" if fmt == "png" else "JPEG", quality=95)
+        img.save(buf, {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}[fmt], quality=quality or 95)
         return buf.getvalue()
 
 
