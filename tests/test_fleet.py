@@ -260,3 +260,16 @@ def test_a_fork_through_the_gateway_gives_fleet_ids_on_the_parents_host(agents: 
         assert agents[host].host.forked == [rid.split(".", 1)[1]]
         r = gw.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 1000}, headers=AUTH)
         assert r.status_code == 422
+
+
+def test_observations_through_the_gateway_take_the_hosts_formats_and_quality(agents: dict[str, Agent]) -> None:
+    with gateway(agents) as gw:
+        rooms_known(gw)
+        r = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        params: dict[str, str | int] = {"lease_id": lid, "format": "webp", "quality": 40}
+        r = gw.get(f"/v1/replicas/{rid}/observation", params=params, headers=AUTH)
+        assert r.status_code == 200 and r.json()["format"] == "webp", r.text
+        assert agents[rid.split(".")[0]].host.shots[-1] == ("webp", 40)
+        r = gw.get(f"/v1/replicas/{rid}/observation", params={**params, "quality": 0}, headers=AUTH)
+        assert r.status_code == 422

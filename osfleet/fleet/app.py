@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -28,6 +28,8 @@ from osfleet.api.contract import BoundaryRoute, add_metrics_route
 from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict
 from osfleet.api.models import (
+    FORMAT_DOC,
+    QUALITY_DOC,
     ForkRequest,
     ForkResponse,
     LeaseBody,
@@ -56,6 +58,7 @@ from osfleet.fleet.fastpath import StepFastPath
 from osfleet.fleet.hostclient import HostClient, HostResponse
 from osfleet.fleet.hosts import HostEntry, HostPool, HostState
 from osfleet.replicas.errors import CapacityError, NoReplicaAvailableError
+from osfleet.screen import ImageFormat
 from osfleet.tasks.model import Evaluation
 
 # Deadlines of proxied calls: a cold reset boots a desktop (about a minute under TCG); a step may run a
@@ -246,10 +249,15 @@ def _native(gw: Callable[[], Gateway]) -> APIRouter:
 
     @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503), response_model=Observation)
     async def observation(
-        rid: str, lease_id: str = Query(min_length=1, max_length=400), format: Literal["png", "jpeg"] = "png"
+        rid: str,
+        lease_id: str = Query(min_length=1, max_length=400),
+        format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
+        quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
     ) -> Response:
         host, local = ids.split(rid)
-        params = {"lease_id": _lease_on(host, lease_id), "format": format}
+        params: dict[str, Any] = {"lease_id": _lease_on(host, lease_id), "format": format}
+        if quality is not None:
+            params["quality"] = quality
         return _passthrough(
             await gw().call("quick", gw().pool.get(host), "GET", f"/v1/replicas/{local}/observation", params=params)
         )
