@@ -4,6 +4,7 @@ port, cloud-init = KvmHost's steps; privileged DaemonSet with /dev/kvm, probes, 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,8 +58,14 @@ def ssh_key(tmp_path: Path) -> str:
 
 @pytest.fixture
 def mocks() -> Iterator[Mocks]:
-    m = Mocks()
-    yield m
+    # Pulumi's mocks make futures on the main thread's current event loop. An earlier test's asyncio.run()
+    # leaves the thread with none (and without making one on demand), so give it one, kept as current.
+    policy = asyncio.get_event_loop_policy()
+    try:
+        policy.get_event_loop()
+    except RuntimeError:
+        policy.set_event_loop(policy.new_event_loop())
+    yield Mocks()
 
 
 def _stack(m: Mocks, stack: str, config: dict[str, str]) -> None:
