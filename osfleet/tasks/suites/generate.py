@@ -24,6 +24,7 @@ BUNDLE = Path(__file__).parent / "osworld"
 URL_BASE = "https://assets.osfleet.invalid/osworld-suite/"  # never fetched: resolved in the asset store
 HOME = "/home/user"
 FIXED_TIME = "2024-01-01T00:00:00"
+ORACLE_TIMEOUT_SECONDS = 120.0
 
 
 def _xlsx(path: Path, rows: list[list[Any]], title: str = "Sheet1", formats: dict[str, str] | None = None) -> None:
@@ -57,7 +58,10 @@ def _docx(path: Path, paragraphs: list[str]) -> None:
 
 def _python(script: str) -> dict[str, Any]:
     """A CLI oracle step: a python3 script in the guest, as the desktop user."""
-    return {"type": "cli_command", "command": f"python3 - <<'OSFLEET_ORACLE'\n{script.strip()}\nOSFLEET_ORACLE"}
+    # python3 importing openpyxl or python-docx took 20-26 s in a TCG guest on a busy host: the default 30 s
+    # command timeout left too little room.
+    command = f"python3 - <<'OSFLEET_ORACLE'\n{script.strip()}\nOSFLEET_ORACLE"
+    return {"type": "cli_command", "command": command, "timeout": ORACLE_TIMEOUT_SECONDS}
 
 
 def _shell(command: str) -> dict[str, Any]:
