@@ -1,0 +1,60 @@
+"""The differential check of osfleet's OSWorld metrics against OSWorld's own functions.
+
+``Reference`` runs ``reference.py`` in the reference virtualenv (``scripts/setup-osworld-reference``) as one
+long-lived child process and asks it to score; tests compare its answers with osfleet's on the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SETUP = HERE.parent.parent / "scripts" / "setup-osworld-reference"
+
+
+def reference_python() -> Path:
+    out = subprocess.run([str(SETUP), "--print-python"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+class ReferenceError(RuntimeError):
+    """OSWorld's function raised instead of scoring (its behaviour on that input)."""
+
+
+class Reference:
+    """OSWorld's metric functions in a child process of the reference environment."""
+
+    def __init__(self, python: Path | None = None) -> None:
+        python = python or reference_python()
+        if not python.exists():
+            raise FileNotFoundError(f"{python}: run scripts/setup-osworld-reference (scripts/setup does)")
+        env = {**os.environ, "PYTHONPATH": "", "PYTHONDONTWRITEBYTECODE": "1"}
+        self._proc = subprocess.Popen(
+            [str(python), str(HERE / "reference.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def score(self, module: str, func: str, *args: Any, **kwargs: Any) -> float:
+        """OSWorld's ``metrics.<module>.<func>(*args, **kwargs)``; raises ``ReferenceError`` when it raised."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps({"module": module, "func": func, "args": args, "kwargs": kwargs}) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the reference process exited ({self._proc.wait()})")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise ReferenceError(answer["error"])
+        return float(answer["score"])
+
+    def close(self) -> None:
+        if self._proc.stdin:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=30)
