@@ -42,3 +42,39 @@ def emit(result: dict[str, Any], as_json: bool, out: Path | None, summary: Calla
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     click.echo(text if as_json else summary(result))
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, so a command stopped by
+    a supervisor, ``timeout`` or a closed terminal runs the same clean-up (domains, overlays, lab hosts) as one
+    stopped from the keyboard. A server (uvicorn) installs its own handlers while it runs and restores ours."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
+def api_token(token_file: Path | None, default_file: Path, say: Callable[[str], None] | None = None) -> str:
+    """The bearer token a server (``host serve``, ``fleet serve``) accepts from its operator, in one place:
+    ``--token-file``, else ``$OSFLEET_API_TOKEN``, else ``default_file`` (made, mode 0600, when missing)."""
+    import os
+
+    from osfleet.api.auth import load_or_create_token
+
+    if token_file is not None:
+        if not token_file.exists():
+            raise OsfleetError(f"token file not found: {token_file}")
+        token = token_file.read_text().strip()
+        if not token:
+            raise OsfleetError(f"token file {token_file} is empty")
+        return token
+    env = os.environ.get("OSFLEET_API_TOKEN")
+    if env:
+        return env
+    token = load_or_create_token(default_file)
+    if say is not None:
+        say(f"bearer token in {default_file}")
+    return token

@@ -1,13 +1,17 @@
-"""``osfleet tasks assets ...`` and ``osfleet tasks import``: OSWorld-format tasks and their files, offline."""
+"""``osfleet tasks ...``: built-in and OSWorld-format tasks (list, validate on a real replica, import, assets)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from osfleet.cli_support import friendly
+from osfleet.config import Settings
+from osfleet.errors import OsfleetError
 
 
 @click.group("assets")
@@ -76,3 +80,93 @@ def tasks_import(folder: Path, as_json: bool) -> None:
     click.echo(f"{s['supported']} of {s['tasks']} tasks supported, {s['unsupported']} not")
     for feature, count in dict(s["unsupported_features"]).items():  # type: ignore[call-overload]
         click.echo(f"  {count:>4}  {feature}")
+
+
+@click.group()
+def tasks() -> None:
+    """Built-in and custom tasks: list them, validate them on a real replica."""
+
+
+@tasks.command("ls")
+@friendly
+def tasks_ls() -> None:
+    """List the built-in tasks."""
+    from osfleet.tasks.model import builtin_tasks
+
+    for t in builtin_tasks():
+        click.echo(f"{t.id:<24} {t.kind:<6} {t.instruction}")
+
+
+@tasks.command("validate")
+@click.option("--task", "task_ids", multiple=True, help="built-in task id (default: all built-in tasks)")
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="a task file (osfleet YAML/JSON or OSWorld JSON)",
+)
+@click.option(
+    "--suite",
+    type=click.Choice(["osworld"]),
+    default=None,
+    help="a shipped suite of OSWorld-format tasks, on its own image (osworld: the office recipe)",
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest, or the suite's)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document: passed, failed, apps, per-task timings")
+@friendly
+def tasks_validate(
+    task_ids: tuple[str, ...], files: tuple[Path, ...], suite: str | None, image_ref: str | None, as_json: bool
+) -> None:
+    """Check each task on a real replica: verifier 0 on the initial state, 1 after the oracle, 0 after a reset."""
+    from osfleet.images import find_image
+    from osfleet.replicas.manager import ReplicaHost
+    from osfleet.tasks import runner
+    from osfleet.tasks.model import Task, builtin_tasks, find_task, load_task_file
+    from osfleet.tasks.suites import load_suite, suite_image
+
+    settings = Settings.from_env()
+    chosen: list[tuple[Task, list[str]]] = [(find_task(t), []) for t in task_ids]
+    chosen += [(load_task_file(f), []) for f in files]
+    if suite:
+        chosen += [(s.task, s.apps) for s in load_suite(suite)]
+    if not chosen:
+        chosen = [(t, []) for t in builtin_tasks()]
+    missing_oracle = [t.id for t, _ in chosen if not t.oracle]
+    if missing_oracle:
+        raise OsfleetError(f"no oracle to validate with: {', '.join(missing_oracle)}")
+    image = find_image(image_ref, settings) if image_ref or not suite else suite_image(suite, settings)
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    rows: list[dict[str, Any]] = []
+    with ReplicaHost(image, settings, mode="snapshot", auto_recover=False, say=lambda m: click.echo(m, err=True)) as h:
+        rid = h.create().replica
+        try:
+            for t, apps in chosen:
+                v = runner.validate(h, rid, t)
+                rewards = " -> ".join(f"{r:g}" for r in v.rewards)
+                if v.ok:
+                    say(f"PASS  {t.id:<24} rewards {rewards}  ({v.seconds:.1f} s)")
+                else:
+                    say(f"FAIL  {t.id:<24} {v.problem}  ({v.seconds:.1f} s)")
+                rows.append(
+                    {"id": t.id, "apps": apps, "ok": v.ok, "rewards": v.rewards, "seconds": round(v.seconds, 2)}
+                    | {"phases": v.phases}
+                    | ({"problem": v.problem} if v.problem else {})
+                )
+        finally:
+            h.down([rid])
+    failures = sum(not r["ok"] for r in rows)
+    if as_json:
+        passed_apps = sorted({a for r in rows if r["ok"] for a in r["apps"]})
+        summary: dict[str, Any] = {"suite": suite, "image": image.name, "passed": len(rows) - failures}
+        summary["failed"] = failures
+        summary |= {"apps": len(passed_apps), "apps_passed": passed_apps, "tasks": rows}
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"{len(chosen) - failures} passed, {failures} failed")
+    if failures:
+        sys.exit(1)
+
+
+tasks.add_command(assets)
+tasks.add_command(tasks_import)

@@ -1,0 +1,248 @@
+"""``osfleet bench ...``: every benchmark; each writes machine-readable results and prints only measured numbers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from osfleet.cli_support import emit
+from osfleet.cli_support import friendly as _friendly
+from osfleet.config import Settings
+from osfleet.errors import OsfleetError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --- benchmarks --------------------------------------------------------------------------------------------
+@click.group()
+def bench() -> None:
+    """Benchmarks; each writes machine-readable results and prints only measured numbers."""
+    import os
+
+    os.environ.setdefault("OSFLEET_RECORD", "1")  # host agents a bench starts record episodes (osfleet.recording)
+
+
+@bench.command("disk")
+@click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option(
+    "--boot",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="also boot this many overlay replicas once and measure their disk use after boot",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a table")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, out: Path | None) -> None:
+    """Provision N replica disks by overlay, reflink and full copy, side by side, in one run."""
+    from osfleet.bench import disk as disk_bench
+    from osfleet.bench.tables import disk_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = disk_bench.run(find_image(image_ref, settings), replicas, settings, boot=boot, say=say)
+    emit(result, as_json, out, disk_table)
+
+
+@bench.command("all")
+@click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000), help="disk bench size")
+@click.option("--reset-replicas", default=2, show_default=True, type=click.IntRange(1, 256), help="reset bench size")
+@click.option(
+    "--resets", default=2, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
+)
+@click.option("--bringup-replicas", default=4, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--users", default=2, show_default=True, type=click.IntRange(1, 10000), help="Locust agents")
+@click.option("--duration", default="90s", show_default=True, help="trajectories run time (Locust -t syntax)")
+@click.option("--policy", type=click.Choice(["oracle", "random"]), default="oracle", show_default=True)
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
+@_friendly
+def bench_all(
+    replicas: int,
+    reset_replicas: int,
+    resets: int,
+    bringup_replicas: int,
+    users: int,
+    duration: str,
+    policy: str,
+    runs_dir: Path,
+) -> None:
+    """The main job: image -> replica + screenshot -> disk and reset benches -> Locust bring-up and trajectories
+    against a local host agent -> report, in runs/<timestamp>/."""
+    from osfleet.bench import main_job
+
+    main_job.run(runs_dir, replicas, reset_replicas, resets, bringup_replicas, users, duration, policy)
+
+
+@bench.command("reset")
+@click.option("--replicas", default=2, show_default=True, type=click.IntRange(1, 256))
+@click.option(
+    "--resets", default=3, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--hold", is_flag=True, help="also bring up as many snapshot replicas as fit and count them")
+@click.option("--hold-max", default=64, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_reset(
+    replicas: int, resets: int, image_ref: str | None, hold: bool, hold_max: int, as_json: bool, out: Path | None
+) -> None:
+    """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica."""
+    from osfleet.bench import reset as reset_bench
+    from osfleet.bench.tables import reset_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = reset_bench.run(find_image(image_ref, settings), replicas, resets, hold, hold_max, settings, say)
+    emit(result, as_json, out, reset_table)
+
+
+@bench.command("fork")
+@click.option("--children", default=8, show_default=True, type=click.IntRange(2, 64))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
+    """Fork a replica mid-task N ways: same state in every child, diverging input, timings, clean-up."""
+    from osfleet.bench import fork as fork_bench
+    from osfleet.bench.tables import fork_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    emit(fork_bench.run(find_image(image_ref, settings), children, settings, say), as_json, out, fork_table)
+
+
+@bench.command("density")
+@click.option("--max", "max_replicas", default=None, type=click.IntRange(1, 100000), help="stop at N replicas")
+@click.option("--compare", is_flag=True, help="also run with template memory off (full-stream restores)")
+@click.option(
+    "--park/--running",
+    default=True,
+    show_default=True,
+    help="ready replicas wait paused until leased (as host serve --park), or keep running",
+)
+@click.option(
+    "--ksm-wait", default=0.0, show_default=True, help="seconds to let KSM merge before measuring (when it is on)"
+)
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_density(
+    max_replicas: int | None,
+    compare: bool,
+    park: bool,
+    ksm_wait: float,
+    image_ref: str | None,
+    as_json: bool,
+    out: Path | None,
+) -> None:
+    """Ready desktops held at once until memory runs out: each answers; memory, idle CPU, bring-up per replica."""
+    from osfleet.bench import density
+    from osfleet.bench.tables import density_table
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = density.run(find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say, park)
+    emit(result, as_json, out, density_table)
+
+
+@bench.command("chaos")
+@click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 8), help="host agents on loopback")
+@click.option("--warm", default=2, show_default=True, type=click.IntRange(1, 64), help="ready replicas per host")
+@click.option("--users", default=4, show_default=True, type=click.IntRange(1, 256), help="Locust agents")
+@click.option("--duration", default=300, show_default=True, type=click.IntRange(30, 86400), help="seconds of load")
+@click.option("--every", default=25.0, show_default=True, type=click.FloatRange(5, 3600), help="seconds between faults")
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="default: runs/<timestamp>-chaos")
+@click.option("--json", "as_json", is_flag=True, help="print the audit as JSON")
+@_friendly
+def bench_chaos(
+    hosts: int,
+    warm: int,
+    users: int,
+    duration: int,
+    every: float,
+    image_ref: str | None,
+    run_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Locust trajectories through a fleet gateway while faults are injected (kill and freeze QEMU, delete an
+    overlay, kill a host agent, fill a host's store), then an audit: lost or duplicated steps, aborts no
+    fault explains, unrecovered faults, leaks."""
+    import time as _time
+
+    from osfleet.bench import chaos as chaos_bench
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-chaos")
+    image = find_image(image_ref, settings)
+    result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, duration, every, say=say)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for key in chaos_bench.SUMMARY_KEYS:
+        click.echo(f"{key:>20}: {result.get(key)}")
+    click.echo(f"audit in {run_dir / 'chaos.json'}")
+
+
+@bench.command("soak")
+@click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 8), help="host agents on loopback")
+@click.option("--warm", default=2, show_default=True, type=click.IntRange(1, 64), help="ready replicas per host")
+@click.option("--users", default=4, show_default=True, type=click.IntRange(1, 256), help="Locust agents")
+@click.option("--duration", default="30m", show_default=True, help="how long: 90s, 30m, 2h")
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="default: runs/<timestamp>-soak")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@_friendly
+def bench_soak(
+    hosts: int, warm: int, users: int, duration: str, image_ref: str | None, run_dir: Path | None, as_json: bool
+) -> None:
+    """The chaos bench's fleet and load with no faults: unscored episodes (aborts and errors) must stay rare."""
+    import time as _time
+
+    from osfleet.bench import chaos as chaos_bench
+    from osfleet.images import find_image
+
+    seconds = _seconds(duration)
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-soak")
+    image = find_image(image_ref, settings)
+    result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, seconds, kinds=(), say=say)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for key in ("episodes", "scored_episodes", "aborted_episodes", "error_episodes", "abort_rate", "leaks"):
+        click.echo(f"{key:>20}: {result.get(key)}")
+
+
+def _seconds(text: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        value = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except (ValueError, IndexError):
+        raise OsfleetError(f"duration {text!r}: expected seconds, or a number with s, m or h (90s, 30m)") from None
+    if value < 30:
+        raise OsfleetError(f"duration {text!r}: at least 30 s")
+    return value
+
+
+from osfleet.bench.infra import bench_infra  # noqa: E402  (beside their code: infra and step latency)
+from osfleet.bench.step import bench_step  # noqa: E402
+
+bench.add_command(bench_infra)
+bench.add_command(bench_step)
