@@ -73,6 +73,15 @@ class InfrastructureError(FleetError):
     status = 503
 
 
+def _about_task(body: Any) -> bool:
+    """A request refused by the schema because of its task (``task``, OSGym's ``task_config``)."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if not isinstance(detail, list) or not detail or not isinstance(detail[0], dict):
+        return False
+    loc = [str(x) for x in detail[0].get("loc", []) if x != "body"]
+    return bool(loc) and loc[0] in ("task", "task_config")
+
+
 def from_response(status: int, body: Any, what: str) -> FleetError:
     """The exception for an error answer of the osfleet API (``{"error": ..., "kind": ...}``)."""
     kind = body.get("kind") if isinstance(body, dict) else None
@@ -87,7 +96,7 @@ def from_response(status: int, body: Any, what: str) -> FleetError:
         cls = BusyError if kind == "busy" else LeaseError
     elif status in (400, 413, 422):
         cls = {"invalid_action": InvalidActionError, "invalid_task": InvalidTaskError}.get(
-            kind or "", InvalidRequestError
+            kind or "", InvalidTaskError if _about_task(body) else InvalidRequestError
         )
     elif status == 503 and kind == "capacity":
         cls = CapacityError
