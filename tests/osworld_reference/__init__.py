@@ -25,6 +25,10 @@ class ReferenceError(RuntimeError):
     """OSWorld's function raised instead of scoring (its behaviour on that input)."""
 
 
+class StandInCalled(RuntimeError):
+    """OSWorld's function used a package that is not installed here: the reference could not run it."""
+
+
 class Reference:
     """OSWorld's metric functions in a child process of the reference environment."""
 
@@ -42,7 +46,8 @@ class Reference:
         )
 
     def score(self, module: str, func: str, *args: Any, **kwargs: Any) -> float:
-        """OSWorld's ``metrics.<module>.<func>(*args, **kwargs)``; raises ``ReferenceError`` when it raised."""
+        """OSWorld's ``metrics.<module>.<func>(*args, **kwargs)``; raises ``ReferenceError`` when it raised,
+        ``StandInCalled`` when it needed a package this machine lacks."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(json.dumps({"module": module, "func": func, "args": args, "kwargs": kwargs}) + "\n")
         self._proc.stdin.flush()
@@ -50,6 +55,8 @@ class Reference:
         if not line:
             raise RuntimeError(f"the reference process exited ({self._proc.wait()})")
         answer = json.loads(line)
+        if "stand_in" in answer:
+            raise StandInCalled(f"{module}.{func} used stand-ins: {', '.join(answer['stand_in'])}")
         if "error" in answer:
             raise ReferenceError(answer["error"])
         return float(answer["score"])
