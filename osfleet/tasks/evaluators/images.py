@@ -35,19 +35,22 @@ Images larger than ``MAX_PIXELS`` score 0 (decoding them would take the memory o
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, scored, short
+from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, read_bytes, scored, short
 
 MAX_PIXELS = 64 * 2**20
+MAX_IMAGE_FILE_BYTES = 256 * 2**20
 
 
 def open_image(value: Any) -> Any:
     """The image in a getter's file, refused before decoding when it is too large."""
     from PIL import Image
 
-    image = Image.open(file_path(value))
+    # From memory (the file is at most a guest file's size): no file handle stays open behind a lazy image.
+    image = Image.open(io.BytesIO(read_bytes(value, MAX_IMAGE_FILE_BYTES)))
     width, height = image.size
     if width * height > MAX_PIXELS:
         raise CannotScore(f"image of {width}x{height} pixels is larger than {MAX_PIXELS} pixels")
@@ -317,7 +320,9 @@ def check_green_background(result: Any, expected: Any, options: dict[str, Any]) 
     source, target = np.array(open_image(result)), np.array(open_image(expected))
     if target.ndim != 3 or target.shape[0] != target.shape[1]:
         return 0.0, f"OSWorld's check only reads square colour originals (shape {target.shape})"
-    rows, cols = np.nonzero(np.any(target[:, :, :3] != 0, axis=2) if target.shape[2] >= 3 else np.ones(target.shape[:2]))
+    rows, cols = np.nonzero(
+        np.any(target[:, :, :3] != 0, axis=2) if target.shape[2] >= 3 else np.ones(target.shape[:2])
+    )
     if len(rows) == 0:
         return 1.0, "the original has no background pixel"
     if source.ndim != 3 or source.shape[2] < 3 or rows.max() >= source.shape[0] or cols.max() >= source.shape[1]:
@@ -361,8 +366,7 @@ def _sharpness(value: Any) -> float:
     import cv2
     import numpy as np
 
-    image = open_image(value)  # the size bound, before OpenCV decodes it
-    image.close()
+    open_image(value)  # the size bound, before OpenCV decodes it
     grey = cv2.imread(str(file_path(value)), cv2.IMREAD_GRAYSCALE)
     return float(np.var(cv2.Laplacian(grey, cv2.CV_64F)))
 

@@ -122,9 +122,7 @@ def _values_in_result(result: Any, want: dict[str, Any]) -> Score:
     for key, value in want.items():  # a list of keys is no object: it cannot be scored, as in OSWorld
         got = result.get(key)
         if isinstance(value, list):
-            if not any(
-                (isinstance(got, list) and v in got) or (isinstance(got, str) and v == got) for v in value
-            ):
+            if not any((isinstance(got, list) and v in got) or (isinstance(got, str) and v == got) for v in value):
                 return 0.0, f"{key}: none of {short(value)} in {short(got)}"
         elif isinstance(value, str):
             if value not in got:
