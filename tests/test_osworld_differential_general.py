@@ -1024,7 +1024,8 @@ def basic_os_cases(d: Path) -> Iterator[Case]:
         ("None", None),
     ]:
         yield c("check_gnome_favorite_apps", label, out, want)
-    status = "      Local time: Thu 2024-01-25 12:56:06 {tz}\n  Universal time: x\n        RTC time: x\n       Time zone: {zone}\n"
+    status = "      Local time: Thu 2024-01-25 12:56:06 {tz}\n  Universal time: x\n        RTC time: x\n"
+    status += "       Time zone: {zone}\n"
     for label, out in [
         ("UTC", status.format(tz="UTC", zone="Etc/UTC (UTC, +0000)")),
         ("not UTC", status.format(tz="CET", zone="Europe/Paris (CET, +0100)")),
@@ -1125,6 +1126,18 @@ def gimp_cases(d: Path) -> Iterator[Case]:
         for label, r, e in pairs:
             yield c(metric, label, r, e)
     yield c("check_brightness_decrease_and_structure_sim", "threshold option", darker, orig, threshold=0.0001)
+    # Gentle edits of pictures that survive them (few flat colours; a blurred gradient), so the checks pass.
+    blocks, smooth = _blocks(d / "blocks.png"), _smooth(d / "smooth.png")
+    blocks_palette = d / "blocks-palette.png"
+    Image.open(io.BytesIO(blocks.read_bytes())).convert("P", palette=Image.Palette.ADAPTIVE, colors=16).save(
+        blocks_palette
+    )
+    yield c("check_palette_and_structure_sim", "flat colours as a palette", blocks_palette, blocks)
+    yield c("check_palette_and_structure_sim", "flat colours, not a palette", blocks, blocks)
+    saturated = d / "smooth-saturated.png"
+    ImageEnhance.Color(Image.open(io.BytesIO(smooth.read_bytes()))).enhance(1.3).save(saturated)
+    yield c("check_saturation_increase_and_structure_sim", "gently more saturated", saturated, smooth)
+    yield c("check_saturation_increase_and_structure_sim", "less saturated", smooth, saturated)
     yield c("check_structure_sim", "gold None", orig, None)
     yield c("check_sharper", "sharpened", _sharpened(orig, d / "sharp.png"), orig)
 
@@ -1211,6 +1224,28 @@ def gimp_cases(d: Path) -> Iterator[Case]:
         yield c("check_config_status", label, r, rule)
 
 
+def _blocks(path: Path) -> Path:
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (80, 60), (240, 240, 230))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle((5, 5, 40, 30), fill=(200, 40, 40))
+    draw.rectangle((45, 20, 75, 55), fill=(30, 60, 200))
+    draw.ellipse((10, 35, 35, 58), fill=(40, 160, 60))
+    img.save(path)
+    return path
+
+
+def _smooth(path: Path) -> Path:
+    import numpy as np
+    from PIL import Image, ImageFilter
+
+    yy, xx = np.mgrid[0:96, 0:128]
+    arr = np.stack([xx * 2, yy * 2, 128 + 60 * np.sin(xx / 9.0)], axis=2).clip(0, 255).astype("uint8")
+    Image.fromarray(arr).filter(ImageFilter.GaussianBlur(2)).save(path)
+    return path
+
+
 def _sharpened(path: Path, out: Path) -> Path:
     from PIL import Image, ImageFilter
 
@@ -1278,7 +1313,8 @@ def vlc_cases(d: Path) -> Iterator[Case]:
 
     def status(state: str, infos: dict[str, str], category: str = "meta") -> Path:
         body = "".join(f'<info name="{k}">{v}</info>' for k, v in infos.items())
-        xml = f'<root><state>{state}</state><information><category name="{category}">{body}</category></information></root>'
+        xml = f'<root><state>{state}</state><information><category name="{category}">{body}</category>'
+        xml += "</information></root>"
         return write(d / f"status-{abs(hash((state, category, tuple(infos.items()))))}.xml", xml)
 
     video = "Rick Astley - Never Gonna Give You Up (Official Music Video).mp4"

@@ -12,8 +12,9 @@ then ``{"stand_in": [...]}``, never a score, even when OSWorld's function catche
 imported (``from borb.pdf import Document``) are placeholders that raise when used.
 
 Protocol: one JSON object per line on stdin, ``{"module", "func", "args", "kwargs"}``; one JSON line back,
-``{"score": float}``, ``{"error": "<type>: <message>"}`` or ``{"stand_in": [names]}``. Arguments are passed as given (file paths,
-strings, dicts), the way OSWorld's ``DesktopEnv.evaluate`` calls ``metric(result, expected, **options)``.
+``{"score": float}``, ``{"error": "<type>: <message>"}`` or ``{"stand_in": [names]}``. Arguments are passed as
+given (file paths, strings, dicts), the way OSWorld's ``DesktopEnv.evaluate`` calls
+``metric(result, expected, **options)``.
 """
 
 from __future__ import annotations

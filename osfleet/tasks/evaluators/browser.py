@@ -251,7 +251,7 @@ def compare_htmls(result: Any, expected: Any, options: dict[str, Any]) -> Score:
 
     a = BeautifulSoup(read_text(result), "lxml")
     b = BeautifulSoup(read_text(expected), "lxml")
-    ignore_sdnum = options.get("ignore_sdnum", None)
+    ignore_sdnum = options.get("ignore_sdnum")
     for x, y in zip(a.descendants, b.descendants, strict=False):
         if not _same_element(x, y, ignore_sdnum):
             return 0.0, f"the pages differ at {short(getattr(x, 'name', None) or str(x)[:60])}"

@@ -91,7 +91,7 @@ def check_accessibility_tree(result: Any, expected: Any, options: dict[str, Any]
             best: float = 0
             for element in elements:
                 got = element.text or None
-                best = max(best, (text == got) if exact else fuzz.ratio(text, got) / 100.0)
+                best = max(best, (text == got) if exact else fuzz.ratio(text, got) / 100.0)  # type: ignore[arg-type]
             total *= best
     return total, f"accessibility tree score {total}"
 
@@ -105,12 +105,16 @@ def check_config_status(result: Any, expected: Any, options: dict[str, Any]) -> 
             continue
         items = line.strip().lstrip("(").rstrip(")\n").split()
         key = expected["key"]
-        if isinstance(key, str):
-            if items[0] == key and items[-1] == expected["value"]:
-                return 1.0, f"{short(line.strip())}"
-        elif isinstance(key, list) and len(key) == 2:
-            if items[0] == key[0] and items[1] == key[1] and items[-1] == expected["value"]:
-                return 1.0, f"{short(line.strip())}"
+        single = isinstance(key, str) and items[0] == key and items[-1] == expected["value"]
+        pair = (
+            isinstance(key, list)
+            and len(key) == 2
+            and items[0] == key[0]
+            and items[1] == key[1]
+            and items[-1] == expected["value"]
+        )
+        if single or pair:
+            return 1.0, f"{short(line.strip())}"
     return 0.0, f"no line sets {short(expected['key'])} to {short(expected['value'])}"
 
 

@@ -102,7 +102,7 @@ def compare_images(result: Any, expected: Any, options: dict[str, Any]) -> Score
 
     if not result or not expected:
         return 0.0, "no image"
-    base = options.get("reference_base_result", None)
+    base = options.get("reference_base_result")
     a, b = open_image(result).convert("L"), open_image(expected).convert("L")
     size = min(a.size, b.size)
     a, b = a.resize(size, Image.Resampling.LANCZOS), b.resize(size, Image.Resampling.LANCZOS)
@@ -368,6 +368,8 @@ def _sharpness(value: Any) -> float:
 
     open_image(value)  # the size bound, before OpenCV decodes it
     grey = cv2.imread(str(file_path(value)), cv2.IMREAD_GRAYSCALE)
+    if grey is None:
+        raise CannotScore("OpenCV cannot read the image")  # OSWorld's Laplacian fails on it: no score
     return float(np.var(cv2.Laplacian(grey, cv2.CV_64F)))
 
 

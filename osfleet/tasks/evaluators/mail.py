@@ -63,7 +63,7 @@ def _unescape(value: str) -> str:
 
 
 _CONDITION = re.compile(r"\b(?:AND|OR) \((?:[\w ]+),(?:[\w ']+),(?:\"(?:(?:[^\"]|\")+)\"|(?:[^)]+))\)|\bALL\b")
-_FIELDS = (("name=", "name"), ("enabled=", "enabled"), ("type=", "type"), ("action=", "action"))
+_FIELDS: tuple[tuple[str, str], ...] = (("enabled=", "enabled"), ("type=", "type"), ("action=", "action"))
 _FIELDS += (("actionValue=", "actionValue"),)
 
 

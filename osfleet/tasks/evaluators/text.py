@@ -43,7 +43,6 @@ from osfleet.tasks.evaluators.common import (
     Score,
     file_path,
     read_text,
-    rules_of,
     scored,
     short,
     text_lines,
