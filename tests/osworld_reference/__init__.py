@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,12 @@ class Reference:
         if not python.exists():
             raise FileNotFoundError(f"{python}: run scripts/setup-osworld-reference (scripts/setup does)")
         env = {**os.environ, "PYTHONPATH": "", "PYTHONDONTWRITEBYTECODE": "1"}
+        # OSWorld's functions write beside themselves (vscode.compare_zip_files leaves temp.pdf in the working
+        # directory): give the child a folder of its own.
+        self._workdir = tempfile.TemporaryDirectory(prefix="osworld-reference-")
         self._proc = subprocess.Popen(
             [str(python), str(HERE / "reference.py")],
+            cwd=self._workdir.name,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -67,3 +72,4 @@ class Reference:
         self._proc.wait(timeout=30)
         if self._proc.stdout:
             self._proc.stdout.close()
+        self._workdir.cleanup()
