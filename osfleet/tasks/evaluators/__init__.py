@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from osfleet.tasks.evaluators import documents, tables, text
+from osfleet.tasks.evaluators import documents, office_config, pdfs, sheets_csv, slides, tables, text
 from osfleet.tasks.model import UnsupportedTaskError
 
 Metric = Callable[[Any, Any, dict[str, Any]], "Score"]
@@ -26,16 +26,21 @@ METRICS: dict[str, Metric] = {
     "is_in_list": text.is_in_list,
     "compare_text_file": text.compare_text_file,
     "check_json": text.check_json,
-    "compare_table": tables.compare_table,
-    "compare_docx_files": documents.compare_docx_files,
-    "compare_pptx_files": documents.compare_pptx_files,
+    **tables.METRICS,
+    **sheets_csv.METRICS,
+    **documents.METRICS,
+    **slides.METRICS,
+    **pdfs.METRICS,
+    **office_config.METRICS,
 }
 
-# Python modules a metric needs on the host (the ``office`` extra of osfleet).
-NEEDS: dict[str, tuple[str, str]] = {
-    "compare_table": ("openpyxl", "openpyxl"),
-    "compare_docx_files": ("docx", "python-docx"),
-    "compare_pptx_files": ("pptx", "python-pptx"),
+# Python modules a metric needs on the host (the ``office`` extra of osfleet): one (module, package) pair, or
+# a tuple of them.
+NEEDS: dict[str, Any] = {
+    **tables.NEEDS,
+    **documents.NEEDS,
+    **slides.NEEDS,
+    **pdfs.NEEDS,
 }
 
 
@@ -43,11 +48,12 @@ def require(func: str) -> None:
     """Refuse a task whose metric cannot run on this host, before a replica is touched."""
     if func not in METRICS:
         raise UnsupportedTaskError(f"unsupported OSWorld metric {func!r} (supported: {', '.join(METRICS)})")
-    need = NEEDS.get(func)
-    if need and importlib.util.find_spec(need[0]) is None:
-        raise UnsupportedTaskError(
-            f"OSWorld metric {func!r} needs {need[1]} on this host (pip install 'osfleet[office]')"
-        )
+    needs = NEEDS.get(func, ())
+    for module, package in [needs] if needs and isinstance(needs[0], str) else needs:
+        if importlib.util.find_spec(module) is None:
+            raise UnsupportedTaskError(
+                f"OSWorld metric {func!r} needs {package} on this host (pip install 'osfleet[office]')"
+            )
 
 
 def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any]) -> Score:
