@@ -64,3 +64,5 @@ class Reference:
         if self._proc.stdin:
             self._proc.stdin.close()
         self._proc.wait(timeout=30)
+        if self._proc.stdout:
+            self._proc.stdout.close()

@@ -227,7 +227,11 @@ _table(
     csvs=[("result", "Sheet1", SHOWN), ("gold", "Sheet1", SHOWN)],
 )
 
-FUZZY = [["Name", "Address", "Phone"], ["Ana Lima", "12 Oak Rd", "+1 (555) 010-2030"], ["Bo Chen", "3 Elm St", "555-0101"]]
+FUZZY = [
+    ["Name", "Address", "Phone"],
+    ["Ana Lima", "12 Oak Rd", "+1 (555) 010-2030"],
+    ["Bo Chen", "3 Elm St", "555-0101"],
+]
 
 
 def _fuzzy(name: str, result_rows: list[list[Any]], rules: list[dict[str, Any]]) -> None:
@@ -241,17 +245,31 @@ def _fuzzy(name: str, result_rows: list[list[Any]], rules: list[dict[str, Any]])
 
 _fuzzy("exact", FUZZY, [{"range": ["A1:C3"], "type": "exact_match"}])
 _fuzzy("exact-one-cell", _cells(FUZZY, 2, 0, "Bo Chan"), [{"range": ["A1:A3", "B1:B3"], "type": "exact_match"}])
-_fuzzy("exact-ignore-case", _cells(FUZZY, 1, 0, "ANA LIMA"), [{"range": ["A2"], "type": "exact_match", "ignore_case": True}])
+_fuzzy(
+    "exact-ignore-case",
+    _cells(FUZZY, 1, 0, "ANA LIMA"),
+    [{"range": ["A2"], "type": "exact_match", "ignore_case": True}],
+)
 _fuzzy(
     "task-d1acdb87",
     _cells(_cells(FUZZY, 1, 1, "12 oak road"), 1, 2, "15550102030"),
     [
         {"range": ["A1:A3"], "type": "exact_match"},
-        {"range": ["B1:B3"], "type": "fuzzy_match", "threshold": 85, "normalization": [["Rd", "Road"], ["St", "Street"]], "ignore_case": True},
+        {
+            "range": ["B1:B3"],
+            "type": "fuzzy_match",
+            "threshold": 85,
+            "normalization": [["Rd", "Road"], ["St", "Street"]],
+            "ignore_case": True,
+        },
         {"range": ["C2:C3"], "type": "includes", "trim_leadings": "+ ", "ignore_chars": " ()-"},
     ],
 )
-_fuzzy("fuzzy-below-threshold", _cells(FUZZY, 1, 1, "98 Pine Avenue"), [{"range": ["B2"], "type": "fuzzy_match", "threshold": 90}])
+_fuzzy(
+    "fuzzy-below-threshold",
+    _cells(FUZZY, 1, 1, "98 Pine Avenue"),
+    [{"range": ["B2"], "type": "fuzzy_match", "threshold": 90}],
+)
 _fuzzy("includes", _cells(FUZZY, 1, 0, "Dr Ana Lima PhD"), [{"range": ["A2"], "type": "includes"}])
 _fuzzy("included-by", _cells(FUZZY, 1, 0, "Ana"), [{"range": ["A2"], "type": "included_by"}])
 _fuzzy(
@@ -293,7 +311,12 @@ def _chart_book(kind: str = "bar", title: str | None = "Sales", legend: str | No
 
 
 def _chart(name: str, result: Any, expected: Any, props: list[str]) -> None:
-    _table(f"chart-{name}", result, expected, [{"type": "chart", "sheet_idx0": 0, "sheet_idx1": "EI0", "chart_props": props}])
+    _table(
+        f"chart-{name}",
+        result,
+        expected,
+        [{"type": "chart", "sheet_idx0": 0, "sheet_idx1": "EI0", "chart_props": props}],
+    )
 
 
 _chart("equal", _chart_book(), _chart_book(), ["type", "title", "legend"])
@@ -311,11 +334,20 @@ _table(
     "pivot-none-either",
     SALES,
     SALES,
-    [{"type": "pivot_table", "sheet_idx0": 0, "sheet_idx1": "EI0", "pivot_props": ["col_fields", "filter", "row_fields", "data_fields"]}],
+    [
+        {
+            "type": "pivot_table",
+            "sheet_idx0": 0,
+            "sheet_idx1": "EI0",
+            "pivot_props": ["col_fields", "filter", "row_fields", "data_fields"],
+        }
+    ],
 )
 
 
-def _styled(bold_cell: str | None = "A1", color: str = "FFFF0000", fill: str | None = "FFFFFF00", cf: str | None = None):
+def _styled(
+    bold_cell: str | None = "A1", color: str = "FFFF0000", fill: str | None = "FFFFFF00", cf: str | None = None
+):
     from openpyxl.formatting.rule import CellIsRule, FormulaRule
     from openpyxl.styles import Font, PatternFill
 
@@ -328,9 +360,13 @@ def _styled(bold_cell: str | None = "A1", color: str = "FFFF0000", fill: str | N
                 ws["B2"].fill = PatternFill("solid", fgColor=fill)
             red = PatternFill("solid", bgColor="FFFF0000", fgColor="FFFF0000")
             if cf == "expression":
-                ws.conditional_formatting.add("B2:B4", FormulaRule(formula=["B2>2"], fill=red, font=Font(color="FF0000FF")))
+                ws.conditional_formatting.add(
+                    "B2:B4", FormulaRule(formula=["B2>2"], fill=red, font=Font(color="FF0000FF"))
+                )
             elif cf == "expression-absolute":
-                ws.conditional_formatting.add("B2:B4", FormulaRule(formula=["B2>$B$3"], fill=red, font=Font(color="FF0000FF")))
+                ws.conditional_formatting.add(
+                    "B2:B4", FormulaRule(formula=["B2>$B$3"], fill=red, font=Font(color="FF0000FF"))
+                )
             elif cf == "expression-range":
                 ws.conditional_formatting.add(
                     "B2:B4", FormulaRule(formula=["B2>=MAX($B$2:$B$4)"], fill=red, font=Font(color="FF0000FF"))
@@ -461,7 +497,12 @@ _table(
 
 
 def _cell(name: str, rows: Any, coordinate: str, props: dict[str, Any], sheet: Any = 0) -> None:
-    _table(f"cell-{name}", rows, None, [{"type": "check_cell", "sheet_idx": sheet, "coordinate": coordinate, "props": props}])
+    _table(
+        f"cell-{name}",
+        rows,
+        None,
+        [{"type": "check_cell", "sheet_idx": sheet, "coordinate": coordinate, "props": props}],
+    )
 
 
 _cell("approx", [["a", 191.6667]], "B1", {"value": {"method": "approx:0.001", "ref": 191.6667}})
@@ -509,7 +550,9 @@ add("compare_table", "table", "workbook-named-csv", _xlsx_named_csv)
 
 
 # ------------------------------------------------------------------------------ compare_conference_city_in_order
-CITIES: list[Any] = ["Scottsdale", "Atlanta", ["Montreal", "Montréal"], ["New York", "NYC"]] + [f"City{i}" for i in range(17)]
+CITIES: list[Any] = ["Scottsdale", "Atlanta", ["Montreal", "Montréal"], ["New York", "NYC"]] + [
+    f"City{i}" for i in range(17)
+]
 COLUMN = ["Scottsdale, AZ", "Atlanta", "Montréal", "New York City"] + [f"City{i}" for i in range(17)]
 
 
@@ -546,7 +589,9 @@ def _csv(name: str, result: str | bytes | None, expected: Any, options: dict[str
     def build(d: Path) -> Inputs:
         r = None if result is None else text(d / "result.csv", result)
         if isinstance(expected, list):
-            exp: Any = [d / f"missing-{i}.csv" if e is None else text(d / f"gold{i}.csv", e) for i, e in enumerate(expected)]
+            exp: Any = [
+                d / f"missing-{i}.csv" if e is None else text(d / f"gold{i}.csv", e) for i, e in enumerate(expected)
+            ]
         else:
             exp = d / "missing.csv" if expected is None else text(d / "gold.csv", expected)
         return r, exp, options or {}
@@ -712,11 +757,23 @@ _docs("compare_docx_files", "case-differs", _doc([t.upper() for t in BODY]), D)
 _docs("compare_docx_files", "order", _doc(list(reversed(BODY))), D, {"ignore_order": True, "ignore_case": True})
 _docs("compare_docx_files", "order-matters", _doc(list(reversed(BODY))), D)
 _docs("compare_docx_files", "content-only", CHANGED, D, {"content_only": True})
-_docs("compare_docx_files", "content-only-case", _doc([t.upper() for t in BODY]), D, {"content_only": True, "ignore_case": True})
+_docs(
+    "compare_docx_files",
+    "content-only-case",
+    _doc([t.upper() for t in BODY]),
+    D,
+    {"content_only": True, "ignore_case": True},
+)
 _docs("compare_docx_files", "fuzzy", CHANGED, D, {"fuzzy_match": True})
 _docs("compare_docx_files", "fuzzy-paragraphs", CHANGED, D, {"fuzzy_match": True, "ignore_blanks": False})
 _docs("compare_docx_files", "fuzzy-no-paragraphs", _doc([]), _doc([]), {"fuzzy_match": True, "ignore_blanks": False})
-_docs("compare_docx_files", "delete-empty-lines", _doc([t for t in BODY if t]), D, {"ignore_blanks": False, "delete_empty_lines": True})
+_docs(
+    "compare_docx_files",
+    "delete-empty-lines",
+    _doc([t for t in BODY if t]),
+    D,
+    {"ignore_blanks": False, "delete_empty_lines": True},
+)
 _docs("compare_docx_files", "table-text-not-compared", _doc(table=[["a", "b"]]), _doc(table=[["x", "y"]]))
 ODT = [[("Water ", None), ("facts", "plain")], [("H2O is water.", None)]]
 _docs("compare_docx_files", "odt-equal", _odt(ODT), _odt(ODT))
@@ -735,7 +792,13 @@ _docs(
     D,
     {"ignore_blanks": False},
 )
-_docs("compare_docx_files_and_ignore_new_lines", "blanks-kept-spaces", _doc(["It covers most of the Earth."]), _doc([BODY[2]]), {"ignore_blanks": False})
+_docs(
+    "compare_docx_files_and_ignore_new_lines",
+    "blanks-kept-spaces",
+    _doc(["It covers most of the Earth."]),
+    _doc([BODY[2]]),
+    {"ignore_blanks": False},
+)
 _docs("compare_docx_files_and_ignore_new_lines", "differs", CHANGED, D)
 _docs("compare_docx_files_and_ignore_new_lines", "odt", _odt(ODT), _odt(ODT))
 
@@ -823,9 +886,21 @@ _docs("check_tabstops", "paragraph-count", _doc(TABS[:2]), _doc(TABS))
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 WORDS = [[("apple", RED), ("book", BLUE)], [("egg", RED), ("cat", BLUE)]]
 _docs("evaluate_colored_words_in_tables", "coloured", _doc(table=WORDS), _doc(table=WORDS))
-_docs("evaluate_colored_words_in_tables", "near-red", _doc(table=_cells(WORDS, 0, 0, ("apple", (250, 5, 5)))), _doc(table=WORDS))
-_docs("evaluate_colored_words_in_tables", "wrong-colour", _doc(table=_cells(WORDS, 1, 1, ("cat", RED))), _doc(table=WORDS))
-_docs("evaluate_colored_words_in_tables", "uncoloured-word", _doc(table=_cells(WORDS, 1, 1, ("cat", None))), _doc(table=WORDS))
+_docs(
+    "evaluate_colored_words_in_tables",
+    "near-red",
+    _doc(table=_cells(WORDS, 0, 0, ("apple", (250, 5, 5)))),
+    _doc(table=WORDS),
+)
+_docs(
+    "evaluate_colored_words_in_tables", "wrong-colour", _doc(table=_cells(WORDS, 1, 1, ("cat", RED))), _doc(table=WORDS)
+)
+_docs(
+    "evaluate_colored_words_in_tables",
+    "uncoloured-word",
+    _doc(table=_cells(WORDS, 1, 1, ("cat", None))),
+    _doc(table=WORDS),
+)
 _docs(
     "evaluate_colored_words_in_tables",
     "threshold",
@@ -857,14 +932,437 @@ _docs("compare_highlighted_text", "differs", _doc(highlight=2), _doc(highlight=1
 _docs("compare_highlighted_text", "none", D, D)
 _docs("compare_highlighted_text", "broken", _raw(b"PK\x03\x04"), D)
 
-REFS = ["Essay", "Body text.", "References", "Smith, J. (2020). Water. Nature 1, 2-3.", "", "Lee, K. (2019). Ice. Science 4, 5."]
+REFS = [
+    "Essay",
+    "Body text.",
+    "References",
+    "Smith, J. (2020). Water. Nature 1, 2-3.",
+    "",
+    "Lee, K. (2019). Ice. Science 4, 5.",
+]
 REFS_OPTIONS = {"content_only": True, "reference_base_result": 0.92}
 _docs("compare_references", "same", _doc(REFS), _doc(REFS), REFS_OPTIONS)
-_docs("compare_references", "close", _doc([*REFS[:3], "Smith, J (2020) Water, Nature 1, 2-3", *REFS[4:]]), _doc(REFS), REFS_OPTIONS)
+_docs(
+    "compare_references",
+    "close",
+    _doc([*REFS[:3], "Smith, J (2020) Water, Nature 1, 2-3", *REFS[4:]]),
+    _doc(REFS),
+    REFS_OPTIONS,
+)
 _docs("compare_references", "close-default-base", _doc([*REFS[:3], "Smith J 2020 Water", *REFS[4:]]), _doc(REFS))
 _docs("compare_references", "far", _doc([*REFS[:3], "Other, A. Thing.", *REFS[4:]]), _doc(REFS), REFS_OPTIONS)
 _docs("compare_references", "one-missing", _doc(REFS[:4]), _doc(REFS), REFS_OPTIONS)
 _docs("compare_references", "no-section-either", D, D)
 _docs("compare_references", "section-in-one", D, _doc(REFS))
 _docs("compare_references", "empty-section", _doc(REFS[:3]), _doc(REFS[:3]))
-_docs("compare_references", "other-indicator", _doc(["Bibliography", "A"]), _doc(["Bibliography", "A"]), {"reference_indicator": "Bibliography"})
+_docs(
+    "compare_references",
+    "other-indicator",
+    _doc(["Bibliography", "A"]),
+    _doc(["Bibliography", "A"]),
+    {"reference_indicator": "Bibliography"},
+)
+
+
+# -------------------------------------------------------------------------------------------------- Impress
+def _slides(**edits: Any) -> Callable[[Path], Path]:
+    """A two-slide deck (a title slide, a bullet slide with a table) with ``edits`` applied (see ``_edit_deck``)."""
+
+    def make(path: Path) -> Path:
+        return deck(path, lambda prs: _edit_deck(prs, edits))
+
+    return make
+
+
+def _edit_deck(prs: Any, edits: dict[str, Any]) -> None:
+    from lxml import etree
+    from pptx.dml.color import RGBColor
+    from pptx.enum.text import PP_ALIGN
+    from pptx.oxml.ns import qn
+    from pptx.util import Emu, Inches, Pt
+
+    if edits.get("portrait"):
+        prs.slide_width, prs.slide_height = Inches(7.5), Inches(10)
+    for n in range(edits.get("slides", 2)):
+        slide = prs.slides.add_slide(prs.slide_layouts[6])
+        box = slide.shapes.add_textbox(
+            Inches(1) + Emu(edits.get("move", 0) if n == 0 else 0), Inches(1), Inches(6), Inches(1)
+        )
+        tf = box.text_frame
+        tf.text = edits.get("title", "Quarterly Review") if n == 0 else "Agenda"
+        run = tf.paragraphs[0].runs[0]
+        run.font.size = Pt(edits.get("size", 32))
+        run.font.bold = edits.get("bold", True)
+        run.font.name = edits.get("font", "Arial")
+        if "colour" in edits:
+            run.font.color.rgb = RGBColor(*edits["colour"])
+        if edits.get("underline") is not None:
+            run.font.underline = edits["underline"]
+        if edits.get("strike"):
+            run.font._element.set("strike", "sngStrike")
+        if n == 1:
+            for k, line in enumerate(edits.get("bullets", ["Results", "Plans"])):
+                p = tf.add_paragraph()
+                p.text = line
+                p.level = edits.get("level", 1) if k == 0 else 1
+                if edits.get("align") and k == 0:
+                    p.alignment = PP_ALIGN.CENTER
+            rows = edits.get("table", [["Q1", "10"], ["Q2", "12"]])
+            table = slide.shapes.add_table(len(rows), 2, Inches(1), Inches(3), Inches(4), Inches(1)).table
+            for r, row in enumerate(rows):
+                for c, value in enumerate(row):
+                    table.cell(r, c).text = value
+        if n == 0 and "background" in edits:
+            slide.background.fill.solid()
+            slide.background.fill.fore_color.rgb = RGBColor(*edits["background"])
+        if n == 0 and "notes" in edits:
+            slide.notes_slide.notes_text_frame.text = edits["notes"]
+        if n == 0 and "picture" in edits:
+            left, top, width, height = edits["picture"]
+            slide.shapes.add_picture(png((20, 120, 220)), left, top, width, height)
+        if n == 0 and "transition" in edits:
+            transition = etree.SubElement(slide._element, qn("p:transition"))
+            etree.SubElement(transition, qn(f"p:{edits['transition']}"))
+    if "master_colours" in edits:
+        master = prs.slide_master.element
+        for value in edits["master_colours"]:
+            fill = etree.SubElement(master, qn("a:solidFill"))
+            etree.SubElement(fill, qn("a:srgbClr")).set("val", value)
+
+
+def _pptx(metric: str, name: str, result: Any, expected: Any, options: dict[str, Any] | None = None) -> None:
+    def build(d: Path) -> Inputs:
+        def made(spec: Any, stem: str) -> Any:
+            if spec is None or spec is NO_EXPECTED or isinstance(spec, dict):
+                return spec
+            return spec(d / f"{stem}{getattr(spec, 'suffix', '.pptx')}")
+
+        return made(result, "result"), made(expected, "gold"), options or {}
+
+    add(metric, "slides", name, build)
+
+
+S = _slides()
+_pptx("compare_pptx_files", "equal", S, S)
+_pptx("compare_pptx_files", "title-text", _slides(title="Quarterly Reviews"), S)
+_pptx("compare_pptx_files", "title-text-not-examined", _slides(title="Quarterly Reviews"), S, {"examine_text": False})
+_pptx("compare_pptx_files", "font-size", _slides(size=28), S)
+_pptx("compare_pptx_files", "font-size-not-examined", _slides(size=28), S, {"examine_font_size": False})
+_pptx("compare_pptx_files", "font-name", _slides(font="Calibri"), S)
+_pptx("compare_pptx_files", "bold-none-vs-false", _slides(bold=None), _slides(bold=False))
+_pptx("compare_pptx_files", "bold-vs-not", _slides(bold=False), S)
+_pptx("compare_pptx_files", "colour", _slides(colour=(255, 0, 0)), _slides(colour=(0, 0, 255)))
+_pptx("compare_pptx_files", "colour-only-one", _slides(colour=(255, 0, 0)), S)
+_pptx("compare_pptx_files", "underline", _slides(underline=True), S)
+_pptx("compare_pptx_files", "underline-false-vs-none", _slides(underline=False), S)
+_pptx("compare_pptx_files", "strike", _slides(strike=True), S)
+_pptx("compare_pptx_files", "moved", _slides(move=300000), S)
+_pptx("compare_pptx_files", "moved-a-little", _slides(move=20000), S)
+_pptx("compare_pptx_files", "moved-shape-not-examined", _slides(move=300000), S, {"examine_shape": False})
+_pptx("compare_pptx_files", "slide-count", _slides(slides=3), S)
+_pptx("compare_pptx_files", "slide-count-not-examined", _slides(slides=3), S, {"examine_number_of_slides": False})
+_pptx("compare_pptx_files", "notes", _slides(notes="Say hello"), _slides(notes="Say hi"))
+_pptx("compare_pptx_files", "notes-equal", _slides(notes="Say hello"), _slides(notes="Say hello"))
+_pptx("compare_pptx_files", "background", _slides(background=(0, 0, 255)), _slides(background=(0, 0, 200)))
+_pptx("compare_pptx_files", "background-equal", _slides(background=(0, 0, 255)), _slides(background=(0, 0, 255)))
+_pptx("compare_pptx_files", "background-missing", S, _slides(background=(0, 0, 255)))
+_pptx("compare_pptx_files", "table-cell", _slides(table=[["Q1", "10"], ["Q2", "13"]]), S)
+_pptx("compare_pptx_files", "bullet-level", _slides(level=0), S)
+_pptx("compare_pptx_files", "bullet-level-not-examined", _slides(level=0), S, {"examine_indent": False})
+_pptx("compare_pptx_files", "bullet-text", _slides(bullets=["Results", "Plan"]), S)
+_pptx("compare_pptx_files", "alignment", _slides(align=True), S)
+_pptx(
+    "compare_pptx_files",
+    "alignment-not-examined",
+    _slides(align=True),
+    S,
+    {"examine_aligment": False, "examine_alignment": False},
+)
+_pptx("compare_pptx_files", "task-af2d657a-typo-option", _slides(align=True), S, {"examine_aligment": False})
+_pptx(
+    "compare_pptx_files",
+    "title-bottom-option",
+    _slides(move=300000),
+    S,
+    {"examine_shape": False, "examine_title_bottom_position": True},
+)
+_pptx(
+    "compare_pptx_files", "table-bottom-option", S, S, {"examine_table_bottom_position": True, "examine_shape": False}
+)
+_pptx("compare_pptx_files", "right-position-option", S, S, {"examine_shape": False, "examine_right_position": True})
+_pptx("compare_pptx_files", "top-position-option", S, S, {"examine_shape": False, "examine_top_position": True})
+_pptx(
+    "compare_pptx_files",
+    "shift-size-option",
+    _slides(move=300000),
+    S,
+    {"examine_shape": False, "examine_shape_for_shift_size": True},
+)
+_pptx("compare_pptx_files", "image-size-option", S, S, {"examine_shape": False, "examine_image_size": True})
+_pptx(
+    "compare_pptx_files",
+    "modify-height-option",
+    _slides(move=300000),
+    S,
+    {"examine_shape": False, "examine_modify_height": True},
+)
+_pptx(
+    "compare_pptx_files",
+    "bullets-not-examined",
+    _slides(bullets=["Results", "Plan"]),
+    S,
+    {"examine_shape": False, "examine_bullets": False},
+)
+_pptx("compare_pptx_files", "missing-result", None, S)
+_pptx("compare_pptx_files", "both-missing", None, None)
+_pptx("compare_pptx_files", "broken-result", _raw(BROKEN["not-a-zip"], ".pptx"), S)
+_pptx("compare_pptx_files", "empty-expected", S, _raw(b"", ".pptx"))
+_pptx("compare_pptx_files", "docx-as-result", _doc(), S)
+
+PRS_W, PRS_H = 9144000, 6858000  # python-pptx's default 10 x 7.5 in
+_pptx(
+    "check_image_stretch_and_center",
+    "stretched",
+    _slides(picture=(0, 0, PRS_W, PRS_H)),
+    _slides(picture=(914400, 914400, 914400, 914400)),
+)
+_pptx(
+    "check_image_stretch_and_center",
+    "nearly-stretched",
+    _slides(picture=(100000, 100000, PRS_W - 200000, PRS_H - 200000)),
+    _slides(picture=(914400, 914400, 914400, 914400)),
+)
+_pptx(
+    "check_image_stretch_and_center",
+    "not-stretched",
+    _slides(picture=(914400, 914400, 914400, 914400)),
+    _slides(picture=(914400, 914400, 914400, 914400)),
+)
+_pptx("check_image_stretch_and_center", "picture-gone", S, _slides(picture=(914400, 914400, 914400, 914400)))
+_pptx("check_image_stretch_and_center", "no-picture-expected", S, S)
+_pptx("check_image_stretch_and_center", "missing-result", None, _slides(picture=(0, 0, 10, 10)))
+
+_pptx("check_slide_orientation_Portrait", "portrait", _slides(portrait=True), NO_EXPECTED)
+_pptx("check_slide_orientation_Portrait", "landscape", S, NO_EXPECTED)
+_pptx("check_slide_orientation_Portrait", "missing", None, NO_EXPECTED)
+_pptx("check_slide_orientation_Portrait", "broken", _raw(b"PK", ".pptx"), NO_EXPECTED)
+
+_pptx("evaluate_presentation_fill_to_rgb_distance", "blue", _slides(background=(0, 0, 255)), {"rgb": [0, 0, 255]})
+_pptx("evaluate_presentation_fill_to_rgb_distance", "dark-blue", _slides(background=(0, 0, 139)), {"rgb": [0, 0, 255]})
+_pptx("evaluate_presentation_fill_to_rgb_distance", "no-background", S, {"rgb": [0, 0, 255]})
+_pptx(
+    "evaluate_presentation_fill_to_rgb_distance",
+    "still-original",
+    _slides(background=(255, 255, 255)),
+    {"rgb": [0, 0, 255], "original_rgb": [255, 255, 255]},
+)
+_pptx("evaluate_presentation_fill_to_rgb_distance", "no-slides", _slides(slides=0), {"rgb": [0, 0, 255]})
+
+_pptx("check_transition", "dissolve", _slides(transition="dissolve"), {"slide_idx": 0, "transition_type": "dissolve"})
+_pptx("check_transition", "fade", _slides(transition="fade"), {"slide_idx": 0, "transition_type": "dissolve"})
+_pptx("check_transition", "none", S, {"slide_idx": 0, "transition_type": "dissolve"})
+_pptx("check_transition", "no-such-slide", S, {"slide_idx": 5, "transition_type": "dissolve"})
+_pptx("check_transition", "broken", _raw(b"x", ".pptx"), {"slide_idx": 0, "transition_type": "dissolve"})
+
+_pptx("check_page_number_colors", "red", _slides(master_colours=["#FF0000", "#FF0000", "#000000"]), {"color": "red"})
+_pptx(
+    "check_page_number_colors",
+    "blue-wanted-red",
+    _slides(master_colours=["#0000FF", "#0000FF", "#000000"]),
+    {"color": "red"},
+)
+_pptx("check_page_number_colors", "blue", _slides(master_colours=["#0000FF", "#0000FF", "#000000"]), {"color": "blue"})
+_pptx("check_page_number_colors", "plain-hex", _slides(master_colours=["FF0000", "FF0000", "000000"]), {"color": "red"})
+_pptx("check_page_number_colors", "default-master", S, {"color": "red"})
+_pptx(
+    "check_page_number_colors",
+    "other-colour-name",
+    _slides(master_colours=["#123456", "#123456", "#000000"]),
+    {"color": "purple"},
+)
+
+
+def _tree(name: str, xml: Any) -> None:
+    add("check_left_panel", "slides", name, lambda d: (xml, NO_EXPECTED, {}))
+
+
+FRAME = '<desktop><application name="soffice"><document-frame name="{}"/></application></desktop>'
+_tree("open", FRAME.format("Slides View"))
+_tree("closed", FRAME.format("Outline View"))
+_tree("nothing", "<desktop/>")
+_tree("not-xml", "<desktop")
+_tree("no-tree", None)
+
+
+# ------------------------------------------------------------------------------------------------------ PDF
+class _Files(list):  # type: ignore[type-arg]
+    """Several PDFs handed to a metric as a list (a multi-file getter's value)."""
+
+
+def _pdf(metric: str, module: str, name: str, result: Any, expected: Any, shims: tuple[str, ...] = ()) -> None:
+    """``result``/``expected``: pages (lists of lines), raw bytes, None (missing), a dict (rules) or _Files."""
+
+    def build(d: Path) -> Inputs:
+        def made(spec: Any, stem: str) -> Any:
+            if isinstance(spec, _Files):
+                return [made(s, f"{stem}{i}") for i, s in enumerate(spec)]
+            if spec is None or isinstance(spec, dict):
+                return spec
+            if isinstance(spec, bytes):
+                return text(d / f"{stem}.pdf", spec)
+            return pdf(d / f"{stem}.pdf", spec)
+
+        return made(result, "result"), made(expected, "gold"), {}
+
+    add(metric, module, name, build, shims)
+
+
+ONE = [["Invoice 243729", "Total: 120.00 EUR"]]
+TWO_PAGES = [["Agenda", "1. Welcome"], ["2. Budget", "3. Close"]]
+_pdf("check_pdf_pages", "pdf", "one-page", ONE, {"relation": "eq", "ref_value": 1})
+_pdf("check_pdf_pages", "pdf", "two-pages", TWO_PAGES, {"relation": "eq", "ref_value": 1})
+_pdf("check_pdf_pages", "pdf", "le", TWO_PAGES, {"relation": "le", "ref_value": 2})
+_pdf("check_pdf_pages", "pdf", "missing", None, {"relation": "eq", "ref_value": 1})
+_pdf("check_pdf_pages", "pdf", "broken", b"%PDF-1.4 nothing else", {"relation": "eq", "ref_value": 1})
+_pdf("check_pdf_pages", "pdf", "unknown-relation", ONE, {"relation": "near", "ref_value": 1})
+
+FITZ = ("fitz",)
+_pdf("compare_pdfs", "chrome", "same", ONE, ONE, FITZ)
+_pdf("compare_pdfs", "chrome", "one-digit", [["Invoice 243729", "Total: 121.00 EUR"]], ONE, FITZ)
+_pdf("compare_pdfs", "chrome", "other-text", TWO_PAGES, ONE, FITZ)
+_pdf("compare_pdfs", "chrome", "missing-result", None, ONE, FITZ)
+_pdf("compare_pdfs", "chrome", "both-missing", None, None, FITZ)
+_pdf("compare_pdfs", "chrome", "broken-result", b"not a pdf", ONE, FITZ)
+_pdf(
+    "compare_pdfs",
+    "chrome",
+    "lists",
+    _Files([ONE, TWO_PAGES]),
+    _Files([ONE, [["Agenda", "1. Welcome"], ["2. Budget"]]]),
+    FITZ,
+)
+_pdf("compare_pdfs", "chrome", "lists-one-missing", _Files([ONE, None]), _Files([ONE, TWO_PAGES]), FITZ)
+_pdf("compare_pdfs", "chrome", "list-expected-single-result", ONE, _Files([ONE, ONE]), FITZ)
+_pdf("compare_pdfs", "chrome", "list-expected-no-result", None, _Files([ONE]), FITZ)
+
+
+# ------------------------------------------------------------------------------------------------- settings
+WRITER_FONT = "/org.openoffice.Office.Writer/DefaultFont"
+
+
+def _conf(metric: str, module: str, name: str, body: str | bytes | None, rules: Any) -> None:
+    def build(d: Path) -> Inputs:
+        return None if body is None else text(d / "registrymodifications.xcu", body), rules, {}
+
+    add(metric, module, name, build)
+
+
+def _xcu_text(items: list[tuple[str, str, str]]) -> Callable[[Path], Path]:
+    return lambda p: xcu(p, items)
+
+
+def _xcu(metric: str, module: str, name: str, items: list[tuple[str, str, str]] | None, rules: Any) -> None:
+    def build(d: Path) -> Inputs:
+        return None if items is None else xcu(d / "registrymodifications.xcu", items), rules, {}
+
+    add(metric, module, name, build)
+
+
+TNR = {"font_name": "Times New Roman"}
+_xcu("find_default_font", "docs", "set", [(WRITER_FONT, "Standard", "Times New Roman")], TNR)
+_xcu("find_default_font", "docs", "other-font", [(WRITER_FONT, "Standard", "Liberation Serif")], TNR)
+_xcu("find_default_font", "docs", "heading-font-only", [(WRITER_FONT, "Heading", "Times New Roman")], TNR)
+_xcu(
+    "find_default_font",
+    "docs",
+    "last-wins",
+    [(WRITER_FONT, "Standard", "Times New Roman"), (WRITER_FONT, "Standard", "Arial")],
+    TNR,
+)
+_xcu("find_default_font", "docs", "missing", None, TNR)
+_conf("find_default_font", "docs", "not-xml", "<oor:items", TNR)
+
+PRESENTER = "/org.openoffice.Office.Impress/Misc/Start"
+_xcu(
+    "check_presenter_console_disable",
+    "slides",
+    "disabled",
+    [(PRESENTER, "EnablePresenterScreen", "false")],
+    NO_EXPECTED,
+)
+_xcu(
+    "check_presenter_console_disable", "slides", "enabled", [(PRESENTER, "EnablePresenterScreen", "true")], NO_EXPECTED
+)
+_xcu("check_presenter_console_disable", "slides", "unset", [(PRESENTER, "Other", "false")], NO_EXPECTED)
+_xcu("check_presenter_console_disable", "slides", "missing", None, NO_EXPECTED)
+_conf("check_presenter_console_disable", "slides", "not-xml", "garbage", NO_EXPECTED)
+
+SAVE = "/org.openoffice.Office.Common/Save/Document"
+_xcu("check_auto_saving_time", "slides", "three", [(SAVE, "AutoSaveTimeIntervall", "3")], {"minutes": 3})
+_xcu("check_auto_saving_time", "slides", "ten", [(SAVE, "AutoSaveTimeIntervall", "10")], {"minutes": 3})
+_xcu("check_auto_saving_time", "slides", "unset", [(SAVE, "AutoSave", "true")], {"minutes": 3})
+_xcu("check_auto_saving_time", "slides", "not-a-number", [(SAVE, "AutoSaveTimeIntervall", "soon")], {"minutes": 3})
+_xcu("check_auto_saving_time", "slides", "missing", None, {"minutes": 3})
+_conf("check_auto_saving_time", "slides", "not-xml", "<x", {"minutes": 3})
+
+GIMPRC = '# GIMP gimprc\n\n(theme "Light")\n(undo-levels 100)\n(layer-new-name "Square")\n(show-tips no)\n'
+
+
+def _gimp(name: str, body: str | bytes | None, rules: dict[str, Any]) -> None:
+    add("check_config_status", "gimp", name, lambda d: (None if body is None else text(d / "gimprc", body), rules, {}))
+
+
+_gimp("theme", GIMPRC, {"type:": "key-value", "key": "theme", "value": '"Light"'})
+_gimp("theme-dark", GIMPRC.replace("Light", "Dark"), {"type:": "key-value", "key": "theme", "value": '"Light"'})
+_gimp("undo-levels", GIMPRC, {"type:": "key-value", "key": "undo-levels", "value": "100"})
+_gimp(
+    "history-item",
+    '(history-item "filters-vignette" 1)\n',
+    {"key": ["history-item", '"filters-vignette"'], "value": "1"},
+)
+_gimp(
+    "history-item-other",
+    '(history-item "filters-blur" 1)\n',
+    {"key": ["history-item", '"filters-vignette"'], "value": "1"},
+)
+_gimp("one-word-line-before", "(single)\n" + GIMPRC, {"key": ["history-item", '"x"'], "value": "1"})
+_gimp("blank-line-with-spaces", "   \n" + GIMPRC, {"key": "theme", "value": '"Light"'})
+_gimp("missing", None, {"key": "theme", "value": '"Light"'})
+_gimp(
+    "sessionrc",
+    '(session-info "toplevel"\n    (factory-entry "gimp-single-image-window"))\n(hide-docks yes)\n',
+    {"key": "hide-docks", "value": "yes"},
+)
+
+
+# -------------------------------------------------------------------------- the shipped suite's own files
+def _suite_cases() -> None:
+    """Each task of osfleet's ``osworld`` suite that uses these metrics, scored on its committed files: the input
+    the agent starts from against the expected file (must fail) and the expected file against itself."""
+    import json
+
+    import osfleet.tasks.suites as suites
+
+    bundle = Path(suites.__file__).parent / "osworld"
+    names = {u["url"]: u["file"] for u in json.loads((bundle / "assets" / "manifest.json").read_text())["files"]}
+    modules = {"compare_table": "table", "compare_docx_files": "docs"}
+    for task_file in sorted(bundle.glob("*.json")):
+        task = json.loads(task_file.read_text())
+        ev = task["evaluator"]
+        if ev.get("func") not in modules:
+            continue
+        start = next(f["url"] for step in task["config"] if step["type"] == "download" for f in step["parameters"]["files"])
+        for label, first in (("start", names[start]), ("gold", names[ev["expected"]["path"]])):
+
+            def build(d: Path, first: str = first, gold: str = names[ev["expected"]["path"]], ev: Any = ev) -> Inputs:
+                # the getters name files after the task's ``dest``, whose extension the metrics go by
+                result = d / f"result{Path(first).suffix}"
+                result.write_bytes((bundle / "assets" / first).read_bytes())
+                expected = d / ev["expected"]["dest"]
+                expected.write_bytes((bundle / "assets" / gold).read_bytes())
+                return result, expected, ev.get("options") or {}
+
+            add(ev["func"], modules[ev["func"]], f"suite-{task['id']}-{label}", build)
+
+
+_suite_cases()

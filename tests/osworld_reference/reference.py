@@ -42,12 +42,37 @@ def _shims() -> None:
         sys.modules[name] = importlib.import_module(f"shim_{name}")
 
 
+class _Missing:
+    """A name imported from a stand-in module: importing it works, using it raises."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def _fail(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"stand-in {self._what} used ({STAND_INS[self._what.rsplit('.', 1)[0]]})")
+
+    __call__ = _fail
+
+    def __getattr__(self, name: str) -> None:
+        self._fail()
+
+
+def _missing(module: str):  # noqa: ANN202
+    def attribute(name: str) -> _Missing:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"{module}.{name}")
+
+    return attribute
+
+
 def _stand_in(name: str) -> None:
     top = name.split(".")[0]
     if name in sys.modules or (top not in sys.modules and importlib.util.find_spec(top) is not None):
         return
     module = types.ModuleType(name)
     module.__doc__ = f"stand-in: {STAND_INS[name]}"
+    module.__getattr__ = _missing(name)  # type: ignore[method-assign]  # `from X import Y` loads, using Y fails
     sys.modules[name] = module
     if "." in name:
         parent, _, child = name.rpartition(".")
