@@ -1351,7 +1351,10 @@ def _suite_cases() -> None:
         ev = task["evaluator"]
         if ev.get("func") not in modules:
             continue
-        start = next(f["url"] for step in task["config"] if step["type"] == "download" for f in step["parameters"]["files"])
+        downloads = [
+            f["url"] for step in task["config"] if step["type"] == "download" for f in step["parameters"]["files"]
+        ]
+        start = downloads[0]
         for label, first in (("start", names[start]), ("gold", names[ev["expected"]["path"]])):
 
             def build(d: Path, first: str = first, gold: str = names[ev["expected"]["path"]], ev: Any = ev) -> Inputs:

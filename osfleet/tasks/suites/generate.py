@@ -85,7 +85,7 @@ SHEET_DATA = [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]
 # "Shown as a whole percentage": the values, and the number format each share cell displays with. (OSWorld's
 # own tasks check display with sheet_print, which reads CSV files LibreOffice exports in the guest after the
 # task; that needs a multi-file vm_file getter, which osfleet does not run yet.)
-PERCENT_SHARES = [
+PERCENT_SHARES: list[dict[str, Any]] = [
     {"type": "sheet_data", "sheet_idx0": "RNSheet1", "sheet_idx1": "ENSheet1"},
     *(
         {
