@@ -22,8 +22,6 @@ import os
 import zipfile
 from typing import Any
 
-from lxml import etree
-
 from osfleet.tasks.evaluators.common import NotScored
 
 MAIN = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
@@ -97,6 +95,8 @@ class RawCells:
         self._broken = False
 
     def _load_common(self, z: zipfile.ZipFile) -> None:
+        from lxml import etree
+
         if self._strings is None:
             try:
                 root = etree.fromstring(z.read("xl/sharedStrings.xml"))
@@ -121,6 +121,8 @@ class RawCells:
     def _cells(self, sheet: str) -> dict[str, Any] | None:
         if sheet in self._sheets:
             return self._sheets[sheet]
+        from lxml import etree
+
         cells: dict[str, Any] | None = None
         try:
             with zipfile.ZipFile(str(self.path)) as z:
