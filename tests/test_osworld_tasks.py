@@ -284,9 +284,13 @@ def test_import_and_assets_commands(home: Path, tmp_path: Path) -> None:
     r = cli_runner.invoke(cli, ["tasks", "import", str(bundle), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out["summary"]["supported"] == 1 and out["summary"]["unsupported_features"]["metric 'compare_image_text'"] == 1
+    assert (
+        out["summary"]["supported"] == 1 and out["summary"]["unsupported_features"]["metric 'compare_image_text'"] == 1
+    )
     r = cli_runner.invoke(cli, ["tasks", "import", str(bundle)])
-    assert "1 of 3 tasks supported" in r.output and "unsupported  calc/bad.json: metric 'compare_image_text'" in r.output
+    assert (
+        "1 of 3 tasks supported" in r.output and "unsupported  calc/bad.json: metric 'compare_image_text'" in r.output
+    )
     f = tmp_path / "x.txt"
     f.write_text("x")
     r = cli_runner.invoke(cli, ["tasks", "assets", "add", "https://example.test/x.txt", str(f)])
