@@ -24,6 +24,10 @@ that fails scores 0, a rule type it does not know, or a rule that cannot be read
   every ``{attribute: {"method", "ref"}}`` of one of them;
 - ``check_cell``: the cell at ``coordinate`` meets every ``props`` rule (``value`` is its XML value, the
   rest its style); a cell or sheet that cannot be read scores 0.
+OSWorld's ``sparkline`` and ``filter`` rules, which no task file uses, are refused (score 0, named).
+Where osfleet can differ: a ``style`` rule on a sheet over ``sheet_features.MAX_STYLED_CELLS`` cells scores 0
+(OSWorld would touch every cell); the order in which a conditional format's ranges are visited (a set) can
+differ between processes, which matters only past 50 empty cells in one format.
 """
 
 from __future__ import annotations
