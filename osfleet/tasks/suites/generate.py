@@ -82,7 +82,21 @@ def _table(doc: str, gold: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 SHEET_DATA = [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]
-SHEET_PRINT = [{"type": "sheet_print", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]
+# "Shown as a whole percentage": the values, and the number format each share cell displays with. (OSWorld's
+# own tasks check display with sheet_print, which reads CSV files LibreOffice exports in the guest after the
+# task; that needs a multi-file vm_file getter, which osfleet does not run yet.)
+PERCENT_SHARES: list[dict[str, Any]] = [
+    {"type": "sheet_data", "sheet_idx0": "RNSheet1", "sheet_idx1": "ENSheet1"},
+    *(
+        {
+            "type": "check_cell",
+            "sheet_idx": "RNSheet1",
+            "coordinate": cell,
+            "props": {"number_format": {"method": "eq", "ref": "0%"}},
+        }
+        for cell in ("C2", "C3")
+    ),
+]
 
 
 def _task(
@@ -165,7 +179,7 @@ wb.save({doc!r})""")
             "In votes.xlsx, add a column C headed 'Share' with each team's share of all votes, shown as a whole "
             "percentage (like 75%), and save the file.",
             [_download("votes.xlsx", doc)],
-            _table(doc, "votes-share-gold.xlsx", SHEET_PRINT),
+            _table(doc, "votes-share-gold.xlsx", PERCENT_SHARES),
             [
                 _python(f"""
 import openpyxl
