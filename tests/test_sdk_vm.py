@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pytest
 
 from osfleet.bench.load import LocalAgent
 from osfleet.images import GoldenImage
-from tests.conftest import free_port
+from tests.test_client import openenv_server
 
 pytestmark = pytest.mark.vm
 REPO = Path(__file__).resolve().parent.parent
@@ -68,36 +65,6 @@ def test_async_rollouts_and_a_grpo_group_score_the_scripted_answer_1(agent: tupl
 
 def test_an_openenv_session_through_osfleet_openenv_serve(agent: tuple[LocalAgent, Path], tmp_path: Path) -> None:
     a, token = agent
-    port = free_port()
-    log = (tmp_path / "openenv.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(REPO / ".venv/bin/osfleet"),
-            "openenv",
-            "serve",
-            "--url",
-            a.url,
-            "--token-file",
-            str(token),
-            "--port",
-            str(port),
-            "--task",
-            "cli-write-note",
-        ],
-        stderr=log,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "openenv serve did not start"
-                time.sleep(0.5)
+    with openenv_server(a.url, token, tmp_path, "--task", "cli-write-note") as port:
         out = example("openenv_session.py", "--url", f"http://127.0.0.1:{port}")
-        assert "terminated: done True, reward 1.0" in out, out
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-        log.close()
+    assert "terminated: done True, reward 1.0" in out, out
