@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from osfleet.tasks import evaluators
 from osfleet.tasks.assets import AssetStore
@@ -71,7 +71,7 @@ from osfleet.tasks.osworld_spec import (
 
 INFEASIBLE = "infeasible"
 METRICS = (*evaluators.METRICS, INFEASIBLE)
-MAX_CRITERIA = 8
+MAX_CRITERIA = 5  # the most funcs one of OSWorld's task files joins (each more makes the published schema larger)
 MAX_STEPS = 32
 COMMAND_TIMEOUT_SECONDS = 120.0  # OSWorld's server gives each executed command this long
 CHROME_PROFILE = "/home/user/.config/google-chrome"  # where OSWorld's Chrome getters and set-up look
@@ -88,6 +88,7 @@ OPENERS = {
 }
 
 Metric = Literal[METRICS]  # type: ignore[valid-type]
+ListedMetric = Literal[tuple(evaluators.METRICS)]  # type: ignore[valid-type]  # (infeasible stands alone)
 Options = dict[str, Any]
 Resolve = Callable[[str], str]  # an asset URL -> its sha256 in the store (or raises MissingAssetError)
 
@@ -96,10 +97,30 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _evaluator_schema(schema: dict[str, Any]) -> None:
+    """What ``Evaluator._paired`` checks, for the published schema: a result unless the task is infeasible,
+    and one result (and expected) per func: objects for a single func, lists as long as a list of funcs."""
+    one = {"type": "object"}
+    rules: list[dict[str, Any]] = [
+        {"if": {"properties": {"func": {"not": {"const": INFEASIBLE}}}}, "then": {"required": ["result"]}},
+        {
+            "if": {"properties": {"func": {"type": "string"}}},
+            "then": {"properties": {"result": one, "expected": one}},
+        },
+    ]
+    for k in range(1, MAX_CRITERIA + 1):
+        n = {"type": "array", "minItems": k, "maxItems": k}
+        rules.append({"if": {"properties": {"func": n}}, "then": {"properties": {"result": n, "expected": n}}})
+    schema["allOf"] = rules
+
+
 class Evaluator(Open):
-    func: Metric | Annotated[list[Metric], Field(min_length=1, max_length=MAX_CRITERIA)]
-    result: Getter | Annotated[list[Getter], Field(min_length=1, max_length=MAX_CRITERIA)] | None = None
-    expected: Getter | Annotated[list[Getter | None], Field(min_length=1, max_length=MAX_CRITERIA)] | None = None
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_evaluator_schema)
+
+    func: Metric | Annotated[list[ListedMetric], Field(min_length=1, max_length=MAX_CRITERIA)]  # type: ignore[valid-type]
+    # Absent rather than null (pydantic does not check defaults): the published schema allows no null here.
+    result: Getter | Annotated[list[Getter], Field(min_length=1, max_length=MAX_CRITERIA)] = None  # type: ignore[assignment]
+    expected: Getter | Annotated[list[Getter | None], Field(min_length=1, max_length=MAX_CRITERIA)] = None  # type: ignore[assignment]
     options: Options | Annotated[list[Options | None], Field(max_length=MAX_CRITERIA)] = Field(
         {}, description="the metric's options: one object for a single func, or one per func (null: none)"
     )
@@ -110,16 +131,12 @@ class Evaluator(Open):
     def _paired(self) -> Evaluator:
         if self.func == INFEASIBLE:
             return self
-        if isinstance(self.func, list) and INFEASIBLE in self.func:
-            raise ValueError("infeasible is a whole evaluator of its own, not one of several funcs")
         if self.result is None:
             raise ValueError("an OSWorld evaluator needs a result getter for its func")
         several = isinstance(self.func, list)
-        for key in ("result", "expected", "options"):
+        for key in ("result", "expected"):
             value = getattr(self, key)
-            if value is None or (key == "options" and value == {}):
-                continue
-            if isinstance(value, list) != several or (several and len(value) != len(self.func)):
+            if value is not None and (isinstance(value, list) != several or (several and len(value) != len(self.func))):
                 raise ValueError(f"an OSWorld evaluator needs one {key} per func (all lists, or none)")
         return self
 
@@ -169,10 +186,11 @@ def _window_step(step: WindowStep) -> Run:
 
 
 def _command(command: str | list[str], shell: Any) -> str:
+    """The command line; one shlex cannot split (an open quote) fails when it runs, as on OSWorld's server."""
     try:
         return shell_command(command, shell)
-    except ValueError as exc:  # shlex cannot split it (an open quote)
-        raise TaskError(f"bad OSWorld task: command {command!r} cannot be split into arguments ({exc})") from None
+    except ValueError as exc:
+        return f"echo {shlex.quote(f'cannot split {command!r} into arguments: {exc}')} >&2; exit 2"
 
 
 def _steps(step: AnyStep, sha: Resolve) -> list[SetupStep]:
@@ -222,13 +240,14 @@ def _getter_spec(getter: AnyGetter, sha: Resolve) -> dict[str, Any]:
     """The getter as the runner's getters read it: paths resolved as OSWorld's server would, cloud files
     checked against the store now (refused naming the URL, rather than at evaluation)."""
     spec = getter.model_dump(mode="json", by_alias=True)
-    for flag in ("multi", "time_suffix", "needDeleteId", "split_list", "shell"):
+    for flag in ("time_suffix", "needDeleteId", "split_list", "shell"):
         if flag in spec:
             spec[flag] = truthy(spec[flag])
     if isinstance(getter, VmFile | CloudFile):
+        # Several files exactly when ``path`` is a list (OSWorld's ``multi`` flag with a single path would make it
+        # fetch each character of the path; a list without the flag would be one file named by a list).
+        spec["multi"] = isinstance(getter.path, list)
         paths = _as_list(getter.path)
-        if truthy(getter.multi) != isinstance(getter.path, list):
-            raise TaskError(f"bad OSWorld task: a {getter.type} getter's path is a list exactly when multi is true")
         if isinstance(getter, CloudFile):
             for url in paths:
                 sha(url)
@@ -258,7 +277,7 @@ def _options(ev: Evaluator, n: int) -> list[Options]:
     """One options object per func (OSWorld gives a single func its object as it is; null in a list is none)."""
     if isinstance(ev.options, dict):
         return [ev.options] * n
-    return [o or {} for o in ev.options] + [{}] * (n - len(ev.options))
+    return ([o or {} for o in ev.options] + [{}] * n)[:n]
 
 
 def _criteria(ev: Evaluator, sha: Resolve) -> list[Criterion]:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from osfleet.errors import OsfleetError
 from osfleet.tasks.assets import AssetStore
+from osfleet.wire import JsonInt, integral
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +69,13 @@ def _stored_urls(*fields: str) -> Any:
             urls = []
         for name in fields:
             prop = schema["properties"][name]
-            target = prop["items"] if prop.get("type") == "array" else prop
-            if urls:
-                target["enum"] = urls
-            else:
-                target["maxLength"] = 0  # with minLength 1: nothing can be asked for here
-                target["minLength"] = 1
+            for branch in prop.get("anyOf", [prop]):  # a URL, or a list of URLs
+                target = branch["items"] if branch.get("type") == "array" else branch
+                if urls:
+                    target["enum"] = urls
+                else:
+                    target["maxLength"] = 0  # with minLength 1: nothing can be asked for here
+                    target["minLength"] = 1
 
     return hook
 
@@ -240,7 +242,9 @@ class _Files(Open):
     """One file, or with ``multi`` several (``path`` and ``dest`` lists); ``gives``: which reach the metric."""
 
     multi: Flag = False
-    gives: Annotated[list[Annotated[int, Field(ge=0, le=63)]], Field(min_length=1, max_length=64)] = [0]
+    gives: Annotated[
+        list[Annotated[int, Field(ge=0, le=63), BeforeValidator(integral)]], Field(min_length=1, max_length=64)
+    ] = [0]
 
 
 class VmFile(_Files):
@@ -360,7 +364,7 @@ class VscodeConfig(Open):
 class SlideMedia(Open):
     type: Literal["audio_in_slide", "background_image_in_slide"]
     ppt_file_path: GuestPath
-    slide_index: int | str
+    slide_index: JsonInt | str
     dest: str = "media"
 
 
@@ -395,7 +399,7 @@ class UrlPathParse(Open):
 class UrlDashPart(Open):
     type: Literal["url_dashPart"]
     goto_prefix: str = "https://"
-    partIndex: int | str  # noqa: N815 (OSWorld's keys)
+    partIndex: JsonInt | str  # noqa: N815 (OSWorld's keys)
     needDeleteId: Flag = False  # noqa: N815
     returnType: Literal["string", "json"]  # noqa: N815
     key: str = ""

@@ -28,7 +28,7 @@ import urllib.request
 import zipfile
 from xml.etree import ElementTree
 
-DEVTOOLS = "http://127.0.0.1:1337"
+DEVTOOLS = "http://127.0.0.1:" + os.environ.get("OSFLEET_DEVTOOLS_PORT", "1337")  # the office image's port
 HOME = os.path.expanduser("~")
 PROFILE = os.path.join(HOME, ".config", "google-chrome")
 DEFAULT = os.path.join(PROFILE, "Default")
