@@ -96,29 +96,30 @@ def osworld(**over: object) -> dict[str, object]:
     return task
 
 
-def test_osworld_subset_converts() -> None:
+def test_osworld_task_converts() -> None:
     t = parse_task(osworld())
-    assert t.source == "osworld" and [s.type for s in t.setup] == ["run", "sleep", "launch", "launch", "run", "run"]
-    assert [c.check.type for c in t.criteria] == ["command_output", "file_content"]
+    kinds = ["run", "sleep", "launch", "run", "launch", "run", "run"]  # open: the file exists, launch, wait
+    assert t.source == "osworld" and [s.type for s in t.setup] == kinds
+    assert [c.check.type for c in t.criteria] == ["osworld", "osworld"] and t.osworld and t.osworld.conj == "and"
     assert t.setup[0].command == "touch /tmp/x"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"config": [{"type": "chrome_open_tabs", "parameters": {}}]}, "set-up type 'chrome_open_tabs'"),
-        ({"evaluator": {"func": "compare_pdfs", "result": {}, "expected": {}}}, "metric 'compare_pdfs'"),
+        ({"config": [{"type": "login", "parameters": {}}]}, "set-up type 'login': logs in to a web service"),
+        ({"evaluator": {"func": "no_such_metric", "result": {}, "expected": {}}}, "metric 'no_such_metric'"),
         (
             {
                 "evaluator": {
                     "func": "exact_match",
-                    "result": {"type": "vm_wallpaper"},
+                    "result": {"type": "googledrive_file"},
                     "expected": {"type": "rule", "rules": {}},
                 }
             },
-            "result type 'vm_wallpaper'",
+            "result type 'googledrive_file'",
         ),
-        ({"evaluator": {"func": ["exact_match"], "conj": "or", "result": [], "expected": []}}, "conj 'or'"),
+        ({"evaluator": {"func": ["exact_match"], "conj": "xor", "result": [], "expected": []}}, "conj 'xor'"),
     ],
 )
 def test_unsupported_osworld_types_are_refused_by_name(change: dict[str, object], named: str) -> None:
