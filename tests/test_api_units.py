@@ -375,3 +375,37 @@ def test_fork_needs_the_parents_lease_and_room(fake: FakeHost, client: TestClien
     r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 0}, headers=AUTH)
     assert r.status_code == 422
     assert fake.forked == []
+
+
+INFEASIBLE = {"id": "impossible", "instruction": "Make Chrome play DVDs.", "evaluator": {"func": "infeasible"}}
+
+
+def test_osworld_special_actions() -> None:
+    p = parse("FAIL")
+    assert p.finish and p.declared_infeasible and not p.actions
+    assert parse("DONE").finish and not parse("DONE").declared_infeasible
+    assert parse("WAIT").actions[0].type == "wait" and not parse("WAIT").finish
+    assert not parse("FAIL&click(1,2)").declared_infeasible  # only the last action says it, as in OSWorld
+
+
+def test_an_infeasible_task_scores_the_agents_declared_failure(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(2)
+    rid, lid = _lease(client)
+    reset = {"lease_id": lid, "task": INFEASIBLE}
+    assert client.post(f"/v1/replicas/{rid}/reset", json=reset, headers=AUTH).status_code == 200
+
+    def step(action_id: str, actions: list[dict[str, object]]) -> float:
+        body = {"lease_id": lid, "action_id": action_id, "actions": actions}
+        assert client.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH).status_code == 200
+        r = client.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        return float(r.json()["reward"])
+
+    assert step("a1", [{"type": "click", "x": 1, "y": 1}]) == 0.0
+    assert step("a2", [{"type": "terminate", "status": "failure"}]) == 1.0
+    assert step("a3", [{"type": "terminate", "status": "success"}]) == 0.0  # the last action counts
+    # Through OSGym, OSWorld's own FAIL action ends the episode with its score.
+    r = client.post("/reset", json={"task_config": INFEASIBLE, "timeout": 600}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    r = client.post("/step", json={"action": "FAIL", "vm_id": r.json()["vm_id"]}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["is_finish"] and r.json()["reward"] == 1.0

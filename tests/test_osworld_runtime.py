@@ -474,3 +474,94 @@ def test_chrome_profile_getters_and_browse_history(
     ((url, title, stamp),) = get(guest, {"type": "history", "dest": "h.sqlite"}, tmp_path, store)
     now_us = (time.time() + 11644473600) * 1e6
     assert (url, title) == (items[0]["url"], "Song") and abs(now_us - 3600e6 - stamp) < 60e6
+
+
+# --- the accessibility tree (AT-SPI) ---------------------------------------------------------------------------
+GTK_APP = """
+import gi
+gi.require_version("Gtk", "3.0")
+from gi.repository import Gtk
+w = Gtk.Window(title="osfleet a11y")
+box = Gtk.Box(orientation=Gtk.Orientation.VERTICAL)
+box.add(Gtk.Label(label="Hello label"))
+box.add(Gtk.Button(label="Press me"))
+entry = Gtk.Entry()
+entry.set_text("typed text")
+box.add(entry)
+w.add(box)
+w.show_all()
+Gtk.main()
+"""
+
+
+class DesktopGuest:
+    """A desktop on Xvfb with its own D-Bus session and AT-SPI bus; commands get only DISPLAY and HOME, as the
+    guest agent's do (the query script finds the session's bus itself)."""
+
+    def __init__(self, display: str, home: Path) -> None:
+        self.display, self.home = display, home
+
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        env = {"PATH": f"{Path(DEBIAN_PYTHON).parent}:/bin", "DISPLAY": self.display, "HOME": str(self.home)}
+        p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout, env=env)
+        return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
+        return Path(path).read_bytes()[:limit]
+
+
+@pytest.fixture
+def desktop(tmp_path: Path) -> Iterator[DesktopGuest]:
+    needed = ["/usr/bin/Xvfb", "/usr/bin/dbus-run-session", "/usr/libexec/at-spi-bus-launcher"]
+    if not all(Path(p).exists() for p in needed):
+        pytest.fail(f"the AT-SPI test needs {', '.join(needed)} (scripts/setup installs them)")
+    n = next(
+        i
+        for i in range(140, 400)
+        if not Path(f"/tmp/.X11-unix/X{i}").exists() and not Path(f"/tmp/.X{i}-lock").exists()
+    )
+    (tmp_path / "app.py").write_text(GTK_APP)
+    session = (
+        f"Xvfb :{n} -screen 0 1024x768x24 & sleep 1; export DISPLAY=:{n}; "
+        "/usr/libexec/at-spi-bus-launcher --launch-immediately & sleep 1; "
+        f"exec {DEBIAN_PYTHON} {tmp_path / 'app.py'}"
+    )
+    proc = subprocess.Popen(
+        ["dbus-run-session", "--", "sh", "-c", session], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    guest = DesktopGuest(f":{n}", tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while "Hello label" not in _tree(guest):
+            assert time.monotonic() < deadline, "the test desktop did not come up"
+            time.sleep(0.5)
+        yield guest
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(10)
+
+
+def _tree(guest: DesktopGuest) -> str:
+    from osfleet.tasks import guest_query
+
+    try:
+        return str(guest_query.ask(guest, "r", "accessibility_tree", {}, 20))
+    except guest_query.GuestQueryError:
+        return ""
+
+
+def test_the_accessibility_tree_comes_from_at_spi(desktop: DesktopGuest, store: AssetStore, tmp_path: Path) -> None:
+    import lxml.etree
+
+    xml = get(desktop, {"type": "accessibility_tree"}, tmp_path, store)  # type: ignore[arg-type]
+    tree = lxml.etree.fromstring(xml.encode())
+    ns = {
+        "st": "https://accessibility.ubuntu.example.org/ns/state",
+        "cp": "https://accessibility.ubuntu.example.org/ns/component",
+    }
+    (label,) = tree.xpath('//frame[@name="osfleet a11y"]//label', namespaces=ns)
+    assert label.text == "Hello label" and label.get(f"{{{ns['st']}}}showing") == "true"
+    (button,) = tree.xpath('//push-button[@name="Press me"]', namespaces=ns)
+    assert button.get(f"{{{ns['cp']}}}size") and tree.xpath('//text[text()="typed text"]')
+    assert get(desktop, {"type": "vm_terminal_output"}, tmp_path, store) is None  # type: ignore[arg-type]  # no terminal

@@ -521,7 +521,31 @@ def _a11y_node(node, depth, budget, pyatspi):
     return element
 
 
+def _session_bus():
+    """The desktop session's D-Bus address, which AT-SPI is found through: a command started by the guest agent
+    does not inherit it, so it is taken from a process of this user that has it (the session's own)."""
+    if os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+        return
+    uid = os.getuid()
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        address = env.get(b"DBUS_SESSION_BUS_ADDRESS")
+        if address:
+            os.environ["DBUS_SESSION_BUS_ADDRESS"] = address.decode("utf-8", "replace")
+            return
+    bus = f"/run/user/{uid}/bus"
+    if os.path.exists(bus):
+        os.environ["DBUS_SESSION_BUS_ADDRESS"] = f"unix:path={bus}"
+
+
 def _desktop_tree():
+    _session_bus()
     import pyatspi  # Debian's python3-pyatspi
 
     for prefix, uri in NS.items():
