@@ -448,7 +448,28 @@ NS = {
 MAX_DEPTH, MAX_WIDTH = 50, 1024
 
 
-def _a11y_node(node, depth, budget, pyatspi):
+def _showing_cells(node, depth, budget, pyatspi, flag):
+    """A spreadsheet's table as OSWorld's server reads it: only the cells on screen, found row by row from the
+    first showing one (a sheet has a million rows of thousands of cells)."""
+    columns = 16384  # LibreOffice 7.4 and later
+    found, base, index = [], None, 0
+    for row in range(1048576):
+        column = base or 0
+        for column in range(base or 0, columns):
+            cell = node[index + column]
+            if cell.getState().contains(pyatspi.STATE_SHOWING):
+                if base is None:
+                    base = column
+                found.append(_a11y_node(cell, depth + 1, budget, pyatspi, flag))
+            elif base is not None or column >= 500:
+                break
+        if (base is not None and column == base) or (base is None and row >= 500) or budget[0] <= 0:
+            break
+        index += columns
+    return found
+
+
+def _a11y_node(node, depth, budget, pyatspi, flag=None):
     """One AT-SPI node as OSWorld's server writes it: the role as the tag, ``name``, states, attributes,
     screen position and size of what is showing, text, value and actions, in its namespaces."""
     budget[0] -= 1
@@ -505,17 +526,22 @@ def _a11y_node(node, depth, budget, pyatspi):
             attrs[f"{{{NS['act']}}}{name}_kb"] = action.getKeyBinding(i)
     except Exception:  # noqa: BLE001
         pass
-    role = (node.getRoleName() or "").strip() or "unknown"
-    element = ElementTree.Element(role.replace(" ", "-"), attrs)
+    raw = (node.getRoleName() or "").strip()
+    role = (raw or "unknown").replace(" ", "-")
+    flag = flag or ("calc" if raw == "document spreadsheet" else None)
+    element = ElementTree.Element(role, attrs)
     if text:
         element.text = text
     if depth < MAX_DEPTH:
         try:
+            if flag == "calc" and role == "table":
+                element.extend(_showing_cells(node, depth, budget, pyatspi, flag))
+                return element
             for i, child in enumerate(node):
                 if i == MAX_WIDTH or budget[0] <= 0:
                     break
                 if child is not None:
-                    element.append(_a11y_node(child, depth + 1, budget, pyatspi))
+                    element.append(_a11y_node(child, depth + 1, budget, pyatspi, flag))
         except Exception:  # noqa: BLE001 (an application went away while it was read)
             pass
     return element
