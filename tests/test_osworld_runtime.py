@@ -565,3 +565,12 @@ def test_the_accessibility_tree_comes_from_at_spi(desktop: DesktopGuest, store: 
     (button,) = tree.xpath('//push-button[@name="Press me"]', namespaces=ns)
     assert button.get(f"{{{ns['cp']}}}size") and tree.xpath('//text[text()="typed text"]')
     assert get(desktop, {"type": "vm_terminal_output"}, tmp_path, store) is None  # type: ignore[arg-type]  # no terminal
+
+
+def test_without_chrome_the_active_url_is_none_soon(tmp_path: Path, store: AssetStore) -> None:
+    guest = NamespaceGuest(tmp_path / "guest", {"OSFLEET_DEVTOOLS_PORT": str(_free_port())})
+    start = time.monotonic()
+    assert get(guest, {"type": "active_url_from_accessTree", "goto_prefix": "https://www."}, tmp_path, store) is None
+    assert time.monotonic() - start < 15  # it does not wait out the criterion's whole time
+    with pytest.raises(GetterValueError, match="DevTools port did not answer"):
+        get(guest, {"type": "open_tabs_info"}, tmp_path, store, timeout=8)  # tried to start google-chrome first

@@ -54,16 +54,30 @@ def _http(path, method="GET", timeout=5.0):
         return json.loads(resp.read().decode("utf-8", "replace") or "null")
 
 
-def _wait_devtools(deadline):
-    """The browser's /json/version, waiting (bounded) for Chrome to open its DevTools port."""
-    last = None
+def _wait_devtools(deadline, launch=False):
+    """The browser's /json/version, waiting (bounded) for Chrome to open its DevTools port. ``launch``: start
+    Chrome when it does not answer within a few seconds, as OSWorld's getters do when they cannot connect."""
+    import subprocess
+
+    last, started, asked = "", False, time.monotonic()
     while True:
         try:
             return _http("/json/version", timeout=min(5.0, max(deadline.left(), 0.5)))
         except (OSError, ValueError) as exc:
-            last = exc
+            last = f"{exc}{last[last.find('; starting') :] if '; starting' in last else ''}"
         if deadline.over():
-            raise RuntimeError(f"Chrome's DevTools port 1337 did not answer: {last}")
+            raise RuntimeError(f"Chrome's DevTools port did not answer: {last}")
+        if launch and not started and time.monotonic() - asked > 3:
+            port = DEVTOOLS.rsplit(":", 1)[1]
+            started = True
+            try:
+                subprocess.Popen(
+                    ["google-chrome", f"--remote-debugging-port={port}"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )  # fmt: skip
+            except OSError as exc:
+                last = f"{last}; starting google-chrome: {exc}"
         time.sleep(min(1.0, deadline.left()))
 
 
@@ -93,8 +107,8 @@ class Session:
             self.ws.close()
 
 
-def _browser(deadline):
-    return Session(_wait_devtools(deadline)["webSocketDebuggerUrl"], deadline)
+def _browser(deadline, launch=False):
+    return Session(_wait_devtools(deadline, launch)["webSocketDebuggerUrl"], deadline)
 
 
 def _pages(browser):
@@ -200,7 +214,7 @@ def chrome_close_tabs(args, deadline):
 
 def chrome_tabs(args, deadline):
     """OSWorld's open_tabs_info: title and URL of every tab, each after it has loaded (bounded)."""
-    browser = _browser(deadline)
+    browser = _browser(deadline, launch=True)
     try:
         pages = _pages(browser)
         out = []
@@ -222,14 +236,18 @@ def chrome_tabs(args, deadline):
 
 
 def chrome_active_url(args, deadline):
-    """The URL of the tab the user looked at last: DevTools lists targets most recently active first."""
-    _wait_devtools(deadline)
+    """The URL of the tab the user looked at last: DevTools lists targets most recently active first. None when
+    Chrome is not running (OSWorld then finds no address bar in the accessibility tree)."""
+    try:
+        _wait_devtools(Deadline(min(deadline.left(), 5.0)))
+    except RuntimeError:
+        return None
     pages = [t for t in _http("/json/list") if t.get("type") == "page"]
     return pages[0]["url"] if pages else None
 
 
 def _with_new_tab(url, deadline, work):
-    browser = _browser(deadline)
+    browser = _browser(deadline, launch=True)
     target = None
     try:
         target = browser.call("Target.createTarget", url="about:blank")["targetId"]
@@ -265,7 +283,7 @@ def chrome_page(args, deadline):
 def chrome_html_parse(args, deadline):
     """OSWorld's active_tab_html_parse: texts from the open tab whose URL is the active one (``js``: the
     extraction, html_parse.js, which the host sends along)."""
-    _wait_devtools(deadline)
+    _wait_devtools(deadline, launch=True)
 
     def norm(url):
         return urllib.parse.unquote(url or "").rstrip("/")
