@@ -77,7 +77,7 @@ def _wait_devtools(deadline, launch=False):
                     start_new_session=True,
                 )  # fmt: skip
             except OSError as exc:
-                last = f"{last}; starting google-chrome: {exc}"
+                note = f"; starting google-chrome: {exc}"
         time.sleep(min(1.0, deadline.left()))
 
 
