@@ -59,14 +59,14 @@ def _wait_devtools(deadline, launch=False):
     Chrome when it does not answer within a few seconds, as OSWorld's getters do when they cannot connect."""
     import subprocess
 
-    last, started, asked = "", False, time.monotonic()
+    error, note, started, asked = "", "", False, time.monotonic()
     while True:
         try:
             return _http("/json/version", timeout=min(5.0, max(deadline.left(), 0.5)))
         except (OSError, ValueError) as exc:
-            last = f"{exc}{last[last.find('; starting') :] if '; starting' in last else ''}"
+            error = str(exc)
         if deadline.over():
-            raise RuntimeError(f"Chrome's DevTools port did not answer: {last}")
+            raise RuntimeError(f"Chrome's DevTools port did not answer: {error}{note}")
         if launch and not started and time.monotonic() - asked > 3:
             port = DEVTOOLS.rsplit(":", 1)[1]
             started = True
