@@ -315,3 +315,24 @@ def test_a_broken_asset_index_leaves_the_schema_without_downloads(home: Path) ->
     assert '"maxLength": 0' in json.dumps(OsworldTask.model_json_schema())
     with pytest.raises(AssetError, match="unreadable"):
         AssetStore.from_settings().resolve(URL)
+
+
+def test_an_unsupported_feature_is_a_422_naming_it_and_one_cli_line(home: Path, tmp_path: Path) -> None:
+    task = {"id": "t", "instruction": "x", "config": [{"type": "googledrive", "parameters": {}}]}
+    task["evaluator"] = {"func": "infeasible"}
+    fake = FakeHost(tmp_path, ready=1)
+    auth = {"Authorization": "Bearer t"}
+    with TestClient(create_app(AgentConfig(token="t", warm=0), lambda: fake)) as c:
+        r = c.post("/v1/leases", json={"holder": "t"}, headers=auth)
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        r = c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": task}, headers=auth)
+        assert r.status_code == 422 and "set-up type 'googledrive': needs a Google Drive account" in r.json()["error"]
+        r = c.post("/reset", json={"task_config": task, "timeout": 60}, headers=auth)
+        assert r.status_code == 422 and "googledrive" in r.json()["error"]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(task))
+    r = CliRunner().invoke(cli, ["tasks", "validate", "--file", str(f)])
+    assert r.exit_code != 0 and r.output.strip().splitlines() == [
+        "osfleet: error: unsupported OSWorld set-up type 'googledrive': needs a Google Drive account and the "
+        "internet (OSWorld's googledrive set-up)"
+    ]

@@ -149,6 +149,17 @@ class OsworldTask(Open):
     config: Annotated[list[OsworldStep], Field(max_length=MAX_STEPS)] = []
     evaluator: Evaluator
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        """A feature osfleet does not run is named with its reason (a 422 through the API), before the
+        schema's more generic complaint about an unexpected tag."""
+        if isinstance(data, dict):
+            problems = _feature_problems(data, METRICS)
+            if problems:
+                raise ValueError(f"unsupported OSWorld {problems[0]}")
+        return data
+
 
 def _posix_regex(text: str) -> str:
     """``text`` as a literal in a POSIX extended regular expression (xdotool's --name)."""
