@@ -96,29 +96,30 @@ def osworld(**over: object) -> dict[str, object]:
     return task
 
 
-def test_osworld_subset_converts() -> None:
+def test_osworld_task_converts() -> None:
     t = parse_task(osworld())
-    assert t.source == "osworld" and [s.type for s in t.setup] == ["run", "sleep", "launch", "launch", "run", "run"]
-    assert [c.check.type for c in t.criteria] == ["command_output", "file_content"]
+    kinds = ["run", "sleep", "launch", "run", "launch", "run", "run"]  # open: the file exists, launch, wait
+    assert t.source == "osworld" and [s.type for s in t.setup] == kinds
+    assert [c.check.type for c in t.criteria] == ["osworld", "osworld"] and t.osworld and t.osworld.conj == "and"
     assert t.setup[0].command == "touch /tmp/x"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"config": [{"type": "chrome_open_tabs", "parameters": {}}]}, "set-up type 'chrome_open_tabs'"),
-        ({"evaluator": {"func": "compare_image_text", "result": {}, "expected": {}}}, "metric 'compare_image_text'"),
+        ({"config": [{"type": "login", "parameters": {}}]}, "set-up type 'login': logs in to a web service"),
+        ({"evaluator": {"func": "no_such_metric", "result": {}, "expected": {}}}, "metric 'no_such_metric'"),
         (
             {
                 "evaluator": {
                     "func": "exact_match",
-                    "result": {"type": "vm_wallpaper"},
+                    "result": {"type": "googledrive_file"},
                     "expected": {"type": "rule", "rules": {}},
                 }
             },
-            "result type 'vm_wallpaper'",
+            "result type 'googledrive_file'",
         ),
-        ({"evaluator": {"func": ["exact_match"], "conj": "or", "result": [], "expected": []}}, "conj 'or'"),
+        ({"evaluator": {"func": ["exact_match"], "conj": "xor", "result": [], "expected": []}}, "conj 'xor'"),
     ],
 )
 def test_unsupported_osworld_types_are_refused_by_name(change: dict[str, object], named: str) -> None:
@@ -374,3 +375,37 @@ def test_fork_needs_the_parents_lease_and_room(fake: FakeHost, client: TestClien
     r = client.post(f"/v1/replicas/{rid}/fork", json={"lease_id": lid, "children": 0}, headers=AUTH)
     assert r.status_code == 422
     assert fake.forked == []
+
+
+INFEASIBLE = {"id": "impossible", "instruction": "Make Chrome play DVDs.", "evaluator": {"func": "infeasible"}}
+
+
+def test_osworld_special_actions() -> None:
+    p = parse("FAIL")
+    assert p.finish and p.declared_infeasible and not p.actions
+    assert parse("DONE").finish and not parse("DONE").declared_infeasible
+    assert parse("WAIT").actions[0].type == "wait" and not parse("WAIT").finish
+    assert not parse("FAIL&click(1,2)").declared_infeasible  # only the last action says it, as in OSWorld
+
+
+def test_an_infeasible_task_scores_the_agents_declared_failure(fake: FakeHost, client: TestClient) -> None:
+    fake.up_async(2)
+    rid, lid = _lease(client)
+    reset = {"lease_id": lid, "task": INFEASIBLE}
+    assert client.post(f"/v1/replicas/{rid}/reset", json=reset, headers=AUTH).status_code == 200
+
+    def step(action_id: str, actions: list[dict[str, object]]) -> float:
+        body = {"lease_id": lid, "action_id": action_id, "actions": actions}
+        assert client.post(f"/v1/replicas/{rid}/step", json=body, headers=AUTH).status_code == 200
+        r = client.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        return float(r.json()["reward"])
+
+    assert step("a1", [{"type": "click", "x": 1, "y": 1}]) == 0.0
+    assert step("a2", [{"type": "terminate", "status": "failure"}]) == 1.0
+    assert step("a3", [{"type": "terminate", "status": "success"}]) == 0.0  # the last action counts
+    # Through OSGym, OSWorld's own FAIL action ends the episode with its score.
+    r = client.post("/reset", json={"task_config": INFEASIBLE, "timeout": 600}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    r = client.post("/step", json={"action": "FAIL", "vm_id": r.json()["vm_id"]}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["is_finish"] and r.json()["reward"] == 1.0

@@ -223,7 +223,7 @@ def test_each_refusal_is_one_clear_exception(agent: Agent) -> None:
         async with AsyncFleet(url_of(agent), TOKEN) as fleet, fleet.lease() as s:
             with pytest.raises(NotFoundError, match="no built-in task 'no-such-task'"):
                 await s.reset("no-such-task")
-            with pytest.raises(InvalidTaskError, match="evaluator"):
+            with pytest.raises(InvalidTaskError, match="unsupported OSWorld metric .no_such_metric."):
                 await s.reset({"id": "x", "instruction": "y", "evaluator": {"func": "no_such_metric"}})
             with pytest.raises(InvalidActionError, match="off the 64x40 screen"):
                 await s.step({"type": "click", "x": 5000, "y": 5})

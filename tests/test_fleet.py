@@ -30,7 +30,7 @@ TASK = {
     "evaluator": {
         "func": "exact_match",
         "result": {"type": "vm_command_line", "command": "check"},
-        "expected": {"type": "rule", "rules": {"expected": "yes"}},
+        "expected": {"type": "rule", "rules": {"expected": "yes\n"}},  # OSWorld's exact_match: the whole output
     },
 }
 

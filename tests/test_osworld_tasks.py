@@ -126,8 +126,9 @@ def test_download_and_cloud_file_resolve_through_the_store(home: Path, tmp_path:
         from_osworld(calc_task(doc))
     store.add(GOLD, workbook(tmp_path / "gold.xlsx", [["a", 1], ["b", 2], ["total", 3]]))
     task = from_osworld(calc_task(doc))
-    put, launch, wait = task.setup
+    put, exists, launch, wait = task.setup
     assert isinstance(put, PutFile) and put.sha256 == store.resolve(URL).sha256 and put.path == doc
+    assert isinstance(exists, Run) and "test -e /home/user/budget.xlsx" in exists.command
     assert launch.type == "launch" and "libreoffice --calc /home/user/budget.xlsx" in launch.command
     assert isinstance(wait, Run) and "xdotool search" in wait.command
     assert [s.type for s in task.postconfig] == ["run", "run"]
@@ -192,7 +193,10 @@ def test_getters_command_line_rule_and_window_size(home: Path, tmp_path: Path) -
     }
     task = from_osworld(data)
     ev = runner.evaluate(LocalGuest(), "r-1", task)  # type: ignore[arg-type]
-    assert [c.met for c in ev.criteria] == [True, False] and ev.reward == 0.5
+    assert [c.met for c in ev.criteria] == [True, False] and ev.reward == 0.0  # OSWorld's "and": a 0 makes it 0
+    data["evaluator"]["conj"] = "or"
+    ev = runner.evaluate(LocalGuest(), "r-1", from_osworld(data))  # type: ignore[arg-type]
+    assert [c.met for c in ev.criteria] == [True] and ev.reward == 1.0  # "or" stops at the first 1
 
 
 @pytest.mark.parametrize(
@@ -214,24 +218,25 @@ def test_unsupported_features_are_all_named(home: Path) -> None:
     data = {
         "id": "t",
         "instruction": "x",
-        "config": [{"type": "chrome_open_tabs", "parameters": {}}, {"type": "googledrive", "parameters": {}}],
+        "config": [{"type": "sparkle", "parameters": {}}, {"type": "googledrive", "parameters": {}}],
         "evaluator": {
-            "func": ["compare_hologram", "exact_match"],
-            "result": [{"type": "vm_file", "path": ["/a", "/b"], "multi": True}, {"type": "vm_wallpaper"}],
-            "expected": [{"type": "rule", "rules": {}}, {"type": "rule", "rules": {}}],
-            "conj": "or",
+            "func": ["no_such_metric", "exact_match"],
+            "result": [{"type": "vm_file", "path": ["/a", "/b"], "multi": True}, {"type": "googledrive_file"}],
+            "expected": [{"type": "rule", "rules": {}}, {"type": "calc_insensitive_md5"}],
+            "conj": "xor",
         },
     }
     assert unsupported_features(data) == [
-        "set-up type 'chrome_open_tabs'",
-        "set-up type 'googledrive'",
-        "metric 'compare_hologram'",
-        "conj 'or'",
-        "result 'vm_file' with several files (multi)",
-        "result type 'vm_wallpaper'",
+        "set-up type 'sparkle' (OSWorld has none by that name)",
+        "set-up type 'googledrive': needs a Google Drive account and the internet (OSWorld's googledrive set-up)",
+        "metric 'no_such_metric' (osfleet has no such metric yet)",
+        "conj 'xor' (OSWorld has and, or)",
+        "result type 'googledrive_file': reads a file from a Google Drive account over the internet",
+        "expected type 'calc_insensitive_md5' (OSWorld has none by that name)",
     ]
-    with pytest.raises(UnsupportedTaskError, match="chrome_open_tabs"):
+    with pytest.raises(UnsupportedTaskError, match="sparkle"):
         from_osworld(data)
+    assert unsupported_features(data, metrics=["no_such_metric", "exact_match"])[2].startswith("conj")
 
 
 def test_published_schema_lists_the_stored_urls(home: Path, tmp_path: Path) -> None:
@@ -262,7 +267,7 @@ def make_bundle(root: Path) -> Path:
     )
     (root / "calc").mkdir()
     (root / "calc" / "ok.json").write_text(json.dumps(calc_task("/home/user/budget.xlsx")))
-    bad = calc_task("/home/user/budget.xlsx", func="compare_hologram")
+    bad = calc_task("/home/user/budget.xlsx", func="no_such_metric")
     (root / "calc" / "bad.json").write_text(json.dumps(bad))
     (root / "calc" / "broken.json").write_text("{")
     return root
@@ -271,7 +276,8 @@ def make_bundle(root: Path) -> Path:
 def test_import_reports_each_task_and_adds_the_bundle_assets(home: Path, tmp_path: Path) -> None:
     report = import_folder(make_bundle(tmp_path / "bundle"))
     by_file = {t.file: t for t in report.tasks}
-    assert by_file["calc/ok.json"].supported and by_file["calc/bad.json"].unsupported == ["metric 'compare_hologram'"]
+    assert by_file["calc/ok.json"].supported and by_file["calc/ok.json"].features_supported
+    assert by_file["calc/bad.json"].unsupported == ["metric 'no_such_metric' (osfleet has no such metric yet)"]
     assert by_file["calc/broken.json"].unsupported[0].startswith("not JSON")
     assert report.summary["supported"] == 1 and report.summary["tasks"] == 3 and report.assets_added == 2
     with pytest.raises(TaskError, match="no task JSON"):
@@ -284,9 +290,12 @@ def test_import_and_assets_commands(home: Path, tmp_path: Path) -> None:
     r = cli_runner.invoke(cli, ["tasks", "import", str(bundle), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out["summary"]["supported"] == 1 and out["summary"]["unsupported_features"]["metric 'compare_hologram'"] == 1
+    assert out["summary"]["supported"] == 1
+    assert out["summary"]["unsupported_features"]["metric 'no_such_metric' (osfleet has no such metric yet)"] == 1
+    task = next(t for t in out["tasks"] if t["file"] == "calc/ok.json")
+    assert task["features_supported"] and task["missing_assets"] == [] and task["id"] == "calc-total"
     r = cli_runner.invoke(cli, ["tasks", "import", str(bundle)])
-    assert "1 of 3 tasks supported" in r.output and "unsupported  calc/bad.json: metric 'compare_hologram'" in r.output
+    assert "1 of 3 tasks supported" in r.output and "unsupported  calc/bad.json: metric 'no_such_metric'" in r.output
     f = tmp_path / "x.txt"
     f.write_text("x")
     r = cli_runner.invoke(cli, ["tasks", "assets", "add", "https://example.test/x.txt", str(f)])
@@ -306,3 +315,24 @@ def test_a_broken_asset_index_leaves_the_schema_without_downloads(home: Path) ->
     assert '"maxLength": 0' in json.dumps(OsworldTask.model_json_schema())
     with pytest.raises(AssetError, match="unreadable"):
         AssetStore.from_settings().resolve(URL)
+
+
+def test_an_unsupported_feature_is_a_422_naming_it_and_one_cli_line(home: Path, tmp_path: Path) -> None:
+    task = {"id": "t", "instruction": "x", "config": [{"type": "googledrive", "parameters": {}}]}
+    task["evaluator"] = {"func": "infeasible"}
+    fake = FakeHost(tmp_path, ready=1)
+    auth = {"Authorization": "Bearer t"}
+    with TestClient(create_app(AgentConfig(token="t", warm=0), lambda: fake)) as c:
+        r = c.post("/v1/leases", json={"holder": "t"}, headers=auth)
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        r = c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": task}, headers=auth)
+        assert r.status_code == 422 and "set-up type 'googledrive': needs a Google Drive account" in r.json()["error"]
+        r = c.post("/reset", json={"task_config": task, "timeout": 60}, headers=auth)
+        assert r.status_code == 422 and "googledrive" in r.json()["error"]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(task))
+    r = CliRunner().invoke(cli, ["tasks", "validate", "--file", str(f)])
+    assert r.exit_code != 0 and r.output.strip().splitlines() == [
+        "osfleet: error: unsupported OSWorld set-up type 'googledrive': needs a Google Drive account and the "
+        "internet (OSWorld's googledrive set-up)"
+    ]

@@ -31,7 +31,7 @@ TASK = {
     "evaluator": {
         "func": "exact_match",
         "result": {"type": "vm_command_line", "command": "check"},
-        "expected": {"type": "rule", "rules": {"expected": "yes"}},
+        "expected": {"type": "rule", "rules": {"expected": "yes\n"}},  # OSWorld's exact_match: the whole output
     },
 }
 META = {"model": "policy-7b", "tokens": {"in": 812, "out": 34}, "logprobs": [-0.12, -1.5]}

@@ -46,7 +46,7 @@ TASK = {
     "evaluator": {
         "func": "exact_match",
         "result": {"type": "vm_command_line", "command": "check"},
-        "expected": {"type": "rule", "rules": {"expected": "yes"}},
+        "expected": {"type": "rule", "rules": {"expected": "yes\n"}},  # OSWorld's exact_match: the whole output
     },
 }
 COLOURS = [(200, 30, 30), (30, 160, 60), (40, 80, 220), (230, 160, 0), (120, 40, 160)]

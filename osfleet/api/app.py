@@ -55,7 +55,7 @@ from osfleet.api.osgym_actions import parse as parse_osgym
 from osfleet.api.state import AgentState, LiveEpisode
 from osfleet.config import AgentConfig
 from osfleet.errors import OsfleetError, VirtError
-from osfleet.replicas.actions import ActionResult
+from osfleet.replicas.actions import ActionResult, Terminate
 from osfleet.replicas.episodes import AppliedStep, Episode, OsgymClient
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError
 from osfleet.replicas.input import InputError
@@ -243,10 +243,12 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
                     raise
                 took = time.monotonic() - start
                 s.metrics.step.observe(took)
+                last = req.actions[-1] if req.actions else None
                 applied = AppliedStep(
                     action_id=req.action_id,
                     done=any(a.type == "terminate" for a in req.actions),
                     results=[x.model_dump(mode="json") for x in results],
+                    declared_infeasible=isinstance(last, Terminate) and last.status == "failure",
                 )
                 live.data.remember(applied)
                 live.data.pending = None
@@ -322,7 +324,7 @@ def _native(state: Callable[[], AgentState]) -> APIRouter:
         with live.lock:
             task = s.task_of(live, rid)
             start = time.monotonic()
-            result = runner.evaluate(s.host, rid, task)
+            result = runner.evaluate(s.host, rid, task, live.data.declared_infeasible())
             s.metrics.evaluate.observe(time.monotonic() - start)
             if s.recorder is not None:
                 s.recorder.evaluated(rid, req.lease_id, result.reward, result.success)
@@ -418,7 +420,7 @@ def _osgym(state: Callable[[], AgentState]) -> APIRouter:
             reward = 0.0
             if parsed.finish:
                 start = time.monotonic()
-                evaluation = runner.evaluate(s.host, rid, task)
+                evaluation = runner.evaluate(s.host, rid, task, parsed.declared_infeasible)
                 reward = evaluation.reward
                 s.metrics.evaluate.observe(time.monotonic() - start)
                 if s.recorder is not None:

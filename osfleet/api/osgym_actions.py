@@ -3,8 +3,9 @@
 OSGym clients send pixel coordinates (they denormalise before sending) and join several actions with
 ``&``: ``click(x,y)``, ``left_double(x,y)``, ``right_single(x,y)``, ``drag(x1,y1,x2,y2)``,
 ``hotkey(a,b)``, ``type(text)``, ``scroll(x,y,d)`` (d > 0 up, d < 0 down; OSGym sends +-50),
-``wait()``, ``call_user()``, ``finish()``. Splitting on ``&`` happens only outside parentheses, so typed
-text may contain it.
+``wait()``, ``call_user()``, ``finish()``; and OSWorld's bare ``WAIT``, ``DONE`` and ``FAIL`` (``FAIL``: the agent
+declares the task infeasible; the episode ends and is scored as OSWorld scores it). Splitting on ``&`` happens
+only outside parentheses, so typed text may contain it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from osfleet.replicas.actions import ACTIONS, Action
 
 WAIT_SECONDS = 1.0
 SCROLL_UNIT = 10  # OSGym's +-50 becomes 5 wheel clicks
+OSWORLD_SPECIAL = ("WAIT", "DONE", "FAIL")  # OSWorld's action strings that are not calls
 _CALL = re.compile(r"^\s*([a-z_]+)\((.*)\)\s*$", re.DOTALL)
 
 
@@ -30,6 +32,7 @@ class ActionStringError(OsfleetError):
 class Parsed:
     actions: list[Action]
     finish: bool = False  # finish() or call_user(): the episode ends and is evaluated
+    declared_infeasible: bool = False  # FAIL: OSWorld's way to say the task cannot be done
 
 
 def split_top_level(text: str) -> list[str]:
@@ -66,6 +69,13 @@ def parse(action: str) -> Parsed:
     out = Parsed(actions=[])
     raw: list[dict[str, object]] = []
     for part in split_top_level(action):
+        if part in OSWORLD_SPECIAL:
+            out.finish = out.finish or part != "WAIT"
+            out.declared_infeasible = part == "FAIL"
+            if part == "WAIT":
+                raw.append({"type": "wait", "seconds": WAIT_SECONDS})
+            continue
+        out.declared_infeasible = False  # only the last action counts, as in OSWorld
         m = _CALL.match(part)
         if not m:
             raise ActionStringError(f"not an action call: {part[:80]!r}")

@@ -24,6 +24,8 @@ class AppliedStep(BaseModel):
     action_id: str
     done: bool
     results: list[dict[str, Any]]
+    # Its last action was ``terminate`` with status ``failure``: the agent declared the task infeasible.
+    declared_infeasible: bool = False
 
 
 class OsgymClient(BaseModel):
@@ -40,6 +42,10 @@ class Episode(BaseModel):
     steps: list[AppliedStep] = []  # oldest first, at most STEPS_REMEMBERED
     pending: str | None = None  # an action id whose step was started but not finished
     osgym: OsgymClient | None = None
+
+    def declared_infeasible(self) -> bool:
+        """Whether the agent's last action declared the task infeasible (OSWorld scores that, see runner)."""
+        return bool(self.steps) and self.steps[-1].declared_infeasible
 
     def applied(self, action_id: str) -> AppliedStep | None:
         return next((s for s in self.steps if s.action_id == action_id), None)

@@ -42,6 +42,45 @@ def assets_add_bundle(bundle: Path) -> None:
         click.echo(f"{asset.sha256}  {asset.size} bytes  {asset.url}")
 
 
+@assets.command("fetch")
+@click.argument("folder", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--retries", default=3, show_default=True, type=click.IntRange(0, 20), help="tries again per URL")
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(1, 3600), help="seconds without data")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document (fetched, held, missing)")
+@friendly
+def assets_fetch(folder: Path, retries: int, timeout: float, as_json: bool) -> None:
+    """Download every URL the task files under FOLDER name (downloads, cloud files) into the asset store.
+
+    Needs the internet; what cannot be had is listed, one line each, and the command exits non-zero."""
+    from osfleet.tasks.assets import AssetStore, fetch
+    from osfleet.tasks.importer import read_task_file, task_files
+    from osfleet.tasks.model import TaskError
+    from osfleet.tasks.osworld import asset_urls
+
+    urls: list[str] = []
+    for path in task_files(folder):
+        try:
+            urls += asset_urls(read_task_file(path))
+        except TaskError as exc:
+            click.echo(f"skipped {path}: {exc}", err=True)
+    urls = list(dict.fromkeys(urls))
+    store = AssetStore.from_settings()
+    click.echo(f"{len(urls)} URLs named by the task files under {folder}", err=True)
+    try:
+        report = fetch(store, urls, say=lambda m: click.echo(m, err=True), retries=retries, timeout=timeout)
+    except KeyboardInterrupt:
+        click.echo("fetch stopped: the download under way was removed, finished ones are kept", err=True)
+        raise
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=1))
+    else:
+        for url, why in report.missing.items():
+            click.echo(f"missing  {url}: {why}")
+        click.echo(report.summary)
+    if report.missing:
+        sys.exit(1)
+
+
 @assets.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="print JSON ({url: sha256})")
 @friendly
@@ -62,7 +101,8 @@ def assets_ls(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document (summary + per task)")
 @friendly
 def tasks_import(folder: Path, as_json: bool) -> None:
-    """Check OSWorld-format task files under FOLDER: per task, supported or the exact unsupported features.
+    """Check OSWorld-format task files under FOLDER: per task, supported, or the exact unsupported features and
+    the asset URLs this host's store lacks.
 
     A bundle's own assets (FOLDER/assets/manifest.json) are added to the host's asset store first."""
     from osfleet.tasks.importer import import_folder
@@ -74,10 +114,15 @@ def tasks_import(folder: Path, as_json: bool) -> None:
     for t in report.tasks:
         if t.supported:
             click.echo(f"ok           {t.file}")
+        elif t.features_supported:
+            click.echo(f"no assets    {t.file}: {len(t.missing_assets)} file(s) missing, e.g. {t.missing_assets[0]}")
         else:
             click.echo(f"unsupported  {t.file}: {'; '.join(t.unsupported)}")
     s = report.summary
-    click.echo(f"{s['supported']} of {s['tasks']} tasks supported, {s['unsupported']} not")
+    click.echo(
+        f"{s['supported']} of {s['tasks']} tasks supported; {s['features_supported']} with every feature supported "
+        f"({s['missing_assets']} asset URLs missing: osfleet tasks assets fetch)"
+    )
     for feature, count in dict(s["unsupported_features"]).items():  # type: ignore[call-overload]
         click.echo(f"  {count:>4}  {feature}")
 

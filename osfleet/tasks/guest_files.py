@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import itertools
 import shlex
+import tempfile
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -19,6 +20,9 @@ from osfleet.errors import OsfleetError
 from osfleet.replicas.actions import GUEST_USER
 
 RAW_CHUNK_BYTES = 48 * 1024  # 64 KiB of base64 per command
+# OSWorld's per-task cache (``execute``'s ``stdout``/``stderr`` files, read back by ``cache_file``), kept in the
+# guest so it starts empty with every reset; root's, so the agent (the desktop user) cannot rewrite it.
+CACHE_DIR = "/var/lib/osfleet-task-cache"
 
 
 class GuestShell(Protocol):
@@ -32,6 +36,14 @@ class GuestWriteError(OsfleetError):
 def _as_user(path: str) -> bool:
     p = PurePosixPath(path)
     return any(p.is_relative_to(d) for d in (PurePosixPath(f"/home/{GUEST_USER}"), PurePosixPath("/tmp")))
+
+
+def put_text(host: GuestShell, rid: str, path: str, text: str, timeout: float) -> None:
+    """Write ``text`` (UTF-8) to ``path`` in the guest, as ``put_file`` does."""
+    with tempfile.TemporaryDirectory(prefix="osfleet-put-") as tmp:
+        source = Path(tmp) / "text"
+        source.write_text(text, encoding="utf-8")
+        put_file(host, rid, path, source, timeout)
 
 
 def put_file(host: GuestShell, rid: str, path: str, source: Path, timeout: float) -> None:

@@ -3,18 +3,25 @@
 A folder is either OSWorld's own layout (``examples/<app>/<id>.json``, searched recursively) or a task
 bundle (task JSON files beside an ``assets/`` folder with its manifest, whose files are added to the host's
 asset store first, so the bundle's downloads resolve).
+
+Per task: ``features_supported`` (every set-up step, getter, metric and option runs here), ``missing_assets``
+(URLs its downloads and cloud files name that the store lacks: ``tasks assets fetch`` fills them where there is
+internet) and ``supported`` (both: it runs on this host now).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.model import TaskError
-from osfleet.tasks.osworld import unsupported_features
+from osfleet.tasks.osworld import METRICS, asset_urls, unsupported_features
+
+MAX_TASK_BYTES = 4 * 2**20  # OSWorld's largest task file is a few KiB
 
 
 @dataclass
@@ -22,7 +29,9 @@ class TaskReport:
     file: str
     id: str
     supported: bool
+    features_supported: bool
     unsupported: list[str] = field(default_factory=list)
+    missing_assets: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -36,7 +45,9 @@ class ImportReport:
         return {
             "tasks": len(self.tasks),
             "supported": sum(t.supported for t in self.tasks),
+            "features_supported": sum(t.features_supported for t in self.tasks),
             "unsupported": sum(not t.supported for t in self.tasks),
+            "missing_assets": len({u for t in self.tasks for u in t.missing_assets}),
             "assets_added": self.assets_added,
             "unsupported_features": dict(features.most_common()),
         }
@@ -54,19 +65,39 @@ def task_files(folder: Path) -> list[Path]:
     )
 
 
-def check_file(path: Path, root: Path, store: AssetStore) -> TaskReport:
+def read_task_file(path: Path) -> object:
+    """A task file's JSON, or a TaskError saying why it cannot be read (too big, not UTF-8, not JSON)."""
+    try:
+        if path.stat().st_size > MAX_TASK_BYTES:
+            raise TaskError(f"larger than {MAX_TASK_BYTES // 2**20} MiB")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TaskError(f"not JSON: {exc}") from None
+
+
+def check_file(path: Path, root: Path, held: dict[str, str], metrics: Iterable[str] = METRICS) -> TaskReport:
     rel = str(path.relative_to(root))
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return TaskReport(file=rel, id=path.stem, supported=False, unsupported=[f"not JSON: {exc}"])
+        data = read_task_file(path)
+    except TaskError as exc:
+        return TaskReport(file=rel, id=path.stem, supported=False, features_supported=False, unsupported=[str(exc)])
     task_id = str(data.get("id", path.stem)) if isinstance(data, dict) else path.stem
-    problems = unsupported_features(data, store)
-    return TaskReport(file=rel, id=task_id, supported=not problems, unsupported=problems)
+    problems = unsupported_features(data, metrics)
+    missing = [u for u in asset_urls(data) if u not in held]
+    return TaskReport(
+        file=rel,
+        id=task_id,
+        supported=not problems and not missing,
+        features_supported=not problems,
+        unsupported=problems,
+        missing_assets=missing,
+    )
 
 
-def import_folder(folder: Path, store: AssetStore | None = None) -> ImportReport:
-    """Add a bundle's own assets to ``store`` (this host's by default), then check every task file."""
+def import_folder(folder: Path, store: AssetStore | None = None, metrics: Iterable[str] = METRICS) -> ImportReport:
+    """Add a bundle's own assets to ``store`` (this host's by default), then check every task file.
+
+    ``metrics``: the metric names to count as supported (this host's registry by default)."""
     if not folder.is_dir():
         raise TaskError(f"no such folder: {folder}")
     store = store or AssetStore.from_settings()
@@ -74,4 +105,6 @@ def import_folder(folder: Path, store: AssetStore | None = None) -> ImportReport
     files = task_files(folder)
     if not files:
         raise TaskError(f"no task JSON files under {folder}")
-    return ImportReport(tasks=[check_file(p, folder, store) for p in files], assets_added=len(added))
+    held = {u: sha for u, sha in store.index().items() if store.blob(sha).is_file()}
+    names = tuple(metrics)
+    return ImportReport(tasks=[check_file(p, folder, held, names) for p in files], assets_added=len(added))

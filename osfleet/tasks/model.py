@@ -41,6 +41,11 @@ class Run(_M):
     command: str
     as_root: bool = False
     timeout: float = Field(30.0, gt=0, le=600)
+    # Made by the OSWorld converter only (not published): OSWorld's server reports a command's exit code but its
+    # set-up goes on whatever it is, and ``stdout``/``stderr`` keep the output as files of the task's cache.
+    ignore_exit: SkipJsonSchema[bool] = False
+    stdout_to: SkipJsonSchema[str | None] = None
+    stderr_to: SkipJsonSchema[str | None] = None
 
 
 class Launch(_M):
@@ -67,7 +72,20 @@ class PutFile(_M):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
-SetupStep = Annotated[Run | Launch | Sleep | SkipJsonSchema[PutFile], Field(discriminator="type")]
+class GuestQuery(_M):
+    """An OSWorld set-up step that works on the running desktop (Chrome's tabs through its DevTools protocol,
+    its history database), run by osfleet's query script in the guest (osfleet.tasks.guest_query).
+
+    Made only by the OSWorld converter; not part of the published osfleet task format."""
+
+    type: Literal["guest_query"]
+    op: str
+    args: dict[str, Any] = {}
+
+
+SetupStep = Annotated[
+    Run | Launch | Sleep | SkipJsonSchema[PutFile] | SkipJsonSchema[GuestQuery], Field(discriminator="type")
+]
 
 
 def _pattern(regex: str) -> re.Pattern[str]:
@@ -164,7 +182,17 @@ class OsworldCheck(_M):
     options: dict[str, Any] = {}
 
 
-Check = Annotated[CommandOutput | FileContent | SkipJsonSchema[OsworldCheck], Field(discriminator="type")]
+class DeclaredInfeasible(_M):
+    """OSWorld's ``infeasible`` evaluator: met when the agent's last action declared the task impossible (a
+    ``terminate`` action with status ``failure``, or OSWorld's ``FAIL`` through OSGym). Made by the converter."""
+
+    type: Literal["declared_infeasible"]
+
+
+Check = Annotated[
+    CommandOutput | FileContent | SkipJsonSchema[OsworldCheck] | SkipJsonSchema[DeclaredInfeasible],
+    Field(discriminator="type"),
+]
 
 
 class Criterion(_M):
@@ -172,6 +200,14 @@ class Criterion(_M):
     check: Check
     weight: float = Field(1.0, gt=0)
     required: bool = True
+
+
+class OsworldScoring(_M):
+    """How OSWorld turns its metrics into one score: ``and`` is 0 as soon as one metric is 0, else their mean;
+    ``or`` is 1 as soon as one is 1, else their maximum; and an agent that declared the task infeasible scores 0
+    unless the task is one (then that declaration is the whole check)."""
+
+    conj: Literal["and", "or"] = "and"
 
 
 class Task(_M):
@@ -184,6 +220,8 @@ class Task(_M):
     source: str = "osfleet"
     # OSWorld's post-config: steps run before every evaluation (e.g. save the document); not published.
     postconfig: SkipJsonSchema[list[SetupStep]] = []
+    # OSWorld's scoring, for tasks converted from its format (not published): see OsworldScoring.
+    osworld: SkipJsonSchema[OsworldScoring | None] = None
 
 
 class CriterionResult(BaseModel):
@@ -192,6 +230,7 @@ class CriterionResult(BaseModel):
     weight: float
     required: bool
     detail: str = ""
+    score: float | None = Field(None, description="an OSWorld metric's own value in [0, 1] (met when it is 1)")
 
 
 class Evaluation(BaseModel):

@@ -1,4 +1,10 @@
-"""Running tasks on a replica: set-up after a reset, verifier criteria in the guest, oracle, validation."""
+"""Running tasks on a replica: set-up after a reset, verifier criteria in the guest, oracle, validation.
+
+Tasks converted from OSWorld's format are scored as OSWorld scores them (``Task.osworld``): each metric gives a
+value in [0, 1]; ``and`` stops at the first 0 (score 0) and otherwise averages, ``or`` stops at the first 1
+and otherwise takes the maximum; an agent whose last action declared the task infeasible scores 1 on an
+``infeasible`` task and 0 on any other, without its metrics being run.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +14,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from osfleet.errors import OsfleetError
 from osfleet.replicas import actions
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.tasks import evaluators, getters
+from osfleet.tasks import evaluators, getters, guest_query
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.guest_files import put_file
+from osfleet.tasks.guest_files import CACHE_DIR, put_file, put_text
 from osfleet.tasks.model import (
     CommandOutput,
+    Criterion,
     CriterionResult,
+    DeclaredInfeasible,
     Evaluation,
     FileContent,
+    GuestQuery,
     Launch,
     OsworldCheck,
     PutFile,
@@ -74,6 +83,17 @@ def _run_steps(
             except OsfleetError as exc:
                 raise TaskSetupError(f"{what} step {i + 1} (download {step.url}) failed: {exc}") from None
             continue
+        if isinstance(step, GuestQuery):
+            try:
+                guest_query.ask(host, rid, step.op, step.args, left)
+            except guest_query.GuestQueryError as exc:
+                complaint = f"{what} step {i + 1} ({step.op}) failed: {exc}"
+                if strict:
+                    raise TaskSetupError(complaint) from None
+                complaints.append(complaint)
+            except OsfleetError as exc:
+                raise TaskSetupError(f"{what} step {i + 1} ({step.op}) failed: {exc}") from None
+            continue
         if isinstance(step, Launch):
             command = f"setsid -f sh -c {shlex.quote(step.command)} >/dev/null 2>&1 </dev/null"
             as_root, timeout = False, 30.0
@@ -83,15 +103,24 @@ def _run_steps(
         timeout = min(timeout, max(left, 0.1))
         try:
             out = host.shell(rid, command, timeout, as_root)
+            if isinstance(step, Run):
+                _keep_output(host, rid, step, out, max(end - time.monotonic(), 1.0))
         except OsfleetError as exc:
             raise TaskSetupError(f"{what} step {i + 1} failed: {exc}") from None
         if out["exit_code"] != 0:
             detail = (out["stderr"] or out["stdout"]).strip().splitlines()
             complaint = f"{what} step {i + 1} exited {out['exit_code']}: {detail[-1] if detail else ''}"
-            if strict:
+            if strict and not (isinstance(step, Run) and step.ignore_exit):
                 raise TaskSetupError(complaint)
             complaints.append(complaint)
     return complaints
+
+
+def _keep_output(host: ReplicaHost, rid: str, step: Run, out: dict[str, Any], timeout: float) -> None:
+    """OSWorld's ``stdout``/``stderr`` of an executed command: kept as files of the task's cache in the guest."""
+    for name, stream in ((step.stdout_to, "stdout"), (step.stderr_to, "stderr")):
+        if name:
+            put_text(host, rid, f"{CACHE_DIR}/{name}", out[stream], timeout)
 
 
 def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
@@ -110,11 +139,12 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
     return time.monotonic() - start
 
 
-def evaluate(host: ReplicaHost, rid: str, task: Task) -> Evaluation:
+def evaluate(host: ReplicaHost, rid: str, task: Task, declared_infeasible: bool = False) -> Evaluation:
     """Run the task's post-config, then check every criterion; together they get ``EVALUATE_BUDGET_SECONDS``.
 
     Checks of osfleet's own format run in the guest; OSWorld metrics run here, on files and outputs the
-    getters fetched from the guest into a private temporary folder."""
+    getters fetched from the guest into a private temporary folder. ``declared_infeasible``: the agent's last
+    action said the task cannot be done (OSWorld's ``FAIL``), which decides an OSWorld task's score."""
     deadline = time.monotonic() + EVALUATE_BUDGET_SECONDS
     if task.postconfig:
         try:
@@ -123,19 +153,63 @@ def evaluate(host: ReplicaHost, rid: str, task: Task) -> Evaluation:
         except TaskSetupError as exc:
             raise VerifierError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="osfleet-eval-") as workdir:
+        if task.osworld is not None:
+            return _osworld(host, rid, task, deadline, Path(workdir), declared_infeasible)
         return _criteria(host, rid, task, deadline, Path(workdir))
+
+
+def _left(task: Task, c: Criterion, deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise VerifierError(
+            f"task {task.id}: the verifier did not finish within {EVALUATE_BUDGET_SECONDS:.0f} s "
+            f"(criterion {c.name!r} not checked)"
+        )
+    return left
+
+
+def _osworld(
+    host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path, declared_infeasible: bool
+) -> Evaluation:
+    """OSWorld's score (see the module docstring), with every metric that ran listed."""
+    assert task.osworld is not None
+    conj = task.osworld.conj
+    results: list[CriterionResult] = []
+    infeasible = [c for c in task.criteria if isinstance(c.check, DeclaredInfeasible)]
+    if infeasible or declared_infeasible:
+        met = bool(infeasible) and declared_infeasible
+        said = "declared" if declared_infeasible else "did not declare"
+        name = infeasible[0].name if infeasible else "declared infeasible"
+        detail = f"the agent {said} the task infeasible"
+        results.append(CriterionResult(name=name, met=met, weight=1.0, required=True, detail=detail, score=float(met)))
+        return Evaluation(reward=float(met), success=met, criteria=results)
+    values: list[float] = []
+    for c in task.criteria:
+        check = c.check
+        assert isinstance(check, OsworldCheck)
+        timeout = min(CHECK_TIMEOUT_SECONDS, _left(task, c, deadline))
+        try:
+            value, detail = _score_osworld(host, rid, check, workdir, timeout)
+        except OsfleetError as exc:
+            raise VerifierError(f"task {task.id}: criterion {c.name!r} could not be checked: {exc}") from None
+        met = value >= 1.0
+        results.append(CriterionResult(name=c.name, met=met, weight=c.weight, required=c.required, detail=detail))
+        results[-1].score = value
+        values.append(value)
+        if (conj == "and" and value == 0.0) or (conj == "or" and value == 1.0):
+            break
+    if conj == "and":
+        reward = 0.0 if 0.0 in values else sum(values) / len(values)
+    else:
+        reward = 1.0 if 1.0 in values else max(values)
+    return Evaluation(reward=reward, success=reward >= 1.0, criteria=results)
 
 
 def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path) -> Evaluation:
     results = []
     for c in task.criteria:
         check = c.check
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise VerifierError(
-                f"task {task.id}: the verifier did not finish within {EVALUATE_BUDGET_SECONDS:.0f} s "
-                f"(criterion {c.name!r} not checked)"
-            )
+        left = _left(task, c, deadline)
         try:
             if isinstance(check, CommandOutput):
                 out = host.shell(rid, check.command, min(CHECK_TIMEOUT_SECONDS, left), check.as_root)
@@ -144,7 +218,8 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
                 )
                 detail = out["stdout"][-200:]
             elif isinstance(check, OsworldCheck):
-                met, detail = _check_osworld(host, rid, check, workdir, min(CHECK_TIMEOUT_SECONDS, left))
+                value, detail = _score_osworld(host, rid, check, workdir, min(CHECK_TIMEOUT_SECONDS, left))
+                met = value >= 1.0
             else:
                 assert isinstance(check, FileContent)
                 met, detail = _check_file(host, rid, check)
@@ -168,13 +243,22 @@ def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, 
     return check.match.check(text), text[-200:]
 
 
-def _check_osworld(host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, timeout: float) -> tuple[bool, str]:
-    """An OSWorld metric on the host; met when it scores 1 (OSWorld's metrics here are all-or-nothing)."""
+def _score_osworld(
+    host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, timeout: float
+) -> tuple[float, str]:
+    """An OSWorld metric on the host, on what its getters fetched: its value and why. A value the guest cannot
+    give scores 0 with the reason; a guest that cannot be reached raises."""
     store = AssetStore.from_settings()
-    result = getters.get(host, rid, check.result, workdir, store, timeout)
-    expected = getters.get(host, rid, check.expected, workdir, store, timeout) if check.expected else None
+    end = time.monotonic() + timeout
+    try:
+        result = getters.get(host, rid, check.result, workdir, store, timeout)
+        expected = None
+        if check.expected:
+            expected = getters.get(host, rid, check.expected, workdir, store, max(end - time.monotonic(), 1.0))
+    except getters.GetterValueError as exc:
+        return 0.0, f"{check.func}: {exc}"[-200:]
     value, detail = evaluators.run_metric(check.func, result, expected, check.options)
-    return value >= 1.0, detail[-200:]
+    return value, detail[-200:]
 
 
 def run_oracle(host: ReplicaHost, rid: str, task: Task) -> None:

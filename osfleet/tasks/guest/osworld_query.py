@@ -1,0 +1,779 @@
+"""osfleet's query script, run inside the guest as the desktop user: ``python3 -c <this> OP ARGS-JSON``.
+
+Replicas have no network device, so what OSWorld's evaluator reaches over the network (Chrome's DevTools
+port, VLC's HTTP interface, its in-VM server's accessibility endpoint) is asked from inside the guest by this
+script, started through the guest agent; it prints one JSON document, ``{"value": ...}`` or ``{"error": ...}``,
+and the host reads nothing else. Profile files (Chrome's History, Cookies, Preferences, Bookmarks) are read
+here too, so the host never opens a database the agent could have written.
+
+Only Python's standard library is imported at the top: DevTools needs ``websocket`` (Debian's
+python3-websocket) and the accessibility tree needs ``pyatspi`` (python3-pyatspi), each imported by the
+operations that use them. Every wait is bounded by ``deadline`` (seconds, given by the host in ARGS).
+This file is shipped as package data and sent whole with each call: nothing is installed in the guest.
+"""
+
+import base64
+import collections
+import contextlib
+import glob
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import zipfile
+from xml.etree import ElementTree
+
+DEVTOOLS = "http://127.0.0.1:" + os.environ.get("OSFLEET_DEVTOOLS_PORT", "1337")  # the office image's port
+HOME = os.path.expanduser("~")
+PROFILE = os.path.join(HOME, ".config", "google-chrome")
+DEFAULT = os.path.join(PROFILE, "Default")
+CHROME_EPOCH_OFFSET_US = 11644473600 * 1000000  # 1601-01-01 to 1970-01-01, Chrome's time base
+MAX_TREE_NODES = 20000
+
+
+class Deadline:
+    def __init__(self, seconds):
+        self.end = time.monotonic() + max(float(seconds), 1.0)
+
+    def left(self):
+        return max(self.end - time.monotonic(), 0.0)
+
+    def over(self):
+        return self.left() <= 0
+
+
+# --- Chrome DevTools ----------------------------------------------------------------------------------------
+def _http(path, method="GET", timeout=5.0):
+    req = urllib.request.Request(DEVTOOLS + path, method=method)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode("utf-8", "replace") or "null")
+
+
+def _wait_devtools(deadline, launch=False):
+    """The browser's /json/version, waiting (bounded) for Chrome to open its DevTools port. ``launch``: start
+    Chrome when it does not answer within a few seconds, as OSWorld's getters do when they cannot connect."""
+    import subprocess
+
+    error, note, started, asked = "", "", False, time.monotonic()
+    while True:
+        try:
+            return _http("/json/version", timeout=min(5.0, max(deadline.left(), 0.5)))
+        except (OSError, ValueError) as exc:
+            error = str(exc)
+        if deadline.over():
+            raise RuntimeError(f"Chrome's DevTools port did not answer: {error}{note}")
+        if launch and not started and time.monotonic() - asked > 3:
+            port = DEVTOOLS.rsplit(":", 1)[1]
+            started = True
+            try:
+                subprocess.Popen(
+                    ["google-chrome", f"--remote-debugging-port={port}"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )  # fmt: skip
+            except OSError as exc:
+                note = f"; starting google-chrome: {exc}"
+        time.sleep(min(1.0, deadline.left()))
+
+
+class Session:
+    """One DevTools websocket (the browser's or a page's): numbered commands, their answers."""
+
+    def __init__(self, ws_url, deadline):
+        import websocket  # Debian's python3-websocket (websocket-client)
+
+        self.deadline = deadline
+        self.ws = websocket.create_connection(ws_url, timeout=max(deadline.left(), 1.0), suppress_origin=True)
+        self.next_id = 0
+
+    def call(self, method, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            self.ws.settimeout(max(self.deadline.left(), 0.5))
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error'].get('message')}")
+                return msg.get("result", {})
+
+    def close(self):
+        with contextlib.suppress(Exception):  # closing a socket the browser already dropped
+            self.ws.close()
+
+
+def _browser(deadline, launch=False):
+    return Session(_wait_devtools(deadline, launch)["webSocketDebuggerUrl"], deadline)
+
+
+def _pages(browser):
+    """Page targets (tabs), in the order the browser lists them."""
+    infos = browser.call("Target.getTargets").get("targetInfos", [])
+    return [t for t in infos if t.get("type") == "page"]
+
+
+def _page_session(target_id, deadline):
+    for t in _http("/json/list"):
+        if t.get("id") == target_id and t.get("webSocketDebuggerUrl"):
+            return Session(t["webSocketDebuggerUrl"], deadline)
+    raise RuntimeError(f"tab {target_id} is gone")
+
+
+def _evaluate(page, expression):
+    out = page.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+    if out.get("exceptionDetails"):
+        raise RuntimeError(out["exceptionDetails"].get("text", "script error"))
+    return out.get("result", {}).get("value")
+
+
+def _wait_loaded(page, deadline, settle=0.5):
+    """Until the document has loaded (OSWorld waits for the load event / network idle), bounded."""
+    while not deadline.over():
+        try:
+            if _evaluate(page, "document.readyState") == "complete":
+                time.sleep(min(settle, deadline.left()))
+                return True
+        except Exception:  # noqa: BLE001 (the context is replaced while the page navigates)
+            pass
+        time.sleep(min(0.3, deadline.left()))
+    return False
+
+
+def _per_tab(deadline, share):
+    return Deadline(min(deadline.left() / max(share, 1), 30.0))
+
+
+def chrome_open_tabs(args, deadline):
+    """OSWorld's chrome_open_tabs: each URL in a new tab of the running browser; after the first, the tab that
+    was open before is closed."""
+    browser = _browser(deadline)
+    try:
+        before = _pages(browser)
+        urls = args["urls"]
+        for i, url in enumerate(urls):
+            target = browser.call("Target.createTarget", url=url)["targetId"]
+            try:
+                page = _page_session(target, deadline)
+                _wait_loaded(page, _per_tab(deadline, len(urls) - i))
+                page.close()
+            except Exception:  # noqa: BLE001 (a page that does not load in time is left loading, as OSWorld does)
+                pass
+            if i == 0 and before:
+                browser.call("Target.closeTarget", targetId=before[0]["targetId"])
+        return len(urls)
+    finally:
+        browser.close()
+
+
+def _netloc(host):
+    labels = [x for x in host.lower().split(".") if x]
+    if len(labels) >= 3 and labels[-2] in ("co", "com", "org", "net", "ac", "gov", "edu") and len(labels[-1]) == 2:
+        labels = labels[:-2]  # a two-part public suffix like co.uk
+    elif len(labels) >= 2:
+        labels = labels[:-1]
+    if len(labels) == 2 and labels[0] == "www":
+        labels = labels[1:]
+    return ".".join(labels)
+
+
+def same_url(a, b):
+    """OSWorld's compare_urls: scheme, host without its public suffix and a lone www, path without a lone
+    slash, query and fragment (its public suffixes come from tldextract; here the common ones are known)."""
+    if a is None or b is None:
+        return a == b
+
+    def norm(url):
+        if "://" not in url.split("?")[0]:
+            url = "http://" + url
+        p = urllib.parse.urlparse(url)
+        path = "" if p.path == "/" else p.path
+        return (p.scheme.lower(), _netloc(p.netloc), path, p.params, p.query, p.fragment)
+
+    return norm(a) == norm(b)
+
+
+def chrome_close_tabs(args, deadline):
+    browser = _browser(deadline)
+    try:
+        closed = 0
+        for url in args["urls"]:
+            for page in _pages(browser):
+                if same_url(page.get("url"), url):
+                    browser.call("Target.closeTarget", targetId=page["targetId"])
+                    closed += 1
+                    break
+        return closed
+    finally:
+        browser.close()
+
+
+def chrome_tabs(args, deadline):
+    """OSWorld's open_tabs_info: title and URL of every tab, each after it has loaded (bounded)."""
+    browser = _browser(deadline, launch=True)
+    try:
+        pages = _pages(browser)
+        out = []
+        for i, t in enumerate(pages):
+            title = t.get("title", "")
+            try:
+                page = _page_session(t["targetId"], deadline)
+                if not _wait_loaded(page, _per_tab(deadline, len(pages) - i)):
+                    title = "Load timeout"
+                else:
+                    title = _evaluate(page, "document.title")
+                page.close()
+            except Exception:  # noqa: BLE001 (as OSWorld: a tab it cannot read is reported, not fatal)
+                title = "Error encountered"
+            out.append({"title": title, "url": t.get("url", "")})
+        return out
+    finally:
+        browser.close()
+
+
+def chrome_active_url(args, deadline):
+    """The URL of the tab the user looked at last: DevTools lists targets most recently active first. None when
+    Chrome is not running (OSWorld then finds no address bar in the accessibility tree)."""
+    try:
+        _wait_devtools(Deadline(min(deadline.left(), 5.0)))
+    except RuntimeError:
+        return None
+    pages = [t for t in _http("/json/list") if t.get("type") == "page"]
+    return pages[0]["url"] if pages else None
+
+
+def _with_new_tab(url, deadline, work):
+    browser = _browser(deadline, launch=True)
+    target = None
+    try:
+        target = browser.call("Target.createTarget", url="about:blank")["targetId"]
+        page = _page_session(target, deadline)
+        try:
+            page.call("Page.enable")
+            page.call("Page.navigate", url=url)
+            time.sleep(0.3)
+            loaded = _wait_loaded(page, Deadline(min(deadline.left() - 1, 60)), settle=1.0)
+            return work(page, loaded)
+        finally:
+            page.close()
+    finally:
+        if target is not None:
+            with contextlib.suppress(Exception):
+                browser.call("Target.closeTarget", targetId=target)
+        browser.close()
+
+
+def chrome_page(args, deadline):
+    """OSWorld's page_info / active_tab_info: open ``url`` in a new tab and read its title, URL and HTML."""
+
+    def read(page, loaded):
+        expr = "({title: document.title, url: location.href, content: document.documentElement.outerHTML})"
+        info = _evaluate(page, expr)
+        if not loaded:
+            info["title"] = "Load timeout"
+        return info
+
+    return _with_new_tab(args["url"], deadline, read)
+
+
+def chrome_html_parse(args, deadline):
+    """OSWorld's active_tab_html_parse: texts from the open tab whose URL is the active one (``js``: the
+    extraction, html_parse.js, which the host sends along)."""
+    _wait_devtools(deadline, launch=True)
+
+    def norm(url):
+        return urllib.parse.unquote(url or "").rstrip("/")
+
+    want = norm(args["url"])
+    for t in _http("/json/list"):
+        if t.get("type") == "page" and norm(t.get("url")) == want:
+            page = Session(t["webSocketDebuggerUrl"], deadline)
+            try:
+                _wait_loaded(page, Deadline(min(deadline.left() - 1, 60)))
+                return _evaluate(page, f"({args['js']})({json.dumps(args['spec'])})")
+            finally:
+                page.close()
+    return {}
+
+
+def chrome_info_from_website(args, deadline):
+    """OSWorld's info_from_website: texts or attributes of elements of a page (after clicks); an error makes the
+    host use the task's backups, as OSWorld does."""
+
+    def read(page, loaded):
+        infos = []
+        for info in args.get("infos", []):
+            action = info.get("action", "inner_text")
+            selectors = info.get("selector")
+            chain = selectors if isinstance(selectors, list) else [selectors]
+            for sel in chain[:-1] if action.startswith("click_and_") else []:
+                _evaluate(page, f"document.querySelector({json.dumps(sel)}).click()")
+                time.sleep(0.5)
+                _wait_loaded(page, Deadline(min(deadline.left() - 1, 20)))
+            last = chain[-1]
+            if action in ("inner_text", "click_and_inner_text"):
+                expr = f"document.querySelector({json.dumps(last)}).innerText"
+            elif action in ("attribute", "click_and_attribute"):
+                expr = f"document.querySelector({json.dumps(last)}).getAttribute({json.dumps(info.get('attribute'))})"
+            else:
+                raise RuntimeError(f"action {action} is not supported")
+            infos.append(_evaluate(page, expr))
+        return infos
+
+    return _with_new_tab(args["url"], deadline, read)
+
+
+# --- Chrome profile files -----------------------------------------------------------------------------------
+def _json_file(path):
+    with open(path, "rb") as f:
+        return json.loads(f.read().decode("utf-8", "replace"))
+
+
+def _rows(db, query):
+    """Rows of ``query`` on a copy of ``db`` (Chrome keeps its own open); bytes become hex text."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "db")
+        shutil.copyfile(db, copy)
+        conn = sqlite3.connect(copy)
+        try:
+            rows = conn.execute(query).fetchall()
+        finally:
+            conn.close()
+    return [[v.hex() if isinstance(v, bytes) else v for v in row] for row in rows]
+
+
+def chrome_history(args, deadline):
+    try:
+        return _rows(os.path.join(DEFAULT, "History"), "SELECT url, title, last_visit_time FROM urls")
+    except (OSError, sqlite3.Error):
+        return None
+
+
+def chrome_cookies(args, deadline):
+    try:
+        return _rows(os.path.join(DEFAULT, "Cookies"), "SELECT * FROM cookies")
+    except (OSError, sqlite3.Error):
+        return None
+
+
+def chrome_bookmarks(args, deadline):
+    try:
+        data = _json_file(os.path.join(DEFAULT, "Bookmarks"))
+    except (OSError, ValueError):
+        return []
+    return data.get("roots", {}) if isinstance(data, dict) else []
+
+
+def _prefs():
+    data = _json_file(os.path.join(DEFAULT, "Preferences"))
+    if not isinstance(data, dict):
+        raise ValueError("Preferences is not a JSON object")
+    return data
+
+
+def _local_state():
+    data = _json_file(os.path.join(PROFILE, "Local State"))
+    if not isinstance(data, dict):
+        raise ValueError("Local State is not a JSON object")
+    return data
+
+
+def chrome_pref(args, deadline):
+    """The value of one of OSWorld's preference getters, with the value OSWorld returns when it cannot read."""
+    kind = args["getter"]
+    try:
+        if kind == "default_search_engine":
+            engine = _prefs().get("default_search_provider_data", {}).get("template_url_data", {})
+            return engine.get("short_name", "Google")
+        if kind == "profile_name":
+            return _prefs().get("profile", {}).get("name", None)
+        if kind == "chrome_font_size":
+            default = {"default_fixed_font_size": 13, "default_font_size": 16, "minimum_font_size": 13}
+            return _prefs().get("webkit", {}).get("webprefs", default)
+        if kind == "enable_do_not_track":
+            return "true" if _prefs().get("enable_do_not_track", {}) else "false"
+        if kind == "enable_enhanced_safety_browsing":
+            return "true" if _prefs().get("safebrowsing", {}).get("enhanced", {}) else "false"
+        if kind == "enable_safe_browsing":
+            sb = _prefs().get("safebrowsing", {})
+            return "true" if bool(sb.get("enhanced", False)) or bool(sb.get("enabled", False)) else "false"
+        if kind == "new_startup_page":
+            data = _prefs()
+            if "session" not in data:
+                return "true"
+            return "true" if data.get("session", {}).get("restore_on_startup", {}) == 5 else "false"
+        if kind == "data_delete_automacally":
+            state = _prefs()["profile"].get("default_content_setting_values", None)
+            return "true" if state is not None else "false"
+        if kind == "find_unpacked_extension_path":
+            return [e["path"] for e in _prefs().get("extensions", {}).get("settings", {}).values()]
+        if kind == "find_installed_extension_name":
+            return [e["manifest"]["name"] for e in _prefs().get("extensions", {}).get("settings", {}).values()]
+        if kind == "enabled_experiments":
+            return _local_state().get("browser", {}).get("enabled_labs_experiments", [])
+        if kind == "chrome_language":
+            return _local_state().get("intl", {}).get("app_locale", "en-US")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {
+            "profile_name": None,
+            "chrome_font_size": {"default_fixed_font_size": 13, "default_font_size": 16},
+            "enable_do_not_track": "false",
+            "enable_safe_browsing": "false",
+            "enabled_experiments": [],
+            "chrome_language": "en-US",
+        }.get(kind, "Google")
+    raise RuntimeError(f"no preference getter {kind}")
+
+
+def add_history(args, deadline):
+    """OSWorld's update_browse_history: visits at times relative to now, in the (fresh) History database."""
+    conn = sqlite3.connect(args["path"])
+    try:
+        now_us = int(time.time() * 1000000) + CHROME_EPOCH_OFFSET_US
+        for item in args["items"]:
+            stamp = now_us - int(float(item["visit_time_from_now_in_seconds"]) * 1000000)
+            cur = conn.execute(
+                "INSERT INTO urls (url, title, visit_count, typed_count, last_visit_time, hidden) "
+                "VALUES (?, ?, 1, 0, ?, 0)",
+                (item["url"], item["title"], stamp),
+            )
+            conn.execute(
+                "INSERT INTO visits (url, visit_time, from_visit, transition, segment_id, visit_duration) "
+                "VALUES (?, ?, 0, 805306368, 0, 0)",
+                (cur.lastrowid, stamp),
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    return len(args["items"])
+
+
+# --- the desktop --------------------------------------------------------------------------------------------
+NS = {
+    "st": "https://accessibility.ubuntu.example.org/ns/state",
+    "attr": "https://accessibility.ubuntu.example.org/ns/attributes",
+    "cp": "https://accessibility.ubuntu.example.org/ns/component",
+    "doc": "https://accessibility.ubuntu.example.org/ns/document",
+    "docattr": "https://accessibility.ubuntu.example.org/ns/document/attributes",
+    "txt": "https://accessibility.ubuntu.example.org/ns/text",
+    "val": "https://accessibility.ubuntu.example.org/ns/value",
+    "act": "https://accessibility.ubuntu.example.org/ns/action",
+}
+MAX_DEPTH, MAX_WIDTH = 50, 1024
+
+
+def _showing_cells(node, depth, budget, pyatspi, flag):
+    """A spreadsheet's table as OSWorld's server reads it: only the cells on screen, found row by row from the
+    first showing one (a sheet has a million rows of thousands of cells)."""
+    columns = 16384  # LibreOffice 7.4 and later
+    found, base, index = [], None, 0
+    for row in range(1048576):
+        column = base or 0
+        for column in range(base or 0, columns):
+            cell = node[index + column]
+            if cell.getState().contains(pyatspi.STATE_SHOWING):
+                if base is None:
+                    base = column
+                found.append(_a11y_node(cell, depth + 1, budget, pyatspi, flag))
+            elif base is not None or column >= 500:
+                break
+        if (base is not None and column == base) or (base is None and row >= 500) or budget[0] <= 0:
+            break
+        index += columns
+    return found
+
+
+def _a11y_node(node, depth, budget, pyatspi, flag=None):
+    """One AT-SPI node as OSWorld's server writes it: the role as the tag, ``name``, states, attributes,
+    screen position and size of what is showing, text, value and actions, in its namespaces."""
+    budget[0] -= 1
+    attrs = {"name": node.name or ""}
+    states = node.getState().getStates()
+    for st in states:
+        name = pyatspi.StateType._enum_lookup.get(st, "")  # noqa: SLF001 (pyatspi's own table of names)
+        name = name.split("_", 1)[1].lower() if "_" in name else ""
+        if name:
+            attrs[f"{{{NS['st']}}}{name}"] = "true"
+    try:
+        for key, value in (
+            node.getAttributes().items()
+            if hasattr(node.getAttributes(), "items")
+            else (a.split(":", 1) for a in node.getAttributes())
+        ):
+            if key:
+                attrs[f"{{{NS['attr']}}}{key}"] = value
+    except Exception:  # noqa: BLE001 (an application may refuse a call)
+        pass
+    if attrs.get(f"{{{NS['st']}}}visible") == "true" and attrs.get(f"{{{NS['st']}}}showing") == "true":
+        try:
+            box = node.queryComponent().getExtents(pyatspi.XY_SCREEN)
+            attrs[f"{{{NS['cp']}}}screencoord"] = str((box.x, box.y))
+            attrs[f"{{{NS['cp']}}}size"] = str((box.width, box.height))
+        except Exception:  # noqa: BLE001 (NotImplementedError: no component)
+            pass
+    text = ""
+    try:
+        t = node.queryText()
+        text = t.getText(0, t.characterCount).replace("\ufffc", "").replace("\ufffd", "")
+    except Exception:  # noqa: BLE001
+        pass
+    for what, key in (("queryImage", "image"), ("querySelection", "selection")):
+        try:
+            getattr(node, what)()
+            attrs[key] = "true"
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        v = node.queryValue()
+        fields = [("value", "currentValue"), ("min", "minimumValue"), ("max", "maximumValue")]
+        fields.append(("step", "minimumIncrement"))
+        for key, get in fields:
+            with contextlib.suppress(Exception):
+                attrs[f"{{{NS['val']}}}{key}"] = str(getattr(v, get))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        action = node.queryAction()
+        for i in range(action.nActions):
+            name = action.getName(i).replace(" ", "-")
+            attrs[f"{{{NS['act']}}}{name}_desc"] = action.getDescription(i)
+            attrs[f"{{{NS['act']}}}{name}_kb"] = action.getKeyBinding(i)
+    except Exception:  # noqa: BLE001
+        pass
+    raw = (node.getRoleName() or "").strip()
+    role = (raw or "unknown").replace(" ", "-")
+    flag = flag or ("calc" if raw == "document spreadsheet" else None)
+    element = ElementTree.Element(role, attrs)
+    if text:
+        element.text = text
+    if depth < MAX_DEPTH:
+        try:
+            if flag == "calc" and role == "table":
+                element.extend(_showing_cells(node, depth, budget, pyatspi, flag))
+                return element
+            for i, child in enumerate(node):
+                if i == MAX_WIDTH or budget[0] <= 0:
+                    break
+                if child is not None:
+                    element.append(_a11y_node(child, depth + 1, budget, pyatspi, flag))
+        except Exception:  # noqa: BLE001 (an application went away while it was read)
+            pass
+    return element
+
+
+def _session_bus():
+    """The desktop session's D-Bus address, which AT-SPI is found through: a command started by the guest agent
+    does not inherit it, so it is taken from a process of this user that has it (the session's own)."""
+    if os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+        return
+    uid = os.getuid()
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        address = env.get(b"DBUS_SESSION_BUS_ADDRESS")
+        if address:
+            os.environ["DBUS_SESSION_BUS_ADDRESS"] = address.decode("utf-8", "replace")
+            return
+    bus = f"/run/user/{uid}/bus"
+    if os.path.exists(bus):
+        os.environ["DBUS_SESSION_BUS_ADDRESS"] = f"unix:path={bus}"
+
+
+def _desktop_tree():
+    _session_bus()
+    import pyatspi  # Debian's python3-pyatspi
+
+    for prefix, uri in NS.items():
+        ElementTree.register_namespace(prefix, uri)
+    root = ElementTree.Element("desktop-frame")
+    budget = [MAX_TREE_NODES]
+    desktop = pyatspi.Registry.getDesktop(0)
+    for app in desktop:
+        if app is not None and budget[0] > 0:
+            root.append(_a11y_node(app, 1, budget, pyatspi))
+    return root
+
+
+def accessibility_tree(args, deadline):
+    return ElementTree.tostring(_desktop_tree(), encoding="unicode")
+
+
+def terminal_output(args, deadline):
+    """OSWorld's vm_terminal_output: the text of the focused terminal in the active window, else None."""
+    root = _desktop_tree()
+    st = f"{{{NS['st']}}}"
+    for frame in root.iter("frame"):
+        if frame.get(st + "active") != "true":
+            continue
+        terms = [t for t in frame.iter("terminal") if t.get(st + "focused") == "true"]
+        if len(terms) == 1:
+            return (terms[0].text or "").rstrip()
+    return None
+
+
+def list_directory(args, deadline):
+    """OSWorld's list_directory: the folder as a tree of {type, name, children}."""
+
+    def walk(path, left):
+        tree = {"type": "directory", "name": os.path.basename(path), "children": []}
+        try:
+            for entry in sorted(os.listdir(path)):
+                full = os.path.join(path, entry)
+                left[0] -= 1
+                if left[0] < 0:
+                    break
+                if os.path.isdir(full) and not os.path.islink(full):
+                    tree["children"].append(walk(full, left))
+                else:
+                    tree["children"].append({"type": "file", "name": entry})
+        except OSError as exc:
+            tree = {"error": str(exc)}
+        return tree
+
+    if not os.path.isdir(args["path"]):
+        return None
+    return walk(args["path"], [MAX_TREE_NODES])
+
+
+def shortcuts_on_desktop(args, deadline):
+    out = {}
+    for path in sorted(glob.glob(os.path.join(HOME, "Desktop", "*.desktop"))):
+        with open(path, "rb") as f:
+            out[os.path.basename(path)] = f.read(1 << 20).decode("utf-8", "replace")
+    return out
+
+
+def slide_media(args, deadline):
+    """OSWorld's audio_in_slide / background_image_in_slide: the slide's audio (or background picture) as a
+    file: extracted from the presentation into a new folder, or the linked file's own path."""
+    rel_ns = "{http://schemas.openxmlformats.org/package/2006/relationships}"
+    index = int(args["slide_index"]) + 1
+    with zipfile.ZipFile(args["path"]) as z:
+        names = set(z.namelist())
+        rels = f"ppt/slides/_rels/slide{index}.xml.rels"
+        wanted_id = None
+        if args["kind"] == "background_image_in_slide":
+            slide = f"ppt/slides/slide{index}.xml"
+            if slide not in names:
+                return None
+            root = ElementTree.fromstring(z.read(slide))
+            p = "{http://schemas.openxmlformats.org/presentationml/2006/main}"
+            a = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
+            r = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
+            for bg in root.iter(p + "bgPr"):
+                for blip in bg.iter(a + "blip"):
+                    wanted_id = blip.get(r + "embed")
+                    break
+                if wanted_id:
+                    break
+            if wanted_id is None:
+                return None
+        if rels not in names:
+            return None
+        for rel in ElementTree.fromstring(z.read(rels)).iter(rel_ns + "Relationship"):
+            kind = rel.get("Type", "")
+            if args["kind"] == "audio_in_slide" and "audio" not in kind:
+                continue
+            if wanted_id is not None and ("image" not in kind or rel.get("Id") != wanted_id):
+                continue
+            target = rel.get("Target", "")
+            if target.startswith(".."):
+                member = os.path.normpath(os.path.join("ppt/slides", target)).replace("\\", "/")
+                folder = tempfile.mkdtemp(prefix="osfleet-media-")
+                return z.extract(member, folder)
+            if target.startswith("file://"):
+                return {"linked": target[7:]}
+            return None
+    return None
+
+
+def xlsx_last_row(args, deadline):
+    """OSWorld's content_from_vm_file (xlsx, last_row): the first sheet's last row as text, as pandas shows it."""
+    import openpyxl  # Debian's python3-openpyxl
+
+    sheet = openpyxl.load_workbook(args["path"], read_only=True, data_only=True).worksheets[0]
+    rows = [r for r in sheet.iter_rows(values_only=True) if any(v is not None for v in r)]
+    if len(rows) < 2:
+        return None
+    width = len(rows[0])
+    last = list(rows[-1]) + [None] * (width - len(rows[-1]))
+    return ["nan" if v is None else str(v) for v in last[:width]]
+
+
+def vlc_status(args, deadline):
+    """VLC's status.xml from its HTTP interface (OSWorld's vlc_playing_info; password 'password')."""
+    req = urllib.request.Request("http://127.0.0.1:8080/requests/status.xml")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b":password").decode())
+    try:
+        with urllib.request.urlopen(req, timeout=min(10.0, max(deadline.left(), 1.0))) as resp:
+            return resp.read(4 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def default_video_player(args, deadline):
+    import subprocess
+
+    apps = []
+    for ext in args["types"]:
+        out = subprocess.run(
+            ["xdg-mime", "query", "default", f"video/{ext}"],
+            capture_output=True,
+            text=True,
+            timeout=max(deadline.left(), 1.0),
+        )
+        if out.stdout:
+            apps.append(out.stdout)
+    return collections.Counter(apps).most_common(1)[0][0] if apps else "unknown"
+
+
+OPS = {
+    f.__name__: f
+    for f in (
+        chrome_open_tabs,
+        chrome_close_tabs,
+        chrome_tabs,
+        chrome_active_url,
+        chrome_page,
+        chrome_html_parse,
+        chrome_info_from_website,
+        chrome_history,
+        chrome_cookies,
+        chrome_bookmarks,
+        chrome_pref,
+        add_history,
+        accessibility_tree,
+        terminal_output,
+        list_directory,
+        shortcuts_on_desktop,
+        slide_media,
+        xlsx_last_row,
+        vlc_status,
+        default_video_player,
+    )
+}
+
+
+def main(argv):
+    op, args = argv[1], json.loads(argv[2])
+    deadline = Deadline(args.pop("deadline", 30))
+    try:
+        value = OPS[op](args, deadline)
+    except Exception as exc:  # noqa: BLE001 (every failure is reported to the host as one line)
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]}))
+        return 1
+    print(json.dumps({"value": value}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

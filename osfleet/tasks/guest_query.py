@@ -1,0 +1,63 @@
+"""Asking the running desktop from the host: osfleet's query script run in the guest through the guest agent.
+
+Chrome's DevTools protocol (the office image starts Chromium as ``google-chrome`` with DevTools on port 1337),
+VLC's HTTP interface, AT-SPI's accessibility tree and the browser's profile files are all inside the guest, and
+a replica has no network device: so the script (``guest/osworld_query.py``, package data) is sent whole with
+each call as ``python3 -c SCRIPT OP ARGS`` and run as the desktop user on its display. It prints one JSON
+document; anything else (a crash, a timeout, output that is not that document) is reported as a
+``GuestQueryError`` naming the operation, never parsed further.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from functools import cache
+from importlib import resources
+from typing import Any, Protocol
+
+from osfleet.errors import OsfleetError
+
+SLACK_SECONDS = 3.0  # the script stops its own waits this much before the guest command's timeout
+
+
+class GuestShell(Protocol):
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
+
+
+class GuestQueryError(OsfleetError):
+    """The query script could not answer (Chrome not running, a file it cannot read, no python3 in the guest)."""
+
+
+@cache
+def script() -> str:
+    return resources.files("osfleet.tasks").joinpath("guest/osworld_query.py").read_text()
+
+
+@cache
+def html_parse_js() -> str:
+    return resources.files("osfleet.tasks").joinpath("guest/html_parse.js").read_text()
+
+
+def command(op: str, args: dict[str, Any], timeout: float) -> str:
+    """The guest command line for ``op``; the script's own deadline leaves room for its answer."""
+    body = {**args, "deadline": max(timeout - SLACK_SECONDS, 1.0)}
+    return f"python3 -c {shlex.quote(script())} {shlex.quote(op)} {shlex.quote(json.dumps(body))}"
+
+
+def ask(host: GuestShell, rid: str, op: str, args: dict[str, Any], timeout: float) -> Any:
+    """The value ``op`` returns in the guest; ``GuestQueryError`` when it reports an error or says nothing
+    readable. A guest that cannot be reached raises the guest agent's own error (infrastructure)."""
+    out = host.shell(rid, command(op, args, timeout), timeout)
+    lines = out["stdout"].strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not ({"value", "error"} & answer.keys()):
+        detail = (out["stderr"] or out["stdout"]).strip().splitlines()
+        last = detail[-1] if detail else ""
+        raise GuestQueryError(f"guest query {op} gave no answer (exit {out['exit_code']}): {last}")
+    if "error" in answer:
+        raise GuestQueryError(f"guest query {op}: {answer['error']}")
+    return answer["value"]
