@@ -105,7 +105,7 @@ class ReplicaHost:
             raise OsfleetError(f"unknown reset mode {mode!r} (cold or snapshot)")
         self.image = image
         self.settings = settings or Settings.from_env()
-        self.shape = shape or ReplicaShape()
+        self.shape = shape or image.shape
         self.mode: Mode = mode
         self.warm = warm
         self.max_replicas = max_replicas or default_max_replicas(footprint(self.settings, self.shape, mode, memory))
