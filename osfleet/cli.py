@@ -18,6 +18,7 @@ from osfleet.fleet.cli import fleet
 from osfleet.imaging.cli import accel_cmd, disk, image
 from osfleet.lab.cli import lab
 from osfleet.lab.infra_cli import infra
+from osfleet.openenv.cli import openenv
 from osfleet.plan import plan_cmd
 from osfleet.recording.cli import trajectories
 from osfleet.replicas.cli import replicas
@@ -56,6 +57,7 @@ for command in (
     chaos,
     plan_cmd,
     trajectories,
+    openenv,
 ):
     cli.add_command(command)
 

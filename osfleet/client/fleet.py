@@ -1,0 +1,382 @@
+"""``AsyncFleet``: an async client of a host agent or a fleet gateway (the same contract), and its sessions.
+
+A session is one lease: reset it to a task, step it, observe, evaluate, fork, release. Leasing is a context
+manager that always releases, whatever happens inside it, so a trainer's error path cannot leak a desktop;
+if the process dies instead, the server takes the replica back when the lease's TTL runs out.
+
+Many sessions share one ``AsyncFleet`` (one connection pool, one event loop): hundreds of episodes run
+concurrently from one process. Each step gets an ``action_id`` (generated unless given) that is reused on
+every retry, so a step the server already applied is replayed, never applied twice.
+
+``group(task, n)`` gives n sessions on the same task from the very same running desktop, for GRPO-style
+rollouts: one replica is reset to the task and forked n-1 ways (on a host agent or through a gateway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, overload
+
+from osfleet.api.models import ForkResponse, LeaseResponse, Observation, ReplicaView, ResetResponse, StepResponse
+from osfleet.client.errors import FleetError, InvalidRequestError, LeaseError, NotFoundError
+from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Transport
+from osfleet.client.types import (
+    ActionLike,
+    ResetResult,
+    Screen,
+    StepResult,
+    TaskLike,
+    actions_of,
+    task_body,
+)
+from osfleet.screen import ImageFormat
+from osfleet.tasks.model import Evaluation
+
+DEFAULT_LEASE_WAIT = 600.0  # seconds a lease waits for a free replica before CapacityError
+RELEASE_TIMEOUT = 60.0
+
+
+def read_token(token: str | None, token_file: str | Path | None) -> str:
+    """The bearer token: given, else from ``token_file``, else ``$OSFLEET_API_TOKEN``."""
+    if token:
+        return token.strip()
+    if token_file is not None:
+        try:
+            text = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise InvalidRequestError(f"token file {token_file}: {exc.strerror}") from None
+        if not text:
+            raise InvalidRequestError(f"token file {token_file} is empty")
+        return text
+    env = os.environ.get("OSFLEET_API_TOKEN", "").strip()
+    if env:
+        return env
+    raise InvalidRequestError("no token: pass token= or token_file=, or set OSFLEET_API_TOKEN")
+
+
+class AsyncSession:
+    """One leased replica. Use it as ``async with fleet.lease() as session:`` (released on exit)."""
+
+    def __init__(self, fleet: AsyncFleet, lease: LeaseResponse, steps: int = 0) -> None:
+        self.fleet = fleet
+        self.replica_id = lease.replica_id
+        self.lease_id = lease.lease_id
+        self.expires_at = lease.expires_at
+        self.task_id: str | None = None
+        self.instruction: str | None = None
+        self.steps = steps
+        self.released = False
+
+    def __repr__(self) -> str:
+        return f"<AsyncSession {self.replica_id} lease {self.lease_id[:8]}{' released' if self.released else ''}>"
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/replicas/{self.replica_id}"
+
+    def _live(self) -> None:
+        if self.released:
+            raise LeaseError(f"session on {self.replica_id} was released", status=409, kind="lease")
+
+    async def reset(
+        self,
+        task: TaskLike | None = None,
+        *,
+        observe: bool = True,
+        format: ImageFormat | None = None,
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> ResetResult:
+        """Back to the image's initial state, then the task's set-up (``task=None``: no task)."""
+        self._live()
+        body: dict[str, Any] = {"lease_id": self.lease_id, "observe": observe, **task_body(task)}
+        body |= self.fleet._observe_options(format, quality)
+        data = await self.fleet._t.call(
+            "POST", f"{self._path}/reset", body, retry="idempotent", timeout=timeout, what=f"reset {self.replica_id}"
+        )
+        r = ResetResponse.model_validate(data)
+        self.task_id, self.instruction, self.steps = r.task_id, r.instruction, 0
+        return ResetResult(r.replica_id, r.generation, r.task_id, r.instruction, r.seconds, Screen.of(r.observation))
+
+    async def step(
+        self,
+        actions: ActionLike | Sequence[ActionLike],
+        *,
+        action_id: str | None = None,
+        observe: bool = True,
+        format: ImageFormat | None = None,
+        quality: int | None = None,
+        metadata: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> StepResult:
+        """Apply a batch of actions once: retried with the same ``action_id`` on connection failures and 503s."""
+        self._live()
+        body: dict[str, Any] = {
+            "lease_id": self.lease_id,
+            "action_id": action_id or uuid.uuid4().hex,
+            "actions": [a.model_dump(mode="json") for a in actions_of(actions)],
+            "observe": observe,
+            **self.fleet._observe_options(format, quality),
+        }
+        if metadata is not None:
+            body["metadata"] = metadata
+        data = await self.fleet._t.call(
+            "POST", f"{self._path}/step", body, retry="idempotent", timeout=timeout, what=f"step {self.replica_id}"
+        )
+        r = StepResponse.model_validate(data)
+        if not r.replayed:
+            self.steps += 1
+        return StepResult(
+            r.action_id, r.replayed, r.done, r.results, Screen.of(r.observation), [x for x in r.results if not x.ok]
+        )
+
+    async def observe(
+        self, *, format: ImageFormat | None = None, quality: int | None = None, timeout: float | None = None
+    ) -> Screen:
+        self._live()
+        opts = self.fleet._observe_options(format, quality)
+        params: dict[str, Any] = {"lease_id": self.lease_id, "format": opts["observation_format"]}
+        if "observation_quality" in opts:
+            params["quality"] = opts["observation_quality"]
+        data = await self.fleet._t.call(
+            "GET",
+            f"{self._path}/observation",
+            params=params,
+            retry="idempotent",
+            timeout=timeout,
+            what=f"observe {self.replica_id}",
+        )
+        screen = Screen.of(Observation.model_validate(data))
+        assert screen is not None  # the route always sends the screenshot
+        return screen
+
+    async def evaluate(self, *, timeout: float | None = None) -> Evaluation:
+        """The task's reward now. An evaluation the infrastructure could not finish raises
+        ``InfrastructureError``; it is never a reward of 0."""
+        self._live()
+        data = await self.fleet._t.call(
+            "POST",
+            f"{self._path}/evaluate",
+            {"lease_id": self.lease_id},
+            retry="idempotent",
+            timeout=timeout,
+            what=f"evaluate {self.replica_id}",
+        )
+        return Evaluation.model_validate(data)
+
+    async def fork(self, children: int, *, timeout: float | None = None) -> list[AsyncSession]:
+        """``children`` new sessions that start from this replica's current state (screen, memory, disk), each
+        with its own lease, the task and the steps so far; this session goes on unchanged."""
+        self._live()
+        if children < 1:
+            raise InvalidRequestError(f"fork: children must be at least 1, not {children}")
+        data = await self.fleet._t.call(
+            "POST",
+            f"{self._path}/fork",
+            {"lease_id": self.lease_id, "children": children},
+            retry="never",
+            timeout=timeout or max(self.fleet._t.timeout, 60.0 + 15.0 * children),
+            what=f"fork {self.replica_id}",
+        )
+        forked = ForkResponse.model_validate(data)
+        out = []
+        for c in forked.children:
+            child = AsyncSession(
+                self.fleet,
+                LeaseResponse(replica_id=c.replica_id, lease_id=c.lease_id, expires_at=c.expires_at),
+                steps=self.steps,
+            )
+            child.task_id, child.instruction = self.task_id, self.instruction
+            out.append(child)
+        return out
+
+    async def release(self) -> None:
+        """End the lease (idempotent: a lease that already ended is not an error here)."""
+        if self.released:
+            return
+        self.released = True
+        # expired, already released, or the replica was retired: nothing left to give back
+        with contextlib.suppress(LeaseError, NotFoundError):
+            await self.fleet._t.call(
+                "POST",
+                f"{self._path}/release",
+                {"lease_id": self.lease_id},
+                retry="idempotent",
+                timeout=RELEASE_TIMEOUT,
+                what=f"release {self.replica_id}",
+            )
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.shield(self.release())
+
+
+class _Leasing:
+    """``await fleet.lease()`` gives a session; ``async with fleet.lease() as s`` also releases it."""
+
+    def __init__(self, fleet: AsyncFleet, holder: str, ttl: float | None, wait: float) -> None:
+        self._fleet, self._holder, self._ttl, self._wait = fleet, holder, ttl, wait
+        self._session: AsyncSession | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
+        return self._fleet._lease(self._holder, self._ttl, self._wait).__await__()
+
+    async def __aenter__(self) -> AsyncSession:
+        self._session = await self._fleet._lease(self._holder, self._ttl, self._wait)
+        return self._session
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._session is not None:
+            await asyncio.shield(self._session.release())
+
+
+class AsyncGroup(Sequence[AsyncSession]):
+    """n sessions that started from one running desktop (the first is the one that was reset and forked)."""
+
+    def __init__(self, sessions: list[AsyncSession], screens: list[Screen | None], ready_seconds: float) -> None:
+        self.sessions = sessions
+        self.screens = screens
+        self.ready_seconds = ready_seconds
+
+    @overload
+    def __getitem__(self, i: int) -> AsyncSession: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[AsyncSession]: ...
+    def __getitem__(self, i: int | slice) -> AsyncSession | Sequence[AsyncSession]:
+        return self.sessions[i]
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def __iter__(self) -> Iterator[AsyncSession]:
+        return iter(self.sessions)
+
+    async def release(self) -> None:
+        await asyncio.gather(*(s.release() for s in self.sessions), return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncGroup:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.shield(self.release())
+
+
+class AsyncFleet:
+    """A host agent's or a gateway's API. ``url`` e.g. ``http://127.0.0.1:8080``; the token from ``token``,
+    ``token_file`` or ``$OSFLEET_API_TOKEN``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        token_file: str | Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 256,
+        observation_format: ImageFormat = "png",
+        observation_quality: int | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        self._t = Transport(
+            url,
+            read_token(token, token_file),
+            timeout=timeout,
+            max_connections=max_connections,
+            retry=retry,
+            verify=verify,
+        )
+        self.url = self._t.url
+        self.observation_format: ImageFormat = observation_format
+        self.observation_quality = observation_quality
+
+    def __repr__(self) -> str:
+        return f"<AsyncFleet {self.url}>"
+
+    def _observe_options(self, fmt: ImageFormat | None, quality: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"observation_format": fmt or self.observation_format}
+        q = quality if quality is not None else self.observation_quality
+        if q is not None and out["observation_format"] != "png":
+            out["observation_quality"] = q
+        return out
+
+    async def _lease(self, holder: str, ttl: float | None, wait: float) -> AsyncSession:
+        body: dict[str, Any] = {"holder": holder}
+        if ttl is not None:
+            body["ttl_seconds"] = ttl
+        data = await self._t.call("POST", "/v1/leases", body, retry="refused", wait_capacity=wait, what="lease")
+        return AsyncSession(self, LeaseResponse.model_validate(data))
+
+    def lease(
+        self, holder: str = "osfleet-client", *, ttl: float | None = None, wait: float = DEFAULT_LEASE_WAIT
+    ) -> _Leasing:
+        """A ready replica, waiting up to ``wait`` seconds for one (then ``CapacityError``). ``ttl``: the lease's
+        length in seconds (the server's default otherwise): a crashed client's replica comes back after it."""
+        return _Leasing(self, holder, ttl, wait)
+
+    async def group(
+        self,
+        task: TaskLike,
+        n: int,
+        *,
+        holder: str = "osfleet-group",
+        ttl: float | None = None,
+        wait: float = DEFAULT_LEASE_WAIT,
+        observe: bool = True,
+        format: ImageFormat | None = None,
+    ) -> AsyncGroup:
+        """n sessions on ``task`` from the same running desktop (same windows, same clock second): one replica
+        reset to the task, forked n-1 ways. Released together with ``async with``; on failure nothing is kept."""
+        if n < 1:
+            raise InvalidRequestError(f"group: n must be at least 1, not {n}")
+        start = time.monotonic()
+        first = await self._lease(holder, ttl, wait)
+        sessions = [first]
+        try:
+            reset = await first.reset(task, observe=False)
+            del reset
+            if n > 1:
+                sessions += await first.fork(n - 1)
+            ready = time.monotonic() - start
+            screens: list[Screen | None] = [None] * n
+            if observe:
+                screens = list(await asyncio.gather(*(s.observe(format=format) for s in sessions)))
+            return AsyncGroup(sessions, screens, ready)
+        except BaseException:
+            await asyncio.shield(asyncio.gather(*(s.release() for s in sessions), return_exceptions=True))
+            raise
+
+    @asynccontextmanager
+    async def episode(self, task: TaskLike, **lease_options: Any) -> AsyncIterator[tuple[AsyncSession, ResetResult]]:
+        """Lease, reset to ``task``, and release at the end: the shape of one rollout."""
+        async with self.lease(**lease_options) as session:
+            yield session, await session.reset(task)
+
+    async def replicas(self) -> list[ReplicaView]:
+        data = await self._t.call("GET", "/v1/replicas", retry="idempotent", what="list replicas")
+        return [ReplicaView.model_validate(x) for x in data]
+
+    async def health(self) -> dict[str, Any]:
+        data = await self._t.call("GET", "/health", retry="idempotent", what="health")
+        return dict(data)
+
+    async def aclose(self) -> None:
+        await self._t.aclose()
+
+    async def __aenter__(self) -> AsyncFleet:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+
+__all__ = ["AsyncFleet", "AsyncGroup", "AsyncSession", "FleetError", "read_token"]

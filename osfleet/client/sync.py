@@ -1,0 +1,200 @@
+"""``Fleet``: the blocking twin of ``AsyncFleet``, for scripts, notebooks and Gymnasium environments.
+
+It does not re-implement anything: every call runs the async client's coroutine on an event loop of its own in
+a daemon thread, so both twins share the same retry rules, error types and connection pool behaviour, and a
+``Fleet`` may be used from several threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from osfleet.api.models import ReplicaView
+from osfleet.client.fleet import DEFAULT_LEASE_WAIT, AsyncFleet, AsyncGroup, AsyncSession
+from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy
+from osfleet.client.types import ActionLike, ResetResult, Screen, StepResult, TaskLike
+from osfleet.screen import ImageFormat
+from osfleet.tasks.model import Evaluation
+
+T = TypeVar("T")
+
+
+class _Loop:
+    """An event loop running in a daemon thread; ``run`` blocks the caller until a coroutine is done."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="osfleet-client", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if not self.loop.is_running():
+            coro.close()
+            raise RuntimeError("this Fleet is closed")
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result()
+        except KeyboardInterrupt:
+            fut.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        if not self.loop.is_running() and not self.loop.is_closed():
+            self.loop.close()
+
+
+class Session:
+    """One leased replica (blocking). ``with fleet.lease() as session:`` releases it on exit."""
+
+    def __init__(self, loop: _Loop, inner: AsyncSession) -> None:
+        self._loop, self.inner = loop, inner
+
+    def __repr__(self) -> str:
+        return repr(self.inner).replace("AsyncSession", "Session")
+
+    replica_id = property(lambda self: self.inner.replica_id)
+    lease_id = property(lambda self: self.inner.lease_id)
+    expires_at = property(lambda self: self.inner.expires_at)
+    task_id = property(lambda self: self.inner.task_id)
+    instruction = property(lambda self: self.inner.instruction)
+    steps = property(lambda self: self.inner.steps)
+    released = property(lambda self: self.inner.released)
+
+    def reset(self, task: TaskLike | None = None, **options: Any) -> ResetResult:
+        return self._loop.run(self.inner.reset(task, **options))
+
+    def step(self, actions: ActionLike | Sequence[ActionLike], **options: Any) -> StepResult:
+        return self._loop.run(self.inner.step(actions, **options))
+
+    def observe(
+        self, *, format: ImageFormat | None = None, quality: int | None = None, timeout: float | None = None
+    ) -> Screen:
+        return self._loop.run(self.inner.observe(format=format, quality=quality, timeout=timeout))
+
+    def evaluate(self, *, timeout: float | None = None) -> Evaluation:
+        return self._loop.run(self.inner.evaluate(timeout=timeout))
+
+    def fork(self, children: int, *, timeout: float | None = None) -> list[Session]:
+        return [Session(self._loop, s) for s in self._loop.run(self.inner.fork(children, timeout=timeout))]
+
+    def release(self) -> None:
+        self._loop.run(self.inner.release())
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
+class Group(Sequence[Session]):
+    def __init__(self, loop: _Loop, inner: AsyncGroup) -> None:
+        self._loop, self.inner = loop, inner
+        self.sessions = [Session(loop, s) for s in inner.sessions]
+        self.screens = inner.screens
+        self.ready_seconds = inner.ready_seconds
+
+    @overload
+    def __getitem__(self, i: int) -> Session: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Session]: ...
+    def __getitem__(self, i: int | slice) -> Session | Sequence[Session]:
+        return self.sessions[i]
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(self.sessions)
+
+    def release(self) -> None:
+        self._loop.run(self.inner.release())
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
+class Fleet:
+    """The blocking client: ``Fleet(url, token)``, then ``with fleet.lease() as s: s.reset(task); s.step(...)``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        token_file: str | Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 64,
+        observation_format: ImageFormat = "png",
+        observation_quality: int | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        self._loop = _Loop()
+        try:
+            self.inner = self._loop.run(
+                _make(
+                    url,
+                    token,
+                    token_file=token_file,
+                    timeout=timeout,
+                    retry=retry,
+                    max_connections=max_connections,
+                    observation_format=observation_format,
+                    observation_quality=observation_quality,
+                    verify=verify,
+                )
+            )
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.url = self.inner.url
+
+    def __repr__(self) -> str:
+        return f"<Fleet {self.url}>"
+
+    def lease(
+        self, holder: str = "osfleet-client", *, ttl: float | None = None, wait: float = DEFAULT_LEASE_WAIT
+    ) -> Session:
+        """A leased replica now; use it in a ``with`` block to release it whatever happens."""
+        return Session(self._loop, self._loop.run(self.inner._lease(holder, ttl, wait)))
+
+    def group(self, task: TaskLike, n: int, **options: Any) -> Group:
+        return Group(self._loop, self._loop.run(self.inner.group(task, n, **options)))
+
+    def replicas(self) -> list[ReplicaView]:
+        return self._loop.run(self.inner.replicas())
+
+    def health(self) -> dict[str, Any]:
+        return self._loop.run(self.inner.health())
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the async client (e.g. ``fleet.inner.group(...)``) on this client's loop."""
+        return self._loop.run(coro)
+
+    def close(self) -> None:
+        if self._loop.loop.is_running():
+            self._loop.run(self.inner.aclose())
+        self._loop.stop()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+async def _make(url: str, token: str | None, **options: Any) -> AsyncFleet:
+    """The async client is made on the loop's own thread, so its connection pool belongs to that loop."""
+    return AsyncFleet(url, token, **options)

@@ -1,0 +1,136 @@
+"""What the client hands back: the server's own published models, plus decoded screens.
+
+The wire models are the ones the server publishes (``osfleet.api.models``, ``osfleet.tasks.model``), so a
+client and the server never disagree on a field; ``Screen`` adds the decoded image a trainer wants.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from osfleet.api.models import Observation
+from osfleet.client.errors import InvalidActionError, InvalidTaskError
+from osfleet.replicas.actions import ACTIONS, Action, ActionResult
+from osfleet.tasks.model import Evaluation, Task
+from osfleet.tasks.osworld import OsworldTask
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+TaskLike = str | Task | OsworldTask | dict[str, Any] | Path
+"""A built-in task id (``"cli-write-note"``), an osfleet task, an OSWorld task (model or its JSON as a dict), or a
+task file (osfleet YAML/JSON or OSWorld JSON)."""
+
+ActionLike = Action | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Screen:
+    """One observation: the encoded image as the server sent it, decoded on demand."""
+
+    data: bytes
+    format: str
+    width: int
+    height: int
+    quality: int | None = None
+
+    @classmethod
+    def of(cls, obs: Observation | None) -> Screen | None:
+        if obs is None or obs.screenshot is None:
+            return None
+        return cls(base64.b64decode(obs.screenshot), obs.format, obs.width, obs.height, obs.quality)
+
+    def image(self) -> Image.Image:
+        from PIL import Image
+
+        return Image.open(io.BytesIO(self.data)).convert("RGB")
+
+    def array(self) -> np.ndarray:
+        """(height, width, 3) uint8, the layout Gymnasium and most vision models take."""
+        import numpy as np
+
+        return np.asarray(self.image(), dtype=np.uint8)
+
+    def base64(self) -> str:
+        return base64.b64encode(self.data).decode()
+
+    @property
+    def media_type(self) -> str:
+        return f"image/{self.format}"
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    replica_id: str
+    generation: int
+    task_id: str | None
+    instruction: str | None
+    seconds: float
+    screen: Screen | None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    action_id: str
+    replayed: bool
+    done: bool
+    results: list[ActionResult]
+    screen: Screen | None
+    failed: list[ActionResult] = field(default_factory=list)  # results with ok false, for convenience
+
+
+def actions_of(actions: ActionLike | Sequence[ActionLike]) -> list[Action]:
+    """Actions validated locally with the server's own models, so a malformed one fails before a round trip."""
+    items = list(actions) if isinstance(actions, list | tuple) else [actions]
+    if not items:
+        raise InvalidActionError("a step needs at least one action", status=422, kind="invalid_action")
+    raw = [a.model_dump(mode="json") if isinstance(a, BaseModel) else a for a in items]
+    try:
+        return ACTIONS.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidActionError(f"action {where}: {first['msg']}", status=422, kind="invalid_action") from None
+
+
+def task_body(task: TaskLike | None) -> dict[str, Any]:
+    """The part of a reset request that names the task (``task_id`` or ``task``)."""
+    if task is None:
+        return {}
+    if isinstance(task, str):
+        return {"task_id": task}
+    if isinstance(task, Path):
+        try:
+            text = task.read_text()
+        except OSError as exc:
+            raise InvalidTaskError(f"task file {task}: {exc.strerror}", status=422, kind="invalid_task") from None
+        data: Any
+        try:
+            data = json.loads(text)
+        except ValueError:
+            import yaml
+
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise InvalidTaskError(f"task file {task}: not JSON or YAML ({exc})", kind="invalid_task") from None
+        if not isinstance(data, dict):
+            raise InvalidTaskError(f"task file {task}: expected an object", status=422, kind="invalid_task")
+        return {"task": data}
+    if isinstance(task, BaseModel):
+        return {"task": task.model_dump(mode="json", exclude_unset=isinstance(task, OsworldTask))}
+    if isinstance(task, dict):
+        return {"task": task}
+    raise InvalidTaskError(f"a task is an id, a Task, an OSWorld task or a file, not {type(task).__name__}")
+
+
+__all__ = ["ActionLike", "Evaluation", "ResetResult", "Screen", "StepResult", "TaskLike", "actions_of", "task_body"]

@@ -1,0 +1,1 @@
+"""OpenEnv (openenv-core) adapter: osfleet desktops served as an OpenEnv environment."""

@@ -1,0 +1,80 @@
+"""``osfleet openenv serve``: osfleet desktops as an OpenEnv environment (one session = one lease)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from osfleet.cli_support import friendly
+from osfleet.errors import OsfleetError
+
+
+@click.group("openenv")
+def openenv() -> None:
+    """OpenEnv (openenv-core) environments over a host agent or gateway."""
+
+
+@openenv.command("serve")
+@click.option("--url", required=True, help="the host agent or gateway, e.g. http://127.0.0.1:8080")
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="bearer token for --url (default: $OSFLEET_API_TOKEN)",
+)
+@click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--task", default=None, help="default task of every session: a built-in id or a task file")
+@click.option("--max-steps", default=50, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--format", "fmt", type=click.Choice(["png", "jpeg", "webp"]), default="png", show_default=True)
+@click.option("--max-sessions", default=64, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--lease-seconds", default=None, type=click.FloatRange(1, 86400), help="lease length (server default)")
+@click.option("--allow-remote", is_flag=True, help="listen beyond loopback (OpenEnv clients send no credentials)")
+@friendly
+def serve(
+    url: str,
+    token_file: Path | None,
+    bind: str,
+    port: int,
+    task: str | None,
+    max_steps: int,
+    fmt: str,
+    max_sessions: int,
+    lease_seconds: float | None,
+    allow_remote: bool,
+) -> None:
+    """Serve OpenEnv's protocol (/reset, /step, /state, /health, /schema, /ws) over osfleet desktops."""
+    import uvicorn
+
+    from osfleet.client import Fleet, FleetError
+    from osfleet.openenv.server import check_bind, create_openenv_app
+
+    check_bind(bind, allow_remote)
+    chosen: str | Path | None = task
+    if task is not None and Path(task).is_file():
+        chosen = Path(task)
+    try:
+        fleet = Fleet(url, token_file=token_file)
+        health = fleet.health()
+    except FleetError as exc:
+        raise OsfleetError(f"{url}: {exc}") from None
+    try:
+        app = create_openenv_app(
+            fleet,
+            task=chosen,
+            max_steps=max_steps,
+            observation_format=fmt,  # type: ignore[arg-type]
+            max_sessions=max_sessions,
+            lease_seconds=lease_seconds,
+        )
+        click.echo(
+            f"osfleet OpenEnv server on http://{bind}:{port} over {url} ({health.get('image', 'fleet')}); "
+            f"default task {task or 'none'}",
+            err=True,
+        )
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        uvicorn.run(app, host=bind, port=port, log_level=level)
+    finally:
+        fleet.close()
