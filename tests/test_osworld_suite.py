@@ -41,12 +41,14 @@ NEEDS_THE_DESKTOP = {
 
 
 class HomeGuest:
-    """The guest's shell, played locally: ``/home/user`` is ``home``; python3 is the test's interpreter."""
+    """The guest's shell, played locally: ``/home/user`` is ``home`` (in task files, commands and paths read);
+    python3 is the test's interpreter."""
 
     def __init__(self, home: Path, bin_dir: Path) -> None:
         self.home, self.bin_dir = home, bin_dir
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        command = command.replace(HOME, str(self.home))  # getters name the guest's home by its path
         env = {**os.environ, "HOME": str(self.home), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
         p = subprocess.run(
             ["sh", "-c", command], capture_output=True, text=True, timeout=timeout, env=env, cwd=self.home
@@ -54,7 +56,7 @@ class HomeGuest:
         return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 
     def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        return Path(path).read_bytes()[:limit]
+        return Path(path.replace(HOME, str(self.home))).read_bytes()[:limit]
 
     def reset(self, replica_id: str, mode: object = None, unless_pristine: bool = False) -> None:
         """Back to the initial state: an empty home."""

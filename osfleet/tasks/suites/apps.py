@@ -155,7 +155,7 @@ json.dump(b, open(path, "w"), indent=3)"""
             {
                 "func": "check_font_size",
                 "result": {"type": "chrome_font_size"},
-                "expected": rule({"type": "range", "min": 20, "max": 99999}),
+                "expected": rule({"type": "range", "min": 19, "max": 99999}),
             },
             [_chrome_prefs('p.setdefault("webkit", {}).setdefault("webprefs", {})["default_font_size"] = 20')],
         )

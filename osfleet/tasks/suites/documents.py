@@ -37,7 +37,8 @@ def write_pdf(path, lines):
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
     out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
-    open(path, "wb").write(bytes(out))
+    with open(path, "wb") as f:
+        f.write(bytes(out))
 """
 
 

@@ -331,7 +331,7 @@ def _terminal_tasks(assets: Path) -> list[dict[str, Any]]:
             "Make a folder ~/reports holding two empty files, q1.txt and q2.txt, and nothing else.",
             [{"type": "execute", "parameters": {"command": ["rm", "-rf", f"{HOME}/reports"]}}],
             {
-                "func": "literal_match",
+                "func": "exact_match",
                 "result": {"type": "vm_command_line", "command": f"ls -A {HOME}/reports 2>/dev/null", "shell": True},
                 "expected": {"type": "rule", "rules": {"expected": "q1.txt\nq2.txt\n"}},
             },

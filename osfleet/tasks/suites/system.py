@@ -10,10 +10,11 @@ from osfleet.tasks.suites.common import HOME, cloud, download, python, rule, run
 
 
 def _command(command: str, expected: str) -> dict[str, Any]:
+    """``exact_match`` of a command's output (as OSWorld compares it: the whole output, its last newline too)."""
     return {
         "func": "exact_match",
         "result": {"type": "vm_command_line", "command": command, "shell": True},
-        "expected": rule({"expected": expected}),
+        "expected": rule({"expected": expected + "\n"}),
     }
 
 
