@@ -10,6 +10,7 @@ only inside this test). A web server on the host itself stands for the host agen
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -238,3 +239,65 @@ def test_proxy_mode_reaches_only_the_proxy(lab: Lab) -> None:
         other.terminate()
         other.wait(timeout=10)
     assert fetch(r1, f"http://{lab.policy.gateway}:{lab.agent_port}/").startswith("unreachable")
+
+
+@pytest.fixture
+def internet() -> Iterator[str]:
+    """A namespace behind the host with a web server on INTERNET (stands for the internet)."""
+    tag = uuid.uuid4().hex[:6]
+    ns, link = f"osfnt{tag}-net", f"osfnt{tag}u"
+    server = None
+    try:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "uplink", "netns", ns)
+        sh("ip", "addr", "add", f"{UPLINK_HOST}/24", "dev", link)
+        sh("ip", "link", "set", link, "up")
+        for args in (("addr", "add", f"{INTERNET}/24", "dev", "uplink"), ("link", "set", "uplink", "up")):
+            sh("ip", "-n", ns, *args)
+        web = ["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", str(WEB_PORT), "-b", INTERNET]
+        server = subprocess.Popen(web, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        until_up(ns, f"http://{INTERNET}:{WEB_PORT}/")
+        yield ns
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+        sh("ip", "link", "del", link, check=False)
+        sh("ip", "netns", "del", ns, check=False)
+
+
+@pytest.mark.vm
+@pytest.mark.slow
+@needs_net_admin
+def test_a_replica_on_the_office_image_reaches_the_internet_and_not_the_host(internet: str) -> None:
+    """A real replica with the network on: its guest fetches from "the internet", not from the host."""
+    from osfleet.replicas.manager import ReplicaHost
+    from osfleet.tasks.suites import suite_image
+
+    base = Settings.from_env()
+    settings = dataclasses.replace(base, replica_network="nat", replica_subnet="172.31.78.0/24")
+    image = suite_image("osworld", settings)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "18999", "-b", "0.0.0.0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text()
+    try:
+        with ReplicaHost(image, settings, mode="snapshot", auto_recover=False, spares=False) as h:
+            rid = h.create().replica
+            try:
+                h.lease("test")  # gives the guest its address
+                get = "curl -s -m 5 -o /dev/null -w %{http_code} "
+                out = h.shell(rid, get + f"http://{INTERNET}:{WEB_PORT}/", 30)
+                assert out["stdout"].strip() == "200", out
+                gateway = NetworkPolicy.parse("nat", "172.31.78.0/24").gateway
+                out = h.shell(rid, get + f"http://{gateway}:18999/", 30)
+                assert out["stdout"].strip() == "000", out  # no answer: the host's services stay out of reach
+            finally:
+                h.down([rid])
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
+        network.teardown(settings.name_prefix)
+        Path("/proc/sys/net/ipv4/ip_forward").write_text(forward_before)
