@@ -142,7 +142,13 @@ def test_check_json(tmp_path: Path) -> None:
     assert run_metric("check_json", f, {"unexpect": [{"key": "tabs", "method": "has", "ref": 2}]}, {})[0] == 0.0
     y = tmp_path / "c.yaml"
     y.write_text("a: {b: 1}\n")
-    assert run_metric("check_json", y, {"expect": [{"key": ["a", "b"], "ref": 1}]}, {"is_yaml": True})[0] == 1.0
+    assert (
+        run_metric("check_json", y, {"expect": [{"key": ["a", "b"], "method": "eq", "ref": 1}]}, {"is_yaml": True})[0]
+        == 1.0
+    )
+    assert (
+        run_metric("check_json", y, {"expect": [{"key": ["a", "b"], "ref": 1}]}, {"is_yaml": True})[0] == 0.0
+    )  # no method
     assert run_metric("check_json", y, {"expect": []}, {})[0] == 0.0  # not JSON
 
 
@@ -163,5 +169,5 @@ def test_a_metric_given_the_wrong_kind_of_value_scores_zero() -> None:
 
 
 def test_unknown_metric_is_refused_by_name() -> None:
-    with pytest.raises(UnsupportedTaskError, match="compare_pdfs"):
-        run_metric("compare_pdfs", None, None, {})
+    with pytest.raises(UnsupportedTaskError, match="compare_no_such_thing"):
+        run_metric("compare_no_such_thing", None, None, {})

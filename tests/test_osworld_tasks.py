@@ -216,7 +216,7 @@ def test_unsupported_features_are_all_named(home: Path) -> None:
         "instruction": "x",
         "config": [{"type": "chrome_open_tabs", "parameters": {}}, {"type": "googledrive", "parameters": {}}],
         "evaluator": {
-            "func": ["compare_pdfs", "exact_match"],
+            "func": ["compare_hologram", "exact_match"],
             "result": [{"type": "vm_file", "path": ["/a", "/b"], "multi": True}, {"type": "vm_wallpaper"}],
             "expected": [{"type": "rule", "rules": {}}, {"type": "rule", "rules": {}}],
             "conj": "or",
@@ -225,7 +225,7 @@ def test_unsupported_features_are_all_named(home: Path) -> None:
     assert unsupported_features(data) == [
         "set-up type 'chrome_open_tabs'",
         "set-up type 'googledrive'",
-        "metric 'compare_pdfs'",
+        "metric 'compare_hologram'",
         "conj 'or'",
         "result 'vm_file' with several files (multi)",
         "result type 'vm_wallpaper'",
@@ -262,7 +262,7 @@ def make_bundle(root: Path) -> Path:
     )
     (root / "calc").mkdir()
     (root / "calc" / "ok.json").write_text(json.dumps(calc_task("/home/user/budget.xlsx")))
-    bad = calc_task("/home/user/budget.xlsx", func="compare_pdfs")
+    bad = calc_task("/home/user/budget.xlsx", func="compare_hologram")
     (root / "calc" / "bad.json").write_text(json.dumps(bad))
     (root / "calc" / "broken.json").write_text("{")
     return root
@@ -271,7 +271,7 @@ def make_bundle(root: Path) -> Path:
 def test_import_reports_each_task_and_adds_the_bundle_assets(home: Path, tmp_path: Path) -> None:
     report = import_folder(make_bundle(tmp_path / "bundle"))
     by_file = {t.file: t for t in report.tasks}
-    assert by_file["calc/ok.json"].supported and by_file["calc/bad.json"].unsupported == ["metric 'compare_pdfs'"]
+    assert by_file["calc/ok.json"].supported and by_file["calc/bad.json"].unsupported == ["metric 'compare_hologram'"]
     assert by_file["calc/broken.json"].unsupported[0].startswith("not JSON")
     assert report.summary["supported"] == 1 and report.summary["tasks"] == 3 and report.assets_added == 2
     with pytest.raises(TaskError, match="no task JSON"):
@@ -284,9 +284,9 @@ def test_import_and_assets_commands(home: Path, tmp_path: Path) -> None:
     r = cli_runner.invoke(cli, ["tasks", "import", str(bundle), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out["summary"]["supported"] == 1 and out["summary"]["unsupported_features"]["metric 'compare_pdfs'"] == 1
+    assert out["summary"]["supported"] == 1 and out["summary"]["unsupported_features"]["metric 'compare_hologram'"] == 1
     r = cli_runner.invoke(cli, ["tasks", "import", str(bundle)])
-    assert "1 of 3 tasks supported" in r.output and "unsupported  calc/bad.json: metric 'compare_pdfs'" in r.output
+    assert "1 of 3 tasks supported" in r.output and "unsupported  calc/bad.json: metric 'compare_hologram'" in r.output
     f = tmp_path / "x.txt"
     f.write_text("x")
     r = cli_runner.invoke(cli, ["tasks", "assets", "add", "https://example.test/x.txt", str(f)])

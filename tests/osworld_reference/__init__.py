@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ class ReferenceError(RuntimeError):
     """OSWorld's function raised instead of scoring (its behaviour on that input)."""
 
 
+class StandInCalled(RuntimeError):
+    """OSWorld's function used a package that is not installed here: the reference could not run it."""
+
+
 class Reference:
     """OSWorld's metric functions in a child process of the reference environment."""
 
@@ -33,8 +38,12 @@ class Reference:
         if not python.exists():
             raise FileNotFoundError(f"{python}: run scripts/setup-osworld-reference (scripts/setup does)")
         env = {**os.environ, "PYTHONPATH": "", "PYTHONDONTWRITEBYTECODE": "1"}
+        # OSWorld's functions write beside themselves (vscode.compare_zip_files leaves temp.pdf in the working
+        # directory): give the child a folder of its own.
+        self._workdir = tempfile.TemporaryDirectory(prefix="osworld-reference-")
         self._proc = subprocess.Popen(
             [str(python), str(HERE / "reference.py")],
+            cwd=self._workdir.name,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -42,7 +51,8 @@ class Reference:
         )
 
     def score(self, module: str, func: str, *args: Any, **kwargs: Any) -> float:
-        """OSWorld's ``metrics.<module>.<func>(*args, **kwargs)``; raises ``ReferenceError`` when it raised."""
+        """OSWorld's ``metrics.<module>.<func>(*args, **kwargs)``; raises ``ReferenceError`` when it raised,
+        ``StandInCalled`` when it needed a package this machine lacks."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(json.dumps({"module": module, "func": func, "args": args, "kwargs": kwargs}) + "\n")
         self._proc.stdin.flush()
@@ -50,6 +60,8 @@ class Reference:
         if not line:
             raise RuntimeError(f"the reference process exited ({self._proc.wait()})")
         answer = json.loads(line)
+        if "stand_in" in answer:
+            raise StandInCalled(f"{module}.{func} used stand-ins: {', '.join(answer['stand_in'])}")
         if "error" in answer:
             raise ReferenceError(answer["error"])
         return float(answer["score"])
@@ -58,3 +70,6 @@ class Reference:
         if self._proc.stdin:
             self._proc.stdin.close()
         self._proc.wait(timeout=30)
+        if self._proc.stdout:
+            self._proc.stdout.close()
+        self._workdir.cleanup()

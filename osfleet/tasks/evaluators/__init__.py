@@ -2,9 +2,15 @@
 
 Each metric takes the ``result`` and ``expected`` values its getters produced (a local file path for
 ``vm_file``/``cloud_file``, a string for ``vm_command_line``, a dict for ``rule``) and the evaluator's
-``options``, and returns a score in [0, 1]. A value a metric cannot use (a file that is missing, corrupt,
-or of the wrong kind) scores 0 with a reason, as in OSWorld: the agent did not produce what was asked.
-Only failures to reach the guest are infrastructure errors, and those are raised by the getters.
+``options``, and returns a score (in [0, 1] for all but ``run_sqlite3``, which returns its query's number as
+OSWorld does) with a reason. A value a metric cannot use (a file that is missing, corrupt, or of the wrong
+kind) scores 0 with a reason, as in OSWorld, where the metric raises and the task gets no score: the agent
+did not produce what was asked. Only failures to reach the guest are infrastructure errors, and those are
+raised by the getters.
+
+Metrics live in one module per family, each exporting ``METRICS`` and ``NEEDS`` (the Python modules a metric
+imports beyond osfleet's own dependencies); the differential check (``tests/test_osworld_differential_*``)
+scores each against OSWorld's own function.
 """
 
 from __future__ import annotations
@@ -13,29 +19,61 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from osfleet.tasks.evaluators import documents, tables, text
+from osfleet.tasks.evaluators import (
+    archives,
+    browser,
+    desktop,
+    documents,
+    images,
+    json_settings,
+    mail,
+    media,
+    pdfs,
+    programs,
+    records,
+    tables,
+    text,
+)
 from osfleet.tasks.model import UnsupportedTaskError
 
 Metric = Callable[[Any, Any, dict[str, Any]], "Score"]
 Score = tuple[float, str]
 
 METRICS: dict[str, Metric] = {
-    "exact_match": text.exact_match,
-    "check_include_exclude": text.check_include_exclude,
-    "literal_match": text.literal_match,
-    "is_in_list": text.is_in_list,
-    "compare_text_file": text.compare_text_file,
-    "check_json": text.check_json,
     "compare_table": tables.compare_table,
     "compare_docx_files": documents.compare_docx_files,
     "compare_pptx_files": documents.compare_pptx_files,
 }
+# Python modules a metric needs on the host, beyond osfleet's own dependencies.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "compare_table": ("openpyxl",),
+    "compare_docx_files": ("docx",),
+    "compare_pptx_files": ("pptx",),
+}
+for _family in (text, json_settings, records, desktop, browser, pdfs, archives, images, media, mail, programs):
+    METRICS.update(_family.METRICS)
+    NEEDS.update(_family.NEEDS)
 
-# Python modules a metric needs on the host (the ``office`` extra of osfleet).
-NEEDS: dict[str, tuple[str, str]] = {
-    "compare_table": ("openpyxl", "openpyxl"),
-    "compare_docx_files": ("docx", "python-docx"),
-    "compare_pptx_files": ("pptx", "python-pptx"),
+# Where a needed module comes from: (pip requirement, the osfleet extra that pins it).
+PACKAGES: dict[str, tuple[str, str]] = {
+    "openpyxl": ("openpyxl", "office"),
+    "docx": ("python-docx", "office"),
+    "pptx": ("python-pptx", "office"),
+    "numpy": ("numpy", "osworld"),
+    "scipy": ("scipy", "osworld"),
+    "skimage": ("scikit-image", "osworld"),
+    "cv2": ("opencv-python-headless", "osworld"),
+    "imagehash": ("imagehash", "osworld"),
+    "rapidfuzz": ("rapidfuzz", "osworld"),
+    "bs4": ("beautifulsoup4", "osworld"),
+    "lxml": ("lxml", "osworld"),
+    "cssselect": ("cssselect", "osworld"),
+    "tldextract": ("tldextract", "osworld"),
+    "mutagen": ("mutagen", "osworld"),
+    "pdfplumber": ("pdfplumber", "osworld"),
+    "pypdf": ("pypdf", "osworld"),
+    "librosa": ("librosa", "osworld"),
+    "fastdtw": ("fastdtw", "osworld"),
 }
 
 
@@ -43,11 +81,12 @@ def require(func: str) -> None:
     """Refuse a task whose metric cannot run on this host, before a replica is touched."""
     if func not in METRICS:
         raise UnsupportedTaskError(f"unsupported OSWorld metric {func!r} (supported: {', '.join(METRICS)})")
-    need = NEEDS.get(func)
-    if need and importlib.util.find_spec(need[0]) is None:
-        raise UnsupportedTaskError(
-            f"OSWorld metric {func!r} needs {need[1]} on this host (pip install 'osfleet[office]')"
-        )
+    for module in NEEDS.get(func, ()):
+        if importlib.util.find_spec(module) is None:
+            pip, extra = PACKAGES[module]
+            raise UnsupportedTaskError(
+                f"OSWorld metric {func!r} needs {pip} on this host (pip install 'osfleet[{extra}]')"
+            )
 
 
 def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any]) -> Score:

@@ -1,0 +1,114 @@
+"""``check_python_file_by_test_suite``: the task's test suite (a Python file) run against the agent's code.
+
+OSWorld imports the test file in its own process, with the test file's folder (where its getters put the
+agent's files too) as the working directory, calls its ``test`` function (option ``test_function_name``)
+and scores its answer: a bool as 1/0, a number clamped to [0, 1], anything else by its truth; a file that
+is missing, does not import, or whose test raises scores 0.
+
+Here the test runs in a separate Python process (``python -I``), in a fresh folder holding the test file
+and the agent's files under the names the task gave them (the getter's numbered prefix dropped), with a
+time limit (``TEST_SECONDS``), an address-space limit and an empty environment: the agent's code is
+hostile and must not run inside osfleet's process. The test can import only what osfleet's Python has
+installed; OSWorld's host has its own packages, so a test suite that imports something osfleet lacks scores
+0 here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, scored, short
+
+TEST_SECONDS = 120
+TEST_MEMORY_BYTES = 2 * 2**30
+_GETTER_PREFIX = re.compile(r"^\d+-")
+
+# Runs in the child: argv = [test file, test function name]; prints {"score"} or {"error"} as its last line.
+_RUNNER = r"""
+import importlib.util, json, os, sys
+path, name = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.dirname(path))
+def answer(**kw):
+    sys.__stdout__.write("\n" + json.dumps(kw) + "\n")
+try:
+    spec = importlib.util.spec_from_file_location("osfleet_test_suite", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["osfleet_test_suite"] = module
+    spec.loader.exec_module(module)
+    test = getattr(module, name, None)
+    if not callable(test):
+        answer(error=f"no test function {name!r}")
+    else:
+        r = test()
+        if isinstance(r, bool):
+            answer(score=1.0 if r else 0.0)
+        elif isinstance(r, (int, float)):
+            answer(score=max(0.0, min(1.0, float(r))))
+        else:
+            answer(score=1.0 if bool(r) else 0.0)
+except BaseException as exc:
+    answer(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+"""
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (TEST_MEMORY_BYTES, TEST_MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _files(value: Any) -> list[Path]:
+    if value is None:
+        return []
+    values = value if isinstance(value, list | tuple) else [value]
+    return [file_path(v) for v in values if v]
+
+
+@scored("test_function_name")
+def check_python_file_by_test_suite(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    if not expected:
+        return 0.0, "no test suite"
+    suite = file_path(expected)
+    if not suite.is_file():
+        return 0.0, "the test suite does not exist"
+    name = str(options.get("test_function_name", "test"))
+    with tempfile.TemporaryDirectory(prefix="osfleet-test-suite-") as tmp:
+        folder = Path(tmp)
+        for f in _files(result):
+            if f.is_file():
+                shutil.copyfile(f, folder / _GETTER_PREFIX.sub("", f.name))
+        test = folder / _GETTER_PREFIX.sub("", suite.name)
+        shutil.copyfile(suite, test)
+        try:
+            out = subprocess.run(
+                [sys.executable, "-I", "-c", _RUNNER, str(test), name],
+                cwd=folder,
+                env={"PATH": "/usr/bin:/bin", "HOME": str(folder)},
+                capture_output=True,
+                text=True,
+                timeout=TEST_SECONDS,
+                preexec_fn=_limits,
+            )
+        except subprocess.TimeoutExpired:
+            return 0.0, f"the test suite ran longer than {TEST_SECONDS} s"
+    lines = out.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        answer = {}
+    if "score" in answer:
+        return float(answer["score"]), f"the test suite gave {answer['score']}"
+    if "error" in answer:
+        return 0.0, f"the test suite failed: {short(answer['error'], 200)}"
+    raise CannotScore(f"the test suite gave no answer (exit {out.returncode}): {short(out.stderr[-200:])}")
+
+
+METRICS: dict[str, Metric] = {"check_python_file_by_test_suite": check_python_file_by_test_suite}
+NEEDS: dict[str, tuple[str, ...]] = {}
