@@ -12,8 +12,9 @@ desktop (openbox, no systemd, no network); this module installs them, and stages
 - **Pre-started applications** (``prestart``): the session script ``osfleet-apps`` starts them and writes
   ``/run/user/<uid>/osfleet-apps-ready`` once each answers; ``osfleet.readiness`` waits for that file before a
   running state is saved, so every replica restored from it has them up.
-- **The session's environment** (``session.env``: session bus, runtime folder, accessibility on) reaches every
-  command osfleet runs as the desktop user: ``runuser`` and ``su`` read it through ``pam_env``.
+- **The session's environment** (``session.env``: PATH with /usr/local/bin, session bus, runtime folder,
+  accessibility on) reaches every command osfleet runs as the desktop user: ``runuser`` and ``su`` read it
+  through ``pam_env`` (the guest agent's own PATH lacks /usr/local/bin).
 
 Only recipes with ``osworld_desktop`` get these files, and only theirs count in the image's hash, so the
 default desktop keeps its name.
@@ -107,14 +108,15 @@ def configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
     put("apps", "/usr/local/bin/osfleet-apps", 0o755)
     host.run(f"mkdir -p {q(rootfs + '/usr/local/lib/osfleet')}")
     put("prewarm-office.py", "/usr/local/lib/osfleet/prewarm-office.py")
-    put("gnome-terminal", "/usr/local/bin/gnome-terminal", 0o755)
+    # Where Ubuntu has them (OSWorld's steps call /usr/bin/...); the rest of osfleet's own in /usr/local.
+    put("gnome-terminal", "/usr/bin/gnome-terminal", 0o755)
     if recipe.chrome_devtools_port is not None:
         put("google-chrome", "/usr/bin/google-chrome", 0o755)
         host.run(f"ln -sf google-chrome {q(rootfs + '/usr/bin/google-chrome-stable')}")
         put("google-chrome.desktop", "/usr/share/applications/google-chrome.desktop")
     if recipe.code_server:
         put("code-server", "/usr/local/bin/osfleet-code-server", 0o755)
-        put("code", "/usr/local/bin/code", 0o755)
+        put("code", "/usr/bin/code", 0o755)
     for service in PAM_SERVICES:
         host.run(f"echo {q(PAM_LINE)} >> {q(f'{rootfs}/etc/pam.d/{service}')}")
     sudoers = f"{user} ALL=(root) NOPASSWD: /usr/local/sbin/osfleet-runtime-dir\n"

@@ -143,7 +143,18 @@ json.dump(b, open(path, "w"), indent=3)"""
                 "result": {"type": "open_tabs_info"},
                 "expected": rule({"type": "url", "urls": list(pages.values())}),
             },
-            [shell(f"curl -sf -X PUT '{DEVTOOLS}/json/new?{pages[n]}' >/dev/null") for n in ("maps", "mail")],
+            [
+                # Chrome under TCG takes tens of seconds per new tab: open both, then wait until DevTools lists
+                # them, so the check finds Chrome done rather than busy.
+                shell(
+                    "; ".join(
+                        f"curl -sf -m 60 -X PUT '{DEVTOOLS}/json/new?{pages[n]}' >/dev/null" for n in ("maps", "mail")
+                    )
+                    + f"; for i in $(seq 1 90); do n=$(curl -sf -m 10 {DEVTOOLS}/json/list | grep -cE "
+                    + '\'"url": "file://.*/site/(maps|mail).html"\'); [ "$n" -ge 2 ] && exit 0; sleep 1; done; exit 1',
+                    timeout=240,
+                )
+            ],
         )
     )
     out.append(
@@ -322,7 +333,16 @@ def _vlc_tasks(assets: Path) -> list[dict[str, Any]]:
                 "result": {"type": "vlc_playing_info", "dest": "status.xml"},
                 "expected": rule({"type": "file_name", "file_name": "tone.wav"}),
             },
-            [shell(f"curl -sf -u :password '{VLC_HTTP}?command=pl_forceresume' >/dev/null")],
+            [
+                # VLC under TCG takes a moment to leave the paused state: resume, then wait until it says so.
+                shell(
+                    f"curl -sf -u :password '{VLC_HTTP}?command=pl_forceresume' >/dev/null; "
+                    f"for i in $(seq 1 60); do curl -sf -u :password {VLC_HTTP} | grep -q '<state>playing</state>' "
+                    f"&& exit 0; [ $i = 20 ] && curl -sf -u :password '{VLC_HTTP}?command=pl_play' >/dev/null; "
+                    "sleep 1; done; exit 1",
+                    timeout=90,
+                )
+            ],
         )
     )
     return out
