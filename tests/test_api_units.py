@@ -107,7 +107,7 @@ def test_osworld_subset_converts() -> None:
     ("change", "named"),
     [
         ({"config": [{"type": "chrome_open_tabs", "parameters": {}}]}, "set-up type 'chrome_open_tabs'"),
-        ({"evaluator": {"func": "compare_pdfs", "result": {}, "expected": {}}}, "metric 'compare_pdfs'"),
+        ({"evaluator": {"func": "compare_image_text", "result": {}, "expected": {}}}, "metric 'compare_image_text'"),
         (
             {
                 "evaluator": {

@@ -119,6 +119,41 @@ class DroppingProxy:
         self.sock.close()
 
 
+@contextlib.contextmanager
+def openenv_server(url: str, token_file: Path, folder: Path, *options: str) -> Iterator[int]:
+    """``osfleet openenv serve`` over ``url`` as a real process; yields its port once it answers, then SIGTERM."""
+    port = free_port()
+    with (folder / "openenv.log").open("w") as log:
+        proc = subprocess.Popen(
+            [
+                str(REPO / ".venv/bin/osfleet"),
+                "openenv",
+                "serve",
+                "--url",
+                url,
+                "--token-file",
+                str(token_file),
+                "--port",
+                str(port),
+                *options,
+            ],
+            stderr=log,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                    break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, "openenv serve did not start"
+                    time.sleep(0.2)
+            yield port
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
 # --- the async client --------------------------------------------------------------------------------------------
 def test_a_session_resets_steps_observes_evaluates_forks_and_releases(agent: Agent) -> None:
     async def main() -> None:
@@ -428,35 +463,7 @@ def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve
     token_file.write_text(TOKEN + "\n")
     task_file = tmp_path / "task.json"
     task_file.write_text(json.dumps(TASK))
-    port = free_port()
-    log = (tmp_path / "openenv.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(REPO / ".venv/bin/osfleet"),
-            "openenv",
-            "serve",
-            "--url",
-            url_of(agent),
-            "--token-file",
-            str(token_file),
-            "--port",
-            str(port),
-            "--task",
-            str(task_file),
-            "--max-steps",
-            "3",
-        ],
-        stderr=log,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "openenv serve did not start"
-                time.sleep(0.2)
+    with openenv_server(url_of(agent), token_file, tmp_path, "--task", str(task_file), "--max-steps", "3") as port:
         schema = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/schema", timeout=5).read())
         assert "actions" in schema["action"]["properties"]
 
@@ -476,10 +483,6 @@ def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve
         while leased(agent) and time.monotonic() < deadline:  # the session's desktop goes back when it closes
             time.sleep(0.1)
         assert leased(agent) == 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        log.close()
 
 
 def test_openenv_serve_refuses_to_listen_beyond_loopback_without_saying_so(tmp_path: Path) -> None:

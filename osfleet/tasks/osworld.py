@@ -21,9 +21,9 @@ import logging
 import re
 import shlex
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
 from osfleet.errors import OsfleetError, first_problem
 from osfleet.tasks import evaluators
@@ -195,11 +195,16 @@ class ConstantExpected(_Open):
 
 Result = Annotated[VmCommandLine | VmFile | CloudFile | RuleExpected | VmWindowSize, Field(discriminator="type")]
 Expected = Annotated[RuleExpected | ConstantExpected | VmFile | CloudFile | VmCommandLine, Field(discriminator="type")]
-# Every metric ``evaluators.METRICS`` holds, as the published schema's enum (one list, kept there).
-if TYPE_CHECKING:
-    Metric = str
-else:
-    Metric = Literal[tuple(evaluators.METRICS)]
+
+
+def _known_metric(name: str) -> str:
+    if name not in METRICS:
+        raise ValueError(f"unsupported OSWorld metric {name!r}")
+    return name
+
+
+# A metric osfleet runs (osfleet.tasks.evaluators.METRICS), offered as an enum in the published schema.
+Metric = Annotated[str, AfterValidator(_known_metric), WithJsonSchema({"type": "string", "enum": list(METRICS)})]
 ExpectedValue = RuleExpected | ConstantExpected | VmFile | CloudFile | VmCommandLine
 ResultValue = VmCommandLine | VmFile | CloudFile | RuleExpected | VmWindowSize
 

@@ -33,11 +33,17 @@ class StandInCalled(RuntimeError):
 class Reference:
     """OSWorld's metric functions in a child process of the reference environment."""
 
-    def __init__(self, python: Path | None = None) -> None:
+    def __init__(self, python: Path | None = None, shims: tuple[str, ...] = ()) -> None:
+        """``shims``: imports to satisfy with ``shim_<name>.py`` of this folder instead of an empty stand-in."""
         python = python or reference_python()
         if not python.exists():
             raise FileNotFoundError(f"{python}: run scripts/setup-osworld-reference (scripts/setup does)")
-        env = {**os.environ, "PYTHONPATH": "", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": "",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OSWORLD_REFERENCE_SHIMS": ",".join(shims),
+        }
         # OSWorld's functions write beside themselves (vscode.compare_zip_files leaves temp.pdf in the working
         # directory): give the child a folder of its own.
         self._workdir = tempfile.TemporaryDirectory(prefix="osworld-reference-")

@@ -28,9 +28,12 @@ from osfleet.tasks.evaluators import (
     json_settings,
     mail,
     media,
+    office_config,
     pdfs,
     programs,
     records,
+    sheets_csv,
+    slides,
     tables,
     text,
 )
@@ -39,24 +42,28 @@ from osfleet.tasks.model import UnsupportedTaskError
 Metric = Callable[[Any, Any, dict[str, Any]], "Score"]
 Score = tuple[float, str]
 
-METRICS: dict[str, Metric] = {
-    "compare_table": tables.compare_table,
-    "compare_docx_files": documents.compare_docx_files,
-    "compare_pptx_files": documents.compare_pptx_files,
-}
+FAMILIES = (
+    tables, sheets_csv, documents, slides, office_config, pdfs,  # office files
+    text, json_settings, records, desktop, browser, archives, images, media, mail, programs,
+)  # fmt: skip
+METRICS: dict[str, Metric] = {}
 # Python modules a metric needs on the host, beyond osfleet's own dependencies.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "compare_table": ("openpyxl",),
-    "compare_docx_files": ("docx",),
-    "compare_pptx_files": ("pptx",),
-}
-for _family in (text, json_settings, records, desktop, browser, pdfs, archives, images, media, mail, programs):
+NEEDS: dict[str, tuple[str, ...]] = {}
+for _family in FAMILIES:
+    _clash = set(METRICS) & set(_family.METRICS)
+    if _clash:  # one implementation per metric: a second would silently replace the first
+        raise RuntimeError(f"{_family.__name__} defines {sorted(_clash)} again")
     METRICS.update(_family.METRICS)
-    NEEDS.update(_family.NEEDS)
+    for _name, _needs in getattr(_family, "NEEDS", {}).items():
+        # a module name, or (module, package) pairs as the office families write them
+        NEEDS[_name] = tuple(n if isinstance(n, str) else n[0] for n in _needs)
 
 # Where a needed module comes from: (pip requirement, the osfleet extra that pins it).
 PACKAGES: dict[str, tuple[str, str]] = {
     "openpyxl": ("openpyxl", "office"),
+    "pandas": ("pandas", "office"),
+    "formulas": ("formulas", "office"),
+    "odf": ("odfpy", "office"),
     "docx": ("python-docx", "office"),
     "pptx": ("python-pptx", "office"),
     "numpy": ("numpy", "osworld"),

@@ -1,5 +1,6 @@
 """What OSWorld's metric families share: reading a getter's value, OSWorld's rule matcher, and how a metric
-that cannot score ends.
+that cannot score ends (``scored`` for metrics that check OSWorld's keyword options, ``guarded`` for the office
+metrics that take ``**options``: the same wrapper underneath).
 
 OSWorld's ``DesktopEnv.evaluate`` calls ``metric(result, expected, **options)`` and gives no score when the
 metric raises: the task counts as failed. So in osfleet a metric that meets a value it cannot use (a missing
@@ -15,6 +16,7 @@ import builtins
 import functools
 import operator
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,43 +31,65 @@ class CannotScore(ValueError):
     """The value cannot be scored; the metric scores 0 with this message."""
 
 
+NotScored = CannotScore  # the office metrics' name for it
+
+
 def short(value: Any, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _never_raising(name: str, func: Callable[..., Score], accepts: frozenset[str] | None) -> Metric:
+    """``func`` as a metric that scores 0 with the reason where OSWorld's function would raise (and so score
+    nothing). Everything that reaches a metric came from a guest or a task file, so an exception of the libraries
+    that parse it (PIL, zipfile, sqlite3, lxml, openpyxl, json, ...) is the value's fault, not the host's: it is
+    turned into a 0 here, in one place. A missing package is not: ``ImportError`` is raised, as ``require``
+    promised. Library warnings are silenced (a test run turns them into errors, which would change scores)."""
+
+    @functools.wraps(func)
+    def wrapper(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+        unknown = [] if accepts is None else sorted(set(options) - accepts)
+        if unknown:
+            return 0.0, f"{name}: OSWorld's function takes no option {', '.join(unknown)}"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                score, reason = func(result, expected, options)
+        except ImportError:
+            raise
+        except CannotScore as exc:
+            return 0.0, f"{name}: {exc}"
+        except RecursionError:
+            return 0.0, f"{name}: value nested too deeply"
+        except Exception as exc:  # noqa: BLE001  (see the docstring: OSWorld gives no score, counted 0)
+            message = str(exc).splitlines()[0] if str(exc) else ""
+            return 0.0, f"{name}: cannot compare ({type(exc).__name__}: {message[:200]})"
+        return float(score), reason
+
+    # The options OSWorld's function takes (None: any), for metrics that call this one.
+    wrapper.osworld_options = accepts  # type: ignore[attr-defined]
+    return wrapper
+
+
 def scored(*accepts: str, any_options: bool = False) -> Callable[[Callable[..., Score]], Metric]:
-    """Make ``func(result, expected, options)`` a metric that scores 0 with the reason where OSWorld's function
-    would raise (and so score nothing).
+    """Make ``func(result, expected, options)`` a metric that never raises (``_never_raising``).
 
     ``accepts`` names the options OSWorld's function takes as keyword arguments; any other option makes
     OSWorld's call fail (an unexpected keyword argument), so it scores 0 here too, unless ``any_options``
-    (the function takes ``**options``). Everything that reaches a metric came from a guest or a task file,
-    so an exception of the libraries that parse it (PIL, zipfile, sqlite3, lxml, json, ...) is the value's
-    fault, not the host's: it is turned into a 0 here, in one place. A missing package is not: ``ImportError``
-    is raised, as ``require`` promised.
+    (the function takes ``**options``).
     """
 
     def decorate(func: Callable[..., Score]) -> Metric:
-        @functools.wraps(func)
-        def wrapper(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-            unknown = [] if any_options else sorted(set(options) - set(accepts))
-            if unknown:
-                return 0.0, f"{func.__name__}: OSWorld's function takes no option {', '.join(unknown)}"
-            try:
-                score, reason = func(result, expected, options)
-            except ImportError:
-                raise
-            except RecursionError:
-                return 0.0, f"{func.__name__}: value nested too deeply"
-            except Exception as exc:  # noqa: BLE001  (see the docstring: OSWorld gives no score, counted 0)
-                message = str(exc).splitlines()[0] if str(exc) else ""
-                return 0.0, f"{func.__name__}: cannot compare ({type(exc).__name__}: {message[:200]})"
-            return float(score), reason
+        return _never_raising(func.__name__, func, None if any_options else frozenset(accepts))
 
-        # The options OSWorld's function takes (None: any), for metrics that call this one.
-        wrapper.osworld_options = None if any_options else frozenset(accepts)  # type: ignore[attr-defined]
-        return wrapper
+    return decorate
+
+
+def guarded(name: str) -> Callable[[Metric], Metric]:
+    """``scored(any_options=True)`` under an explicit name (the office metrics read their options themselves)."""
+
+    def decorate(func: Metric) -> Metric:
+        return _never_raising(name, func, None)
 
     return decorate
 
@@ -153,3 +177,19 @@ def match_rule(value: Any, rule: dict[str, Any]) -> bool:
         container = builtins.list if method == "str_list_eq" else builtins.set
         return bool(container(value.strip("\"'").split(",")) == container(ref))
     raise CannotScore(f"unknown rule method {method!r}")
+
+
+def file_arg(value: Any) -> str | None:
+    """A getter's file as OSWorld's functions see it: a path string, or None when the file was not there."""
+    if value is None:
+        return None
+    if isinstance(value, Path | str):
+        return str(value)
+    raise CannotScore(f"needs a file, got {type(value).__name__}")
+
+
+def fuzz_ratio(a: str, b: str) -> float:
+    """Similarity of two strings in [0, 100] (rapidfuzz's ``ratio``: normalised Indel distance), as OSWorld."""
+    from rapidfuzz import fuzz
+
+    return float(fuzz.ratio(a, b))

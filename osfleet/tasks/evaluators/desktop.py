@@ -1,5 +1,4 @@
-"""Metrics on the desktop's state: GNOME settings, the time zone, folders, the accessibility tree, GIMP's
-configuration files.
+"""Metrics on the desktop's state: GNOME settings, the time zone, folders, the accessibility tree.
 
 - ``check_gnome_favorite_apps``: gsettings' list of favourite apps (``['a.desktop', 'b.desktop']``) holds
   exactly ``rules.expected``, in any order. OSWorld ``eval``s the guest's output; osfleet reads it as a
@@ -12,8 +11,7 @@ configuration files.
   commas, in the AT-SPI namespaces of option ``osname``, ``ubuntu`` by default) selects some element; with
   ``text``, the best of those elements' texts equals it (``exact``) or its fuzzy ratio counts; the score is
   the product. The XML is parsed without resolving entities (hostile input), which OSWorld's parser does.
-- ``check_config_status``: a GIMP configuration file (``(key value)`` lines) has a line whose first item is
-  ``rules.key`` (or whose first two items are the two of ``rules.key``) and whose last is ``rules.value``.
+(GIMP's ``check_config_status`` lives with the other configuration-file metrics, in ``office_config``.)
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from osfleet.tasks.evaluators.common import Metric, Score, read_text, scored, short, text_lines
+from osfleet.tasks.evaluators.common import Metric, Score, scored, short
 
 
 @scored()
@@ -96,34 +94,11 @@ def check_accessibility_tree(result: Any, expected: Any, options: dict[str, Any]
     return total, f"accessibility tree score {total}"
 
 
-@scored()
-def check_config_status(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    if result is None:
-        return 0.0, "no configuration file"
-    for line in text_lines(read_text(result)):
-        if line.startswith("#") or line == "\n":
-            continue
-        items = line.strip().lstrip("(").rstrip(")\n").split()
-        key = expected["key"]
-        single = isinstance(key, str) and items[0] == key and items[-1] == expected["value"]
-        pair = (
-            isinstance(key, list)
-            and len(key) == 2
-            and items[0] == key[0]
-            and items[1] == key[1]
-            and items[-1] == expected["value"]
-        )
-        if single or pair:
-            return 1.0, f"{short(line.strip())}"
-    return 0.0, f"no line sets {short(expected['key'])} to {short(expected['value'])}"
-
-
 METRICS: dict[str, Metric] = {
     "check_gnome_favorite_apps": check_gnome_favorite_apps,
     "is_utc_0": is_utc_0,
     "check_text_enlarged": check_text_enlarged,
     "check_moved_jpgs": check_moved_jpgs,
     "check_accessibility_tree": check_accessibility_tree,
-    "check_config_status": check_config_status,
 }
 NEEDS: dict[str, tuple[str, ...]] = {"check_accessibility_tree": ("lxml", "cssselect", "rapidfuzz")}

@@ -1,11 +1,15 @@
-"""Metrics on PDF files: their text and their embedded images.
+"""PDF metrics: ``check_pdf_pages`` (the page count against a relation), ``compare_pdfs`` (text similarity) and
+``compare_pdf_images`` (the embedded images).
 
-OSWorld reads PDFs with PyMuPDF, which this machine's package index does not serve; osfleet uses
-pdfplumber (pdfminer) for text and pypdf for images. Where the result can differ from OSWorld's:
-- ``compare_pdfs``: the score is the mean, over the pairs of files, of rapidfuzz's ratio of the two
-  texts (stripped), as in OSWorld, but pdfminer and MuPDF do not lay text out identically (spaces between
-  words set apart, line breaks inside a paragraph, the order of columns), so the ratio of two different
-  PDFs can differ by a few points; identical files score 1 in both. A file that cannot be read adds 0.
+Semantics, as OSWorld's:
+- ``check_pdf_pages``: ``operator.<rules.relation>(pages, rules.ref_value)`` (``eq``, ``lt``, ``ge``...);
+- ``compare_pdfs``: the texts of two PDFs (or, when the expected value is a list, of each pair of files)
+  compared by similarity in [0, 1] and averaged over the pairs; a pair that cannot be read adds 0; a missing
+  file reads as an empty document.
+Where the score can differ from OSWorld's: OSWorld extracts text with PyMuPDF (``page.get_text()``, not
+installable here); osfleet uses pypdf (``page.extract_text()``, pages joined by newlines). Both give the
+page's text in content order, one line per text line, but spacing and the order of text in complex layouts
+can differ, so the similarity of two *different* PDFs can differ slightly; identical texts score 1 in both.
 - ``compare_pdf_images``: the embedded raster images of the two files (page by page, XObjects, as MuPDF
   lists them; inline images are left out as MuPDF's ``get_images`` leaves them out) are compared by
   perceptual hash (a difference of at most 5 counts as the same); the score is the share of pairs that
@@ -15,39 +19,60 @@ pdfplumber (pdfminer) for text and pypdf for images. Where the result can differ
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any
 
-from osfleet.tasks.evaluators.common import Metric, Score, file_path, scored
+from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, file_path, fuzz_ratio, guarded, scored
 
 MAX_PAGES = 2000
 
 
-def pdf_text(value: Any) -> str:
-    import pdfplumber
+def pdf_text(path: str | None) -> str:
+    """The document's text, pages in order, stripped at both ends; a missing file is an empty document."""
+    from pypdf import PdfReader
 
-    with pdfplumber.open(str(file_path(value))) as pdf:
-        pages = pdf.pages[:MAX_PAGES]
-        return "\n".join(page.extract_text() or "" for page in pages).strip()
+    if path is None:
+        return ""
+    reader = PdfReader(path)
+    return "".join((page.extract_text() or "") + "\n" for page in reader.pages).strip()
 
 
-@scored()
+@guarded("check_pdf_pages")
+def check_pdf_pages(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    from pypdf import PdfReader
+
+    path = file_arg(result)
+    if path is None:
+        return 0.0, "no result file"
+    if not isinstance(expected, dict):
+        raise NotScored(f"needs rules (a dict), got {type(expected).__name__}")
+    pages = len(PdfReader(path).pages)
+    relation, ref = expected["relation"], expected["ref_value"]
+    ok = bool(getattr(operator, relation)(pages, ref))
+    return float(ok), f"{pages} page(s) {relation} {ref}: {ok}"
+
+
+@guarded("compare_pdfs")
 def compare_pdfs(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    from rapidfuzz import fuzz
-
-    if type(expected) is not list:
-        result, expected = [result], [expected]
-    total, notes = 0.0, []
-    for got, want in zip(result, expected, strict=False):
+    if isinstance(expected, list):
+        if result is None:
+            raise NotScored("no result files")
+        # OSWorld pairs a single result path's characters with the expected files: none of them reads.
+        firsts = result if isinstance(result, list) else []
+        pairs, count = list(zip(firsts, expected, strict=False)), len(expected)
+    else:
+        pairs, count = [(result, expected)], 1
+    total = 0.0
+    for a, b in pairs:
         try:
-            ratio = fuzz.ratio(pdf_text(got), pdf_text(want)) / 100
-        except Exception as exc:  # noqa: BLE001  (OSWorld adds 0 for a pair it cannot read)
-            notes.append(f"unreadable ({type(exc).__name__})")
+            total += fuzz_ratio(pdf_text(file_arg(a)), pdf_text(file_arg(b))) / 100
+        except Exception:  # noqa: BLE001  (OSWorld: a pair it cannot read adds nothing)
             continue
-        total += ratio
-        notes.append(f"{ratio:.3f}")
-    score = total / len(expected)
-    return score, f"text similarity {score:.3f} ({', '.join(notes)})"
+    if count == 0:
+        raise NotScored("no expected files")
+    score = total / count
+    return score, f"text similarity {score:.3f} over {count} file(s)"
 
 
 def _images(value: Any) -> list[Any]:
@@ -85,8 +110,10 @@ def compare_pdf_images(result: Any, expected: Any, options: dict[str, Any]) -> S
     return same / len(got), f"{same} of {len(got)} images the same"
 
 
-METRICS: dict[str, Metric] = {"compare_pdfs": compare_pdfs, "compare_pdf_images": compare_pdf_images}
-NEEDS: dict[str, tuple[str, ...]] = {
-    "compare_pdfs": ("pdfplumber", "rapidfuzz"),
-    "compare_pdf_images": ("pypdf", "imagehash"),
+METRICS = {"check_pdf_pages": check_pdf_pages, "compare_pdfs": compare_pdfs, "compare_pdf_images": compare_pdf_images}
+# Python modules each metric needs on the host, with the package that provides them (the ``office`` extra).
+NEEDS = {
+    "check_pdf_pages": (("pypdf", "pypdf"),),
+    "compare_pdfs": (("pypdf", "pypdf"), ("rapidfuzz", "rapidfuzz")),
+    "compare_pdf_images": (("pypdf", "pypdf"), ("imagehash", "imagehash")),
 }

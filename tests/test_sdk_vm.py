@@ -1,0 +1,70 @@
+"""The examples of examples/ against a real host agent with real replicas, so they cannot rot: a random agent
+through Gymnasium, async rollouts, a GRPO group of forked rollouts scored by the verifier, an OpenEnv session."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from osfleet.bench.load import LocalAgent
+from osfleet.images import GoldenImage
+from tests.test_client import openenv_server
+
+pytestmark = pytest.mark.vm
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def agent(golden: GoldenImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAgent, Path]]:
+    folder = tmp_path_factory.mktemp("sdk")
+    os.environ["OSFLEET_RECORD"] = "0"
+    a = LocalAgent(3, folder / "agent.log", golden.name)
+    try:
+        a.wait_ready(3, 600)
+        token = folder / "token"
+        token.write_text(a.token + "\n")
+        yield a, token
+    finally:
+        a.stop()
+
+
+def example(name: str, *args: str, timeout: float = 600) -> str:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, f"{name} failed:\n{out.stdout}\n{out.stderr[-2000:]}"
+    return out.stdout
+
+
+def test_the_random_gymnasium_agent_runs_episodes_to_a_reward(agent: tuple[LocalAgent, Path]) -> None:
+    a, token = agent
+    out = example(
+        "random_agent_gym.py", "--url", a.url, "--token-file", str(token), "--episodes", "1", "--max-steps", "2"
+    )
+    assert re.search(r"episode 0: [12] steps, (terminated|truncated), reward (0\.0|1\.0)$", out, re.M), out
+
+
+def test_async_rollouts_and_a_grpo_group_score_the_scripted_answer_1(agent: tuple[LocalAgent, Path]) -> None:
+    a, token = agent
+    out = example("async_rollouts.py", "--url", a.url, "--token-file", str(token), "--episodes", "2")
+    assert "2 of 2 episodes scored" in out and "[1.0, 1.0]" in out, out
+    out = example("grpo_group.py", "--url", a.url, "--token-file", str(token), "--size", "2")
+    assert "identical first screens: True" in out, out
+    assert "rewards [1.0, 0.0]" in out, out  # the rollout that answered scores 1, the one that waited 0
+
+
+def test_an_openenv_session_through_osfleet_openenv_serve(agent: tuple[LocalAgent, Path], tmp_path: Path) -> None:
+    a, token = agent
+    with openenv_server(a.url, token, tmp_path, "--task", "cli-write-note") as port:
+        out = example("openenv_session.py", "--url", f"http://127.0.0.1:{port}")
+    assert "terminated: done True, reward 1.0" in out, out
