@@ -32,7 +32,6 @@ SUITE = SUITES["osworld"]
 NEEDS_THE_DESKTOP = {
     "chrome-open-tabs": "Chrome's open tabs come from DevTools in the guest",
     "multi-page-title-to-note": "its set-up opens the page in Chrome through DevTools",
-    "chrome-bookmark-page": "its set-up opens the page in Chrome through DevTools",
     "vlc-play-file": "VLC's player state comes from its HTTP interface",
     "vscode-install-vsix": "the oracle and the getter run code-server's `code` command",
     "editor-open-in-mousepad": "the accessibility tree comes from AT-SPI on the guest's session bus",
