@@ -39,6 +39,8 @@ class ReplicaShape:
     memory_mib: int = 512
     vcpus: int = 1
     tb_cache_mib: int = 64
+    # The bridge of the opt-in replica network (``osfleet.replicas.network``); None: no network device at all.
+    network_bridge: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,10 @@ class Settings:
     memory_dir: Path | None = DEFAULT_MEMORY_DIR
     # OSFLEET_TENANCY: single (default) or multi (replicas belong to different users; KSM stays off).
     tenancy: Tenancy = "single"
+    # OSFLEET_REPLICA_NETWORK: off (default: replicas have no network device), nat, or proxy=http://IP:PORT;
+    # OSFLEET_REPLICA_SUBNET: the replicas' addresses (see osfleet.replicas.network).
+    replica_network: str = "off"
+    replica_subnet: str = "172.30.0.0/16"
 
     def __post_init__(self) -> None:
         if not _PREFIX_PATTERN.match(self.name_prefix):
@@ -88,6 +94,9 @@ class Settings:
             )
         if self.tenancy not in TENANCIES:
             raise ConfigError(f"OSFLEET_TENANCY {self.tenancy!r} must be one of {', '.join(TENANCIES)}")
+        from osfleet.replicas.network import NetworkPolicy  # checks the values; raises ConfigError
+
+        NetworkPolicy.parse(self.replica_network, self.replica_subnet)
 
     @property
     def replica_prefix(self) -> str:
@@ -129,6 +138,11 @@ class Settings:
         return self.home / "forks"
 
     @property
+    def network_dir(self) -> Path:
+        """The opt-in replica network's address book."""
+        return self.home / "network"
+
+    @property
     def token_file(self) -> Path:
         """The host agent's bearer token when none is given (made once, readable by root only)."""
         return self.home / "api-token"
@@ -145,4 +159,6 @@ class Settings:
             name_prefix=os.environ.get("OSFLEET_NAME_PREFIX", NAME_PREFIX),
             memory_dir=Path(md) if (md := os.environ.get("OSFLEET_MEMORY_DIR", str(DEFAULT_MEMORY_DIR))) else None,
             tenancy=os.environ.get("OSFLEET_TENANCY", "single"),  # type: ignore[arg-type]  # checked above
+            replica_network=os.environ.get("OSFLEET_REPLICA_NETWORK", "off") or "off",
+            replica_subnet=os.environ.get("OSFLEET_REPLICA_SUBNET", "172.30.0.0/16") or "172.30.0.0/16",
         )

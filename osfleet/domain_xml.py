@@ -63,11 +63,20 @@ class MemoryFile:
 
 
 @dataclass(frozen=True)
+class NicSpec:
+    """A virtio NIC on ``bridge`` whose port is isolated: the bridge forwards nothing between isolated ports, so
+    replicas on one bridge cannot reach each other (see ``osfleet.replicas.network``)."""
+
+    bridge: str
+
+
+@dataclass(frozen=True)
 class DomainSpec:
     """Everything that distinguishes one replica's domain; the rest is osfleet's fixed device model.
 
-    Fixed on purpose: no network interface (replicas reach nothing), no TCP display listener (screens
-    and input go through libvirt/QMP), an absolute virtio tablet, a guest agent channel.
+    Fixed on purpose: no network interface (replicas reach nothing) unless the host turned the opt-in replica
+    network on (``nic``), no TCP display listener (screens and input go through libvirt/QMP), an absolute
+    virtio tablet, a guest agent channel.
     """
 
     name: str
@@ -84,6 +93,7 @@ class DomainSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     qemu_args: tuple[str, ...] = ()
     memory_file: MemoryFile | None = None
+    nic: NicSpec | None = None
 
     def to_xml(self) -> str:
         dom = ET.Element("domain", type=self.accel)
@@ -129,6 +139,11 @@ class DomainSpec:
             ET.SubElement(d, "target", dev=disk.target, bus="virtio")
             if disk.readonly:
                 ET.SubElement(d, "readonly")
+        if self.nic is not None:
+            iface = ET.SubElement(devices, "interface", type="bridge")
+            ET.SubElement(iface, "source", bridge=self.nic.bridge)
+            ET.SubElement(iface, "model", type="virtio")
+            ET.SubElement(iface, "port", isolated="yes")
         ET.SubElement(devices, "controller", type="usb", model="none")
         ET.SubElement(devices, "input", type="tablet", bus="virtio")
         ET.SubElement(devices, "input", type="keyboard", bus="ps2")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from osfleet.config import GOLDEN_PREFIX, Settings
+from osfleet.config import GOLDEN_PREFIX, ReplicaShape, Settings
 from osfleet.errors import ImageNotFoundError
 
 
@@ -47,6 +47,13 @@ class GoldenImage:
     def background(self) -> tuple[int, int, int]:
         v = str(self.manifest["recipe"]["background"])
         return int(v[1:3], 16), int(v[3:5], 16), int(v[5:7], 16)
+
+    @property
+    def shape(self) -> ReplicaShape:
+        """The replica shape this image asks for: its recipe's ``memory_mib`` (the OSWorld desktop's pre-started
+        applications need more than the default), else osfleet's default."""
+        memory = self.manifest["recipe"].get("memory_mib")
+        return ReplicaShape(memory_mib=int(memory)) if memory else ReplicaShape()
 
     @property
     def published(self) -> bool:

@@ -1,4 +1,6 @@
-"""When is a replica ready: its guest agent answers and its desktop is drawn."""
+"""When is a replica ready: its guest agent answers, its desktop is drawn and, on an image whose session
+pre-starts applications (the OSWorld desktop's ``prestart``), those applications answer: the session writes
+``APPS_READY_FILE`` once each is up, so a running state saved after this has them up in every replica."""
 
 from __future__ import annotations
 
@@ -9,17 +11,34 @@ from pathlib import Path
 from PIL import Image
 
 from osfleet import screen
-from osfleet.errors import GuestTimeoutError
+from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.virt import GuestAgentUnavailableError, Virt, VirtError
 
 POLL_SECONDS = 0.5
+APPS_POLL_SECONDS = 3.0
+APPS_READY_FILE = "/run/user/1000/osfleet-apps-ready"
+# Pre-starting Chrome, LibreOffice (with each module loaded once) and code-server under TCG takes minutes.
+APPS_TIMEOUT_SECONDS = 900.0
+
+
+def prestarted_apps(image: GoldenImage) -> list[str]:
+    """The applications the image's session starts before it counts as ready (none for most images)."""
+    return [str(a) for a in image.manifest.get("recipe", {}).get("prestart") or []]
 
 
 def wait_until_ready(
     virt: Virt, image: GoldenImage, name: str, start: float, timeout: float, progress: bool = False
 ) -> tuple[float, float, Image.Image]:
-    """Poll until the agent answers and the desktop is drawn; (agent seconds, desktop seconds, screen)."""
+    """Poll until the agent answers and the desktop is drawn; (agent seconds, desktop seconds, screen).
+
+    On an image with pre-started applications the wait goes on until they answer (``timeout`` is raised to
+    ``APPS_TIMEOUT_SECONDS`` for it); the desktop seconds then count to that point."""
+    apps = prestarted_apps(image)
+    if apps:
+        timeout = max(timeout, APPS_TIMEOUT_SECONDS)
+    apps_at: float | None = None if apps else 0.0
+    next_apps_poll = 0.0
     agent_at: float | None = None
     desktop_at: float | None = None
     last: Image.Image | None = None
@@ -43,8 +62,14 @@ def wait_until_ready(
                 desktop_at = time.monotonic() - start
                 if progress:
                     print(f"  desktop drawn after {desktop_at:.1f} s", flush=True)
-        if agent_at is not None and desktop_at is not None and last is not None:
-            return agent_at, desktop_at, last
+        if apps_at is None and agent_at is not None and desktop_at is not None and elapsed >= next_apps_poll:
+            next_apps_poll = elapsed + APPS_POLL_SECONDS
+            if _apps_ready(virt, name):
+                apps_at = time.monotonic() - start
+                if progress:
+                    print(f"  pre-started applications ({', '.join(apps)}) up after {apps_at:.1f} s", flush=True)
+        if agent_at is not None and desktop_at is not None and apps_at is not None and last is not None:
+            return agent_at, max(desktop_at, apps_at), last
         if progress and elapsed >= next_note:
             print(f"  ... waiting ({elapsed:.0f} s)", flush=True)
             next_note += 15.0
@@ -54,5 +79,23 @@ def wait_until_ready(
         failure_shot = Path(tempfile.gettempdir()) / f"{name}-timeout.png"
         last.save(failure_shot)
         hint = f"; last screen saved to {failure_shot}"
-    what = "guest agent" if agent_at is None else "desktop"
+    what = "guest agent" if agent_at is None else "desktop" if desktop_at is None else f"pre-started {', '.join(apps)}"
+    if apps_at is None and desktop_at is not None:
+        hint += f" (the guest's /run/user/1000/osfleet-apps.log says: {_apps_log(virt, name)})"
     raise GuestTimeoutError(f"{name}: {what} not ready within {timeout:.0f} s{hint}")
+
+
+def _apps_ready(virt: Virt, name: str) -> bool:
+    try:
+        code, _, _ = virt.guest_exec(name, ["/bin/test", "-e", APPS_READY_FILE], timeout=10)
+    except OsfleetError:  # the agent is busy or a command timed out: ask again at the next poll
+        return False
+    return code == 0
+
+
+def _apps_log(virt: Virt, name: str) -> str:
+    try:
+        _, out, _ = virt.guest_exec(name, ["/usr/bin/tail", "-n", "3", "/run/user/1000/osfleet-apps.log"], timeout=10)
+    except OsfleetError as exc:
+        return f"unreadable ({exc})"
+    return " | ".join(out.strip().splitlines())[-300:] or "nothing"

@@ -10,15 +10,25 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from osfleet.errors import BadRecipeError, first_problem
 
 # Bump when the build steps change in a way that changes the image for the same recipe.
 BUILDER_VERSION = "3"
-OPTIONAL_SINCE_V3 = ("pip_packages", "chrome_devtools_port")
+# Fields added after builder version 3 count in the hash only when set, so older images keep their names.
+OPTIONAL_SINCE_V3 = (
+    "pip_packages",
+    "chrome_devtools_port",
+    "osworld_desktop",
+    "prestart",
+    "code_server",
+    "password",
+    "memory_mib",
+)
 HASH_LENGTH = 16
 
 _PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
@@ -27,6 +37,7 @@ _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
 _SUITE = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
 _PROGRAM = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,40}$")
 _PIP_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,60}==[0-9][A-Za-z0-9.+!-]{0,30}$")
+_NPM_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _MIRROR = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+/-]*)?$")
 
 
@@ -65,6 +76,20 @@ class Recipe(BaseModel):
     # When set, ``google-chrome`` in the guest starts Chromium with its DevTools protocol on this port (the port
     # OSWorld's browser tasks reach).
     chrome_devtools_port: int | None = Field(None, ge=1024, le=65535)
+    # The desktop OSWorld's tasks expect (guest files in ``golden_images/guest/osworld/``): a session bus at
+    # /run/user/<uid>/bus with AT-SPI, ``google-chrome`` with its profile where OSWorld's getters read it,
+    # VLC's HTTP interface, ``code``, sudo; the session pre-starts the ``prestart`` applications.
+    osworld_desktop: bool = False
+    # Applications the session starts before the running state is saved, so a task's set-up finds them up:
+    # chrome (no window, DevTools answering), libreoffice (no window; documents open in it), code-server.
+    prestart: list[Literal["chrome", "libreoffice", "code-server"]] = []
+    # code-server (VS Code's editor served from npm) of this version, staged by the build host (the guest
+    # has no network) and built in the image against Debian's nodejs; ``code`` opens it.
+    code_server: str | None = None
+    # The desktop user's password (OSWorld's tasks run ``echo password | sudo -S ...``); the user may sudo.
+    password: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    # Guest RAM of this image's replicas (MiB); none: osfleet's default shape.
+    memory_mib: int | None = Field(None, ge=256, le=16384)
 
     @field_validator("packages", "kernel_modules", "initrd_modules")
     @classmethod
@@ -81,6 +106,23 @@ class Recipe(BaseModel):
         if bad:
             raise ValueError(f"pip packages must be pinned as name==version: {', '.join(repr(b) for b in bad)}")
         return values
+
+    @field_validator("code_server")
+    @classmethod
+    def _code_server(cls, value: str | None) -> str | None:
+        if value is not None and not _NPM_VERSION.match(value):
+            raise ValueError(f"{value!r} is not an npm version like 4.89.1")
+        return value
+
+    @model_validator(mode="after")
+    def _osworld_parts(self) -> Recipe:
+        if (self.prestart or self.code_server) and not self.osworld_desktop:
+            raise ValueError("prestart and code_server need osworld_desktop: true (its session starts them)")
+        if "code-server" in self.prestart and not self.code_server:
+            raise ValueError("prestart names code-server but no code_server version is given")
+        if "chrome" in self.prestart and self.chrome_devtools_port is None:
+            raise ValueError("prestart names chrome but chrome_devtools_port is not set")
+        return self
 
     @field_validator("kernel_package")
     @classmethod
@@ -145,7 +187,7 @@ def recipe_hash(recipe: Recipe, guest_files: dict[str, str]) -> str:
     h.update(f"builder={BUILDER_VERSION}\n".encode())
     values = recipe.model_dump()
     for key in OPTIONAL_SINCE_V3:  # fields added later count only when set: older images keep their names
-        if values.get(key) in (None, []):
+        if values.get(key) in (None, [], False):
             values.pop(key, None)
     h.update(json.dumps(values, sort_keys=True).encode())
     for name in sorted(guest_files):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from osfleet import qcow2
 from osfleet.accel import detect_accelerator
-from osfleet.config import NAME_PREFIX, ReplicaShape, Settings
+from osfleet.config import NAME_PREFIX, Settings
 from osfleet.domain_xml import Accel
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
@@ -61,7 +61,7 @@ def boot_overlay(
     accel = detect_accelerator(image.kernel, settings)
     name = f"{NAME_PREFIX}boot-{uuid.uuid4().hex[:8]}"
     spec = replica_spec(
-        image, name, overlay, (image.disk,), accel, ReplicaShape(), metadata={"role": "verify", "image": image.name}
+        image, name, overlay, (image.disk,), accel, image.shape, metadata={"role": "verify", "image": image.name}
     )
     if progress:
         print(f"booting {name} from {image.name} under {'KVM' if accel == 'kvm' else 'TCG'} ...", flush=True)

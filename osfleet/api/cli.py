@@ -63,6 +63,13 @@ def host() -> None:
     "--record-max-mib", default=2048, show_default=True, type=click.IntRange(1), help="size cap of the recordings"
 )
 @click.option("--record-max-episodes", default=None, type=click.IntRange(1), help="keep at most this many episodes")
+@click.option(
+    "--replica-network",
+    default=None,
+    metavar="off|nat|proxy=URL",
+    help="outbound network for replicas (default off: no network device); nat, or only the HTTP(S) proxy "
+    "http://IP:PORT; never to each other or this host (OSFLEET_REPLICA_NETWORK)",
+)
 @_friendly
 def host_serve(
     bind: str,
@@ -80,6 +87,7 @@ def host_serve(
     record_quality: int,
     record_max_mib: int,
     record_max_episodes: int | None,
+    replica_network: str | None,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
     import uvicorn
@@ -90,6 +98,10 @@ def host_serve(
     from osfleet.replicas.manager import ReplicaHost
 
     settings = Settings.from_env()
+    if replica_network is not None:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, replica_network=replica_network)  # checked as it is made
     image = find_image(image_ref, settings)
     token = api_token(token_file, settings.token_file, say=lambda m: click.echo(m, err=True))
     from osfleet.config import RecordingConfig

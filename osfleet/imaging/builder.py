@@ -20,6 +20,7 @@ from typing import Any
 
 from osfleet.config import GOLDEN_PREFIX, Settings
 from osfleet.errors import CommandFailedError
+from osfleet.imaging import osworld_desktop
 from osfleet.imaging.host import Host
 from osfleet.recipe import BUILDER_VERSION, Recipe, load_recipe, recipe_hash
 
@@ -74,7 +75,7 @@ def guest_files() -> dict[str, str]:
 
 
 def image_hash_for(recipe: Recipe) -> str:
-    return recipe_hash(recipe, guest_files())
+    return recipe_hash(recipe, guest_files() | osworld_desktop.guest_files(recipe))
 
 
 def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = None) -> ImageFiles:
@@ -87,7 +88,7 @@ def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = 
         host.say(f"golden image {GOLDEN_PREFIX}{h} is up to date (cache hit): {files.disk}")
         return files
 
-    host.require_tools(BUILD_TOOLS)
+    host.require_tools(BUILD_TOOLS + (["npm"] if recipe.code_server else []))
     host.run(f"mkdir -p {q(out)}", what=f"creating {out}")
     host.require_free(out, BUILD_DISK_BYTES, "an image build")
     work = f"{out}/.tmp-{h}-{uuid.uuid4().hex[:8]}"
@@ -128,6 +129,8 @@ def _build_in(host: Host, recipe: Recipe, work: str) -> str:
             host.run(f"{chroot} apt-get install -y -q --no-install-recommends {pkgs}", what="apt-get install")
             if recipe.pip_packages:
                 _pip_install(host, recipe, work, rootfs, chroot)
+            if recipe.code_server:
+                osworld_desktop.stage_code_server(host, recipe, work, rootfs, chroot)
         finally:
             host.run(f"umount {q(f'{rootfs}/proc')}")
     kernel_version = _kernel_version(host.run(f"ls {q(f'{rootfs}/lib/modules')}"))
@@ -194,20 +197,22 @@ def _configure(host: Host, recipe: Recipe, rootfs: str, chroot: str) -> None:
         "OSFLEET_EDITOR": recipe.editor,
         "OSFLEET_SCREEN": f"{recipe.screen.width}x{recipe.screen.height}",
         "OSFLEET_MODULES": " ".join(boot_modules),
-    }
+    } | osworld_desktop.env(recipe)
     host.run(f"mkdir -p {q(f'{rootfs}/etc/osfleet')} {q(f'{rootfs}/etc/X11/xorg.conf.d')}")
     host.write_file(f"{rootfs}/etc/osfleet/desktop.env", "".join(f"{k}={q(v)}\n" for k, v in env.items()))
     host.write_file(f"{rootfs}/sbin/osfleet-init", files["init"], 0o755)
     host.write_file(f"{rootfs}/etc/osfleet/xsession", files["xsession"], 0o755)
     xorg = files["xorg.conf"].replace("@WIDTH@", str(recipe.screen.width))
     host.write_file(f"{rootfs}/etc/X11/xorg.conf", xorg.replace("@HEIGHT@", str(recipe.screen.height)))
-    if recipe.chrome_devtools_port is not None:
+    if recipe.chrome_devtools_port is not None and not recipe.osworld_desktop:
         host.write_file(f"{rootfs}/usr/local/bin/google-chrome", _chrome_wrapper(recipe.chrome_devtools_port), 0o755)
     if not host.exists(f"{rootfs}/sbin/shutdown"):
         host.write_file(f"{rootfs}/sbin/shutdown", files["shutdown"], 0o755)
     host.write_file(f"{rootfs}/etc/hostname", recipe.hostname + "\n")
     host.write_file(f"{rootfs}/etc/fstab", "/dev/vda / ext4 rw,relatime 0 1\n")
     host.run(f"{chroot} useradd -m -u 1000 -s /bin/bash {q(recipe.user)}", what="useradd")
+    if recipe.osworld_desktop:
+        osworld_desktop.configure(host, recipe, rootfs, chroot)
     # Clones get their own machine id at first boot of each replica (see the replica runtime).
     host.run(f": > {q(f'{rootfs}/etc/machine-id')}")
 

@@ -8,6 +8,7 @@ beside it), ``WarmPool`` and ``adoption``. Nothing here touches a domain or file
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from osfleet.accel import detect_accelerator
 from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
-from osfleet.replicas import adoption, saved_state, template_memory
+from osfleet.replicas import adoption, network, saved_state, template_memory
 from osfleet.replicas.actions import Action, ActionResult, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
 from osfleet.replicas.capture import ScreenCapture
@@ -105,7 +106,14 @@ class ReplicaHost:
             raise OsfleetError(f"unknown reset mode {mode!r} (cold or snapshot)")
         self.image = image
         self.settings = settings or Settings.from_env()
-        self.shape = shape or ReplicaShape()
+        self.shape = shape or image.shape
+        # The opt-in replica network: the bridge and its firewall exist before any domain names the bridge.
+        self.network = network.NetworkPolicy.parse(self.settings.replica_network, self.settings.replica_subnet)
+        self.addresses: network.AddressBook | None = None
+        if self.network.enabled:
+            bridge = network.setup(self.network, self.settings.name_prefix)
+            self.shape = dataclasses.replace(self.shape, network_bridge=bridge)
+            self.addresses = network.AddressBook(self.settings.network_dir, self.network)
         self.mode: Mode = mode
         self.warm = warm
         self.max_replicas = max_replicas or default_max_replicas(footprint(self.settings, self.shape, mode, memory))
@@ -231,7 +239,19 @@ class ReplicaHost:
             self.say(f"bring-up failed: {exc}")
 
     def reset(self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False) -> Timed:
-        return self.lifecycle.reset(replica_id, mode, unless_pristine)
+        timed = self.lifecycle.reset(replica_id, mode, unless_pristine)
+        self._network_up(replica_id)  # a reset restores the saved state's NIC: give it this replica's address
+        return timed
+
+    def _network_up(self, replica_id: str) -> None:
+        """With the replica network on, give the guest its own MAC, address, route, DNS (and proxy)."""
+        if self.addresses is None:
+            return
+        address = self.addresses.assign(replica_id)
+        command = network.guest_config_command(address, self.network, network.host_nameservers())
+        out = self.shell(replica_id, command, 30, as_root=True)
+        if out["exit_code"] != 0:
+            raise ReplicaFailedError(f"replica {replica_id}: its network could not be set: {out['stderr'][-200:]}")
 
     def check(self) -> list[str]:
         """Detect failed replicas now (the monitor does this every second); returns ids due for recovery."""
@@ -242,6 +262,8 @@ class ReplicaHost:
 
     def retire(self, replica_id: str) -> None:
         self.lifecycle.retire(replica_id)
+        if self.addresses is not None:
+            self.addresses.release(replica_id)
 
     def down(self, ids: list[str] | None = None) -> int:
         """Retire the given replicas (all when None) in parallel; returns how many."""
@@ -282,7 +304,9 @@ class ReplicaHost:
 
     # --- leases --------------------------------------------------------------------------------------------
     def lease(self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS) -> tuple[ReplicaRecord, Lease]:
-        return self.leases.lease(holder, seconds)
+        rec, lease = self.leases.lease(holder, seconds)
+        self._network_up(rec.id)
+        return rec, lease
 
     def check_lease(self, replica_id: str, lease_id: str) -> ReplicaRecord:
         return self.leases.check(replica_id, lease_id)

@@ -95,6 +95,8 @@ class SavedState:
 
 def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: MemoryMode = "stream") -> str:
     fields: list[Any] = [STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib]
+    if shape.network_bridge:  # a NIC is part of the device model a state restores into
+        fields.append(f"nic={shape.network_bridge}")
     if memory == "template":  # stream states keep the key they had before template memory existed
         fields.append(memory)
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]

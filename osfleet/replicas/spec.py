@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from osfleet.config import ReplicaShape
-from osfleet.domain_xml import Accel, DiskSpec, DomainSpec, MemoryFile
+from osfleet.domain_xml import Accel, DiskSpec, DomainSpec, MemoryFile, NicSpec
 from osfleet.images import GoldenImage
 
 INCOMING_ARGS = ("-incoming", "defer")
@@ -42,4 +42,5 @@ def replica_spec(
         metadata=metadata or {},
         qemu_args=INCOMING_ARGS if incoming else (),
         memory_file=memory,
+        nic=NicSpec(shape.network_bridge) if shape.network_bridge else None,
     )

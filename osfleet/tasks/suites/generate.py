@@ -1,5 +1,8 @@
 """Writes the ``osworld`` suite: OSWorld-format task files written for osfleet, their input and expected files.
 
+The Calc, Writer and terminal tasks are here; Impress and PDF in ``documents``, Chrome, GIMP, VLC, VS Code,
+Thunderbird and the accessibility tree in ``apps``, the system and multi-app tasks in ``system``.
+
 Run ``python -m osfleet.tasks.suites.generate`` after changing a task here; the output (the bundle folder
 ``osfleet/tasks/suites/osworld/``: one JSON file per task and ``assets/`` with ``manifest.json``) is committed,
 so hosts need none of this at run time. Inputs and expected files are made with openpyxl and python-docx from
@@ -20,68 +23,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BUNDLE = Path(__file__).parent / "osworld"
-URL_BASE = "https://assets.osfleet.invalid/osworld-suite/"  # never fetched: resolved in the asset store
-HOME = "/home/user"
-FIXED_TIME = "2024-01-01T00:00:00"
-ORACLE_TIMEOUT_SECONDS = 120.0
+from osfleet.tasks.suites import apps, documents, system
+from osfleet.tasks.suites.common import (
+    BUNDLE,
+    HOME,
+    SHEET_DATA,
+    URL_BASE,
+    docx,
+    download,
+    python,
+    shell,
+    table,
+    task,
+    xlsx,
+)
 
-
-def _xlsx(path: Path, rows: list[list[Any]], title: str = "Sheet1", formats: dict[str, str] | None = None) -> None:
-    import datetime as dt
-
-    import openpyxl
-
-    wb = openpyxl.Workbook()
-    ws = wb.active
-    assert ws is not None
-    ws.title = title
-    for row in rows:
-        ws.append(row)
-    for cell, fmt in (formats or {}).items():
-        ws[cell].number_format = fmt
-    wb.properties.created = wb.properties.modified = dt.datetime.fromisoformat(FIXED_TIME)
-    wb.save(path)
-
-
-def _docx(path: Path, paragraphs: list[str]) -> None:
-    import datetime as dt
-
-    import docx
-
-    d = docx.Document()
-    for text in paragraphs:
-        d.add_paragraph(text)
-    d.core_properties.created = d.core_properties.modified = dt.datetime.fromisoformat(FIXED_TIME)
-    d.save(str(path))
-
-
-def _python(script: str) -> dict[str, Any]:
-    """A CLI oracle step: a python3 script in the guest, as the desktop user."""
-    # python3 importing openpyxl or python-docx took 20-26 s in a TCG guest on a busy host: the default 30 s
-    # command timeout left too little room.
-    command = f"python3 - <<'OSFLEET_ORACLE'\n{script.strip()}\nOSFLEET_ORACLE"
-    return {"type": "cli_command", "command": command, "timeout": ORACLE_TIMEOUT_SECONDS}
-
-
-def _shell(command: str) -> dict[str, Any]:
-    return {"type": "cli_command", "command": command}
-
-
-def _download(name: str, guest_path: str) -> dict[str, Any]:
-    return {"type": "download", "parameters": {"files": [{"url": URL_BASE + name, "path": guest_path}]}}
-
-
-def _table(doc: str, gold: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "func": "compare_table",
-        "result": {"type": "vm_file", "path": doc, "dest": Path(doc).name},
-        "expected": {"type": "cloud_file", "path": URL_BASE + gold, "dest": gold},
-        "options": {"rules": rules},
-    }
-
-
-SHEET_DATA = [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]
 # "Shown as a whole percentage": the values, and the number format each share cell displays with. (OSWorld's
 # own tasks check display with sheet_print, which reads CSV files LibreOffice exports in the guest after the
 # task; that needs a multi-file vm_file getter, which osfleet does not run yet.)
@@ -99,43 +55,22 @@ PERCENT_SHARES: list[dict[str, Any]] = [
 ]
 
 
-def _task(
-    task_id: str,
-    app: str,
-    instruction: str,
-    config: list[dict[str, Any]],
-    evaluator: dict[str, Any],
-    oracle: list[dict[str, Any]],
-) -> dict[str, Any]:
-    return {
-        "id": task_id,
-        "snapshot": app,
-        "instruction": instruction,
-        "source": "osfleet",
-        "config": config,
-        "trajectory": "trajectories/",
-        "related_apps": [app],
-        "evaluator": evaluator,
-        "osfleet_oracle": oracle,
-    }
-
-
 def _calc_tasks(assets: Path) -> list[dict[str, Any]]:
     tasks = []
     sales: list[list[Any]] = [["Item", "Qty"], ["pens", 12], ["ink", 5], ["paper", 30]]
-    _xlsx(assets / "sales.xlsx", sales)
-    _xlsx(assets / "sales-total-gold.xlsx", [*sales, ["Total", 47]])
+    xlsx(assets / "sales.xlsx", sales)
+    xlsx(assets / "sales-total-gold.xlsx", [*sales, ["Total", 47]])
     doc = f"{HOME}/sales.xlsx"
     tasks.append(
-        _task(
+        task(
             "calc-total-row",
             "libreoffice_calc",
             "In sales.xlsx, add a row under the items with 'Total' in column A and the sum of the quantities in "
             "column B, then save the file in its format.",
-            [_download("sales.xlsx", doc)],
-            _table(doc, "sales-total-gold.xlsx", SHEET_DATA),
+            [download("sales.xlsx", doc)],
+            table(doc, "sales-total-gold.xlsx", SHEET_DATA),
             [
-                _python(f"""
+                python(f"""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 ws.append(["Total", sum(r[1].value for r in ws.iter_rows(min_row=2))]); wb.save({doc!r})""")
@@ -143,18 +78,18 @@ ws.append(["Total", sum(r[1].value for r in ws.iter_rows(min_row=2))]); wb.save(
         )
     )
     people: list[list[Any]] = [["Name", "Age"], ["Maria", 41], ["Ben", 29], ["Zoe", 35], ["Anil", 52]]
-    _xlsx(assets / "people.xlsx", people)
-    _xlsx(assets / "people-sorted-gold.xlsx", [people[0], *sorted(people[1:], key=lambda r: str(r[0]))])
+    xlsx(assets / "people.xlsx", people)
+    xlsx(assets / "people-sorted-gold.xlsx", [people[0], *sorted(people[1:], key=lambda r: str(r[0]))])
     doc = f"{HOME}/people.xlsx"
     tasks.append(
-        _task(
+        task(
             "calc-sort-by-name",
             "libreoffice_calc",
             "Sort the rows of people.xlsx by Name from A to Z (keep the header row on top) and save the file.",
-            [_download("people.xlsx", doc)],
-            _table(doc, "people-sorted-gold.xlsx", SHEET_DATA),
+            [download("people.xlsx", doc)],
+            table(doc, "people-sorted-gold.xlsx", SHEET_DATA),
             [
-                _python(f"""
+                python(f"""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 rows = sorted(([c.value for c in r] for r in ws.iter_rows(min_row=2)), key=lambda r: str(r[0]))
@@ -165,23 +100,23 @@ wb.save({doc!r})""")
         )
     )
     votes: list[list[Any]] = [["Team", "Votes"], ["North", 30], ["South", 10]]
-    _xlsx(assets / "votes.xlsx", votes)
-    _xlsx(
+    xlsx(assets / "votes.xlsx", votes)
+    xlsx(
         assets / "votes-share-gold.xlsx",
         [["Team", "Votes", "Share"], ["North", 30, 0.75], ["South", 10, 0.25]],
         formats={"C2": "0%", "C3": "0%"},
     )
     doc = f"{HOME}/votes.xlsx"
     tasks.append(
-        _task(
+        task(
             "calc-percent-share",
             "libreoffice_calc",
             "In votes.xlsx, add a column C headed 'Share' with each team's share of all votes, shown as a whole "
             "percentage (like 75%), and save the file.",
-            [_download("votes.xlsx", doc)],
-            _table(doc, "votes-share-gold.xlsx", PERCENT_SHARES),
+            [download("votes.xlsx", doc)],
+            table(doc, "votes-share-gold.xlsx", PERCENT_SHARES),
             [
-                _python(f"""
+                python(f"""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 total = sum(r[1].value for r in ws.iter_rows(min_row=2))
@@ -193,40 +128,40 @@ wb.save({doc!r})""")
         )
     )
     budget: list[list[Any]] = [["Month", "Spent"], ["Jan", 120], ["Feb", 95]]
-    _xlsx(assets / "budget.xlsx", budget)
-    _xlsx(assets / "budget-renamed-gold.xlsx", budget, title="Budget")
+    xlsx(assets / "budget.xlsx", budget)
+    xlsx(assets / "budget-renamed-gold.xlsx", budget, title="Budget")
     doc = f"{HOME}/budget.xlsx"
     tasks.append(
-        _task(
+        task(
             "calc-rename-sheet",
             "libreoffice_calc",
             "Rename the sheet of budget.xlsx from 'Sheet1' to 'Budget' and save the file.",
-            [_download("budget.xlsx", doc)],
-            _table(
+            [download("budget.xlsx", doc)],
+            table(
                 doc,
                 "budget-renamed-gold.xlsx",
                 [{"type": "sheet_name"}, {"type": "sheet_data", "sheet_idx0": "RNBudget", "sheet_idx1": "ENBudget"}],
             ),
             [
-                _python(f"""
+                python(f"""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); wb.active.title = "Budget"; wb.save({doc!r})""")
             ],
         )
     )
     contacts: list[list[Any]] = [["name", "city"], ["Ana", "Lisbon"], ["Kofi", "Accra"]]
-    _xlsx(assets / "contacts.xlsx", contacts)
-    _xlsx(assets / "contacts-upper-gold.xlsx", [["NAME", "CITY"], *contacts[1:]])
+    xlsx(assets / "contacts.xlsx", contacts)
+    xlsx(assets / "contacts-upper-gold.xlsx", [["NAME", "CITY"], *contacts[1:]])
     doc = f"{HOME}/contacts.xlsx"
     tasks.append(
-        _task(
+        task(
             "calc-uppercase-header",
             "libreoffice_calc",
             "Change the column headings of contacts.xlsx to capital letters (NAME, CITY) and save the file.",
-            [_download("contacts.xlsx", doc)],
-            _table(doc, "contacts-upper-gold.xlsx", SHEET_DATA),
+            [download("contacts.xlsx", doc)],
+            table(doc, "contacts-upper-gold.xlsx", SHEET_DATA),
             [
-                _python(f"""
+                python(f"""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 for c in ws[1]: c.value = c.value.upper()
@@ -235,17 +170,17 @@ wb.save({doc!r})""")
         )
     )
     cities: list[list[Any]] = [["City", "Country"], ["Lagos", "Nigeria"], ["Lima", "Peru"], ["Oslo", "Norway"]]
-    _xlsx(assets / "cities.xlsx", cities)
+    xlsx(assets / "cities.xlsx", cities)
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(cities)
     (assets / "cities-gold.csv").write_text(out.getvalue())
     doc, target = f"{HOME}/cities.xlsx", f"{HOME}/cities.csv"
     tasks.append(
-        _task(
+        task(
             "calc-export-csv",
             "libreoffice_calc",
             "Export the sheet of cities.xlsx as comma-separated text to ~/cities.csv (same rows, no quotes needed).",
-            [_download("cities.xlsx", doc)],
+            [download("cities.xlsx", doc)],
             {
                 "func": "compare_text_file",
                 "result": {"type": "vm_file", "path": target, "dest": "cities.csv"},
@@ -253,7 +188,7 @@ wb.save({doc!r})""")
                 "options": {"ignore_blanks": True},
             },
             [
-                _python(f"""
+                python(f"""
 import csv, openpyxl
 ws = openpyxl.load_workbook({doc!r}).active
 with open({target!r}, "w", newline="") as f:
@@ -276,36 +211,36 @@ def _docx_eval(doc: str, gold: str) -> dict[str, Any]:
 def _writer_tasks(assets: Path) -> list[dict[str, Any]]:
     tasks = []
     letter = ["Dear Sam,", "Thank you for the quick reply.", "The parcel arrived on Monday."]
-    _docx(assets / "letter.docx", letter)
-    _docx(assets / "letter-closing-gold.docx", [*letter, "Kind regards, Ana"])
+    docx(assets / "letter.docx", letter)
+    docx(assets / "letter-closing-gold.docx", [*letter, "Kind regards, Ana"])
     doc = f"{HOME}/letter.docx"
     tasks.append(
-        _task(
+        task(
             "writer-closing-line",
             "libreoffice_writer",
             "Add a last paragraph 'Kind regards, Ana' to letter.docx and save it as Word.",
-            [_download("letter.docx", doc)],
+            [download("letter.docx", doc)],
             _docx_eval(doc, "letter-closing-gold.docx"),
             [
-                _python(f"""
+                python(f"""
 import docx
 d = docx.Document({doc!r}); d.add_paragraph("Kind regards, Ana"); d.save({doc!r})""")
             ],
         )
     )
     notes = ["The colour of the logo is blue.", "Pick a colour for the cover.", "Fonts stay as they are."]
-    _docx(assets / "style.docx", notes)
-    _docx(assets / "style-spelling-gold.docx", [p.replace("colour", "color") for p in notes])
+    docx(assets / "style.docx", notes)
+    docx(assets / "style-spelling-gold.docx", [p.replace("colour", "color") for p in notes])
     doc = f"{HOME}/style.docx"
     tasks.append(
-        _task(
+        task(
             "writer-us-spelling",
             "libreoffice_writer",
             "Replace every 'colour' with 'color' in style.docx and save it as Word.",
-            [_download("style.docx", doc)],
+            [download("style.docx", doc)],
             _docx_eval(doc, "style-spelling-gold.docx"),
             [
-                _python(f"""
+                python(f"""
 import docx
 d = docx.Document({doc!r})
 for p in d.paragraphs:
@@ -315,18 +250,18 @@ d.save({doc!r})""")
         )
     )
     minutes = ["Present: Ana, Bo, Kofi.", "Decision: ship on Friday."]
-    _docx(assets / "minutes.docx", minutes)
-    _docx(assets / "minutes-title-gold.docx", ["Meeting notes", *minutes])
+    docx(assets / "minutes.docx", minutes)
+    docx(assets / "minutes-title-gold.docx", ["Meeting notes", *minutes])
     doc = f"{HOME}/minutes.docx"
     tasks.append(
-        _task(
+        task(
             "writer-title-line",
             "libreoffice_writer",
             "Insert 'Meeting notes' as a new first paragraph of minutes.docx and save it as Word.",
-            [_download("minutes.docx", doc)],
+            [download("minutes.docx", doc)],
             _docx_eval(doc, "minutes-title-gold.docx"),
             [
-                _python(f"""
+                python(f"""
 import docx
 d = docx.Document({doc!r}); d.paragraphs[0].insert_paragraph_before("Meeting notes"); d.save({doc!r})""")
             ],
@@ -340,11 +275,11 @@ def _terminal_tasks(assets: Path) -> list[dict[str, Any]]:
     settings = f"{HOME}/.config/notes/settings.json"
     (assets / "notes-settings.json").write_text(json.dumps({"fontSize": 11, "theme": "light"}, indent=2) + "\n")
     tasks.append(
-        _task(
+        task(
             "term-json-font-size",
             "terminal",
             "Set fontSize to 14 in ~/.config/notes/settings.json, keeping the other settings.",
-            [_download("notes-settings.json", settings)],
+            [download("notes-settings.json", settings)],
             {
                 "func": "check_json",
                 "result": {"type": "vm_file", "path": settings, "dest": "settings.json"},
@@ -358,17 +293,17 @@ def _terminal_tasks(assets: Path) -> list[dict[str, Any]]:
                     },
                 },
             },
-            [_shell(f'sed -i \'s/"fontSize": 11/"fontSize": 14/\' {settings}')],
+            [shell(f'sed -i \'s/"fontSize": 11/"fontSize": 14/\' {settings}')],
         )
     )
     config = f"{HOME}/app/config.yaml"
     (assets / "app-config.yaml").write_text("server:\n  host: 127.0.0.1\n  port: 8000\ndebug: false\n")
     tasks.append(
-        _task(
+        task(
             "term-yaml-port",
             "terminal",
             "Change the server port in ~/app/config.yaml from 8000 to 8080; leave everything else as it is.",
-            [_download("app-config.yaml", config)],
+            [download("app-config.yaml", config)],
             {
                 "func": "check_json",
                 "result": {"type": "vm_file", "path": config, "dest": "config.yaml"},
@@ -384,13 +319,13 @@ def _terminal_tasks(assets: Path) -> list[dict[str, Any]]:
                 },
                 "options": {"is_yaml": True},
             },
-            [_shell(f"sed -i 's/port: 8000/port: 8080/' {config}")],
+            [shell(f"sed -i 's/port: 8000/port: 8080/' {config}")],
         )
     )
     (assets / "todo-gold.txt").write_text("buy milk\ncall Bo\nwater the plants\n")
     todo = f"{HOME}/todo.txt"
     tasks.append(
-        _task(
+        task(
             "editor-todo-list",
             "text_editor",
             "Write a to-do list to ~/todo.txt with three lines: 'buy milk', 'call Bo', 'water the plants'.",
@@ -401,11 +336,11 @@ def _terminal_tasks(assets: Path) -> list[dict[str, Any]]:
                 "expected": {"type": "cloud_file", "path": URL_BASE + "todo-gold.txt", "dest": "todo-gold.txt"},
                 "options": {"ignore_blanks": True},
             },
-            [_shell(f"printf 'buy milk\\ncall Bo\\nwater the plants\\n' > {todo}")],
+            [shell(f"printf 'buy milk\\ncall Bo\\nwater the plants\\n' > {todo}")],
         )
     )
     tasks.append(
-        _task(
+        task(
             "term-reports-folder",
             "terminal",
             "Make a folder ~/reports holding two empty files, q1.txt and q2.txt, and nothing else.",
@@ -415,7 +350,7 @@ def _terminal_tasks(assets: Path) -> list[dict[str, Any]]:
                 "result": {"type": "vm_command_line", "command": f"ls -A {HOME}/reports 2>/dev/null", "shell": True},
                 "expected": {"type": "rule", "rules": {"expected": "q1.txt\nq2.txt\n"}},
             },
-            [_shell("mkdir -p ~/reports && touch ~/reports/q1.txt ~/reports/q2.txt")],
+            [shell("mkdir -p ~/reports && touch ~/reports/q1.txt ~/reports/q2.txt")],
         )
     )
     return tasks
@@ -428,8 +363,9 @@ def generate(bundle: Path = BUNDLE) -> list[dict[str, Any]]:
     assets = bundle / "assets"
     assets.mkdir(parents=True)
     tasks = _calc_tasks(assets) + _writer_tasks(assets) + _terminal_tasks(assets)
-    for task in tasks:
-        (bundle / f"{task['id']}.json").write_text(json.dumps(task, indent=2) + "\n")
+    tasks += documents.tasks(assets) + apps.tasks(assets) + system.tasks(assets)
+    for t in tasks:
+        (bundle / f"{t['id']}.json").write_text(json.dumps(t, indent=2) + "\n")
     files = sorted(p.name for p in assets.iterdir())
     manifest = {"files": [{"url": URL_BASE + name, "file": name} for name in files]}
     (assets / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
