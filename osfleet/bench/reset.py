@@ -23,7 +23,8 @@ from osfleet.images import GoldenImage
 from osfleet.machine import describe
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import distribution
+from osfleet.stats import distribution, percentile
+from osfleet.timing import collecting
 
 LATENCY_SAMPLES = 20
 KEY_SAMPLES = 8
@@ -97,15 +98,21 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
     mem = [_memory(host, r) for r in made]
     spare = [_spare_memory(host, r) for r in made]
     samples: list[float] = []
+    stages: dict[str, list[float]] = {}
     for r in range(resets):
         for rid in made:
             host.settle()
-            t = host.reset(rid, mode)
+            with collecting() as st:
+                t = host.reset(rid, mode)
             samples.append(t.seconds)
+            for name, sec in st.seconds.items():
+                stages.setdefault(name, []).append(sec)
         say(f"  {mode}: reset round {r + 1}/{resets}: {', '.join(f'{s:.2f} s' for s in samples[-replicas:])}")
     host.settle()
     result = _dist(samples)
     result["bringup_seconds"] = _dist(bringup)
+    # where a reset's time goes (osfleet.timing stages; ``clock`` overlaps ``screen``)
+    result["stages_p50_ms"] = {k: round(percentile(v, 50) * 1000, 2) for k, v in stages.items()}
     result["rss_bytes_per_replica"] = sum(rss) / len(rss)
     result["pss_bytes_per_replica"] = sum(m.get("pss", 0) for m in mem) / len(mem)
     if any(spare):

@@ -28,6 +28,7 @@ from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 from osfleet.replicas.saved_state import SavedState
+from osfleet.timing import stage
 
 log = logging.getLogger(__name__)
 
@@ -258,15 +259,18 @@ class Lifecycle:
         start = time.monotonic()
         rec.move(State.RESETTING)
         try:
-            self.registry.save(rec)
-            # Pause the old generation now (it stops competing for CPU); it is destroyed once the new one
-            # is ready: tearing QEMU down takes 1-2 s that need not be on the reset's critical path.
-            with contextlib.suppress(OsfleetError):  # already gone: the new generation replaces it anyway
-                self.gen.virt.suspend(old_domain)
+            # The record names the new generation before it exists (a crash leaves something adoption can
+            # clean), unless a restored spare already exists: then adoption finds it as an orphan domain.
+            if mode != "snapshot" or not self.gen.spare_ready(rec.id):
+                with stage("reset.record"):
+                    self.registry.save(rec)
+            # The old generation is paused and destroyed in the background, once the new one is ready:
+            # tearing QEMU down takes 1-2 s that need not be on the reset's critical path.
             self.gen.bring_up(rec, mode)
             self._note_pristine(rec)
             rec.move(after)
-            self.registry.save(rec)
+            with stage("reset.record"):
+                self.registry.save(rec)
         except Exception as exc:
             err = as_osfleet(exc, f"resetting {rec.id}")
             self.gen.retire_generation(old_domain, Path(old_disk))
@@ -284,17 +288,12 @@ class Lifecycle:
     # --- parking -------------------------------------------------------------------------------------------
     def park_locked(self, rec: ReplicaRecord) -> None:
         """Pause a ready, unleased replica until it is leased: a parked replica uses no CPU (an idle TCG
-        desktop costs ~1 % of a core, which bounds how many a host holds) and resumes in a fraction of a
-        second. Its guest gets a clock helper first, so the lease sets the clock in one agent call."""
+        desktop costs ~0.5 % of a core, which bounds how many a host holds) and resumes in a few ms. Its
+        guest's resident helper (``guest_control``) sets the clock at the lease: nothing is started for it."""
         if rec.parked or rec.state != State.READY or rec.lease is not None:
             return
-        try:
-            helper: int | None = guest_clock.start_helper(self.gen.virt, rec.domain)
-        except OsfleetError as exc:  # the lease sets the clock the slower way
-            log.info("replica %s parks without a clock helper: %s", rec.id, exc)
-            helper = None
         self.gen.virt.suspend(rec.domain)
-        rec.parked, rec.clock_helper = True, helper
+        rec.parked = True
         self.registry.save(rec)
 
     def unpark_locked(self, rec: ReplicaRecord) -> None:
@@ -302,9 +301,8 @@ class Lifecycle:
         if not rec.parked:
             return
         self.gen.virt.resume(rec.domain)
-        helper = rec.clock_helper
-        rec.parked, rec.clock_helper = False, None
-        guest_clock.set_now(self.gen.virt, rec.domain, helper)
+        rec.parked = False
+        guest_clock.set_now(self.gen.virt, rec.domain)
         self.registry.save(rec)
 
     def _maybe_park(self, rec: ReplicaRecord) -> None:

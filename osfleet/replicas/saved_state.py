@@ -8,6 +8,9 @@ QEMU's documented migration commands: libvirt's save files are tied to one domai
 is never touched. libvirt marks such domains "tainted" (custom monitor commands and argv); that is
 expected.
 
+The template starts osfleet's resident guest helper (``osfleet.replicas.guest_helper``) before it is
+saved, so every replica restored from the state has it running, in pages it shares with the template.
+
 Two memory modes (``template_memory.MemoryMode``): ``template`` keeps the guest RAM in a file on tmpfs
 that every replica maps privately, and the stream carries only device state (``x-ignore-shared``; see
 ``osfleet.replicas.template_memory`` for how and why it is safe); ``stream`` puts all RAM in the stream
@@ -33,12 +36,12 @@ from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
-from osfleet.replicas import template_memory
+from osfleet.replicas import guest_control, template_memory
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.virt import Virt
 
-STATE_FORMAT = "2"
+STATE_FORMAT = "3"  # 3: the control channel, a VM generation ID and the resident helper
 MIGRATION_TIMEOUT_SECONDS = 120.0
 MIGRATION_POLL_SECONDS = 0.005
 FD_NAME = "osfleet-state"
@@ -95,6 +98,7 @@ class SavedState:
 
 def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: MemoryMode = "stream") -> str:
     fields: list[Any] = [STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib]
+    fields.append(shape.kernel_args)
     if memory == "template":  # stream states keep the key they had before template memory existed
         fields.append(memory)
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
@@ -165,6 +169,8 @@ def ensure_saved_state(
         start = time.monotonic()
         virt.start_transient(spec)
         agent_s, desktop_s, _ = wait_until_ready(virt, image, name, start, 300)
+        # The resident helper runs in the saved state: every replica restored from it has it already.
+        guest_control.start(virt, name)
         # Clean page cache is free to drop: fewer pages in the stream make every restore faster.
         virt.guest_exec(name, ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
         started = time.monotonic()
