@@ -84,6 +84,12 @@ class Settings:
     memory_dir: Path | None = DEFAULT_MEMORY_DIR
     # OSFLEET_TENANCY: single (default) or multi (replicas belong to different users; KSM stays off).
     tenancy: Tenancy = "single"
+    # Forks (``osfleet.replicas.forks``): at most this many forks in one chain (a child of a child of ...),
+    # OSFLEET_FORK_MAX_DEPTH; at most this many bytes of saved forks (RAM files, streams, disk layers),
+    # OSFLEET_FORK_MAX_BYTES; this many children's domains started ahead of the next fork, OSFLEET_FORK_READY.
+    fork_max_depth: int = 4
+    fork_max_bytes: int = 8 * 2**30
+    fork_ready: int = 0
 
     def __post_init__(self) -> None:
         if not _PREFIX_PATTERN.match(self.name_prefix):
@@ -92,6 +98,11 @@ class Settings:
             )
         if self.tenancy not in TENANCIES:
             raise ConfigError(f"OSFLEET_TENANCY {self.tenancy!r} must be one of {', '.join(TENANCIES)}")
+        if self.fork_max_depth < 1 or self.fork_max_bytes < 2**20 or not 0 <= self.fork_ready <= 64:
+            raise ConfigError(
+                "OSFLEET_FORK_MAX_DEPTH must be at least 1, OSFLEET_FORK_MAX_BYTES at least 1 MiB and "
+                "OSFLEET_FORK_READY 0..64"
+            )
 
     @property
     def replica_prefix(self) -> str:
@@ -149,4 +160,17 @@ class Settings:
             name_prefix=os.environ.get("OSFLEET_NAME_PREFIX", NAME_PREFIX),
             memory_dir=Path(md) if (md := os.environ.get("OSFLEET_MEMORY_DIR", str(DEFAULT_MEMORY_DIR))) else None,
             tenancy=os.environ.get("OSFLEET_TENANCY", "single"),  # type: ignore[arg-type]  # checked above
+            fork_max_depth=_int_env("OSFLEET_FORK_MAX_DEPTH", 4),
+            fork_max_bytes=_int_env("OSFLEET_FORK_MAX_BYTES", 8 * 2**30),
+            fork_ready=_int_env("OSFLEET_FORK_READY", 0),
         )
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None

@@ -86,32 +86,58 @@ def bench_all(
     "--resets", default=3, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
 )
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option(
+    "--recipe",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="the image of this recipe (found by its hash; built into $OSFLEET_HOME/build-<name> if missing)",
+)
 @click.option("--hold", is_flag=True, help="also bring up as many snapshot replicas as fit and count them")
 @click.option("--hold-max", default=64, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
 @_friendly
 def bench_reset(
-    replicas: int, resets: int, image_ref: str | None, hold: bool, hold_max: int, as_json: bool, out: Path | None
+    replicas: int,
+    resets: int,
+    image_ref: str | None,
+    recipe: Path | None,
+    hold: bool,
+    hold_max: int,
+    as_json: bool,
+    out: Path | None,
 ) -> None:
-    """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica."""
+    """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica.
+    On a failure the JSON of what was measured is still printed, with the failure named, and the exit
+    code is 1."""
     from osfleet.bench import reset as reset_bench
+    from osfleet.bench.recipe_image import recipe_image
     from osfleet.bench.tables import reset_table
     from osfleet.images import find_image
 
+    if image_ref and recipe:
+        raise OsfleetError("give --image or --recipe, not both")
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    result = reset_bench.run(find_image(image_ref, settings), replicas, resets, hold, hold_max, settings, say)
-    emit(result, as_json, out, reset_table)
+    image = recipe_image(recipe, settings, say) if recipe else find_image(image_ref, settings)
+    result = reset_bench.run(image, replicas, resets, hold, hold_max, settings, say)
+    emit(result, as_json or "failure" in result, out, reset_table)
+    _fail_if_failed(result)
 
 
 @bench.command("fork")
 @click.option("--children", default=8, show_default=True, type=click.IntRange(2, 64))
+@click.option(
+    "--ready/--no-ready",
+    default=True,
+    show_default=True,
+    help="keep the children's domains started ahead of the fork (OSFLEET_FORK_READY of host serve)",
+)
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
 @_friendly
-def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
+def bench_fork(children: int, ready: bool, image_ref: str | None, as_json: bool, out: Path | None) -> None:
     """Fork a replica mid-task N ways: same state in every child, diverging input, timings, clean-up."""
     from osfleet.bench import fork as fork_bench
     from osfleet.bench.tables import fork_table
@@ -119,7 +145,9 @@ def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | 
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    emit(fork_bench.run(find_image(image_ref, settings), children, settings, say), as_json, out, fork_table)
+    result = fork_bench.run(find_image(image_ref, settings), children, settings, say, ready)
+    emit(result, as_json or "failure" in result, out, fork_table)
+    _fail_if_failed(result)
 
 
 @bench.command("density")
@@ -228,6 +256,13 @@ def bench_soak(
         return
     for key in ("episodes", "scored_episodes", "aborted_episodes", "error_episodes", "abort_rate", "leaks"):
         click.echo(f"{key:>20}: {result.get(key)}")
+
+
+def _fail_if_failed(result: dict[str, Any]) -> None:
+    """A bench that failed part-way has printed what it measured (``failure`` names what went wrong):
+    end with one line and exit code 1."""
+    if result.get("failure"):
+        raise OsfleetError(f"the benchmark failed: {result['failure']}")
 
 
 def _seconds(text: str) -> int:

@@ -33,6 +33,7 @@ from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
 from osfleet.replicas import guest_clock, guest_control, saved_state
+from osfleet.replicas.forks import Slot
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
@@ -90,6 +91,7 @@ class Generations:
         self._pending: list[Future[None]] = []
         self._standby: dict[str, Future[Spare | None]] = {}
         self._standby_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-standby")
+        self._control_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="osfleet-control")
         self._closing = threading.Event()
         self._screens_ok: bool | None = None
 
@@ -157,10 +159,20 @@ class Generations:
             guest_control.start(self.virt, rec.domain)  # a snapshot's guests have it from their saved state
             self.set_identity(rec)
 
-    def bring_up_from(self, rec: ReplicaRecord, state: saved_state.SavedState) -> None:
+    def bring_up_from(
+        self,
+        rec: ReplicaRecord,
+        state: saved_state.SavedState,
+        slot: Slot | None = None,
+        stopped_at: float | None = None,
+    ) -> None:
         """Make generation ``rec.generation + 1`` from ``state`` instead of the replica's initial state: a
         fork's child starts where its parent was. The caller holds the lock and saves the record, as for
-        ``bring_up``; the child's next reset goes back to the image's initial state like any replica's."""
+        ``bring_up``; the child's next reset goes back to the image's initial state like any replica's.
+
+        ``slot``: the child's domain, started ahead of time on this fork's files (``forks``): only the
+        device state is loaded. ``stopped_at``: host time the parent stopped; the child's clock is moved
+        on by the time since, in the background (``adjust_clock_later``)."""
         rec.generation += 1
         rec.domain = self.domain_name(rec.id, rec.generation)
         rec.parked = False
@@ -170,11 +182,32 @@ class Generations:
         if rec.state == State.PROVISIONING:
             rec.move(State.BOOTING)
         meta = {"replica": rec.id, "generation": str(rec.generation), "image": self.image.name}
-        saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
-        saved_state.load_memory(self.virt, state, rec.domain)
-        # The parent's screen may show anything (an app over the desktop), so it is not judged: a guest whose
-        # helper took its identity is running, with the parent's screen restored.
-        self.set_identity(rec)
+        if slot is None or slot.domain != rec.domain or not self.virt.is_running(slot.domain):
+            with stage("fork.start"):
+                saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
+        with stage("fork.load"):
+            saved_state.load_memory(self.virt, state, rec.domain)
+        resumed = time.time()
+        # The parent's screen may show anything (an app over the desktop), so it is not judged: the stream
+        # loaded and the guest runs. Identity: an exact copy (forks); the kernel reseeded its RNG on the new
+        # VM generation ID as it resumed.
+        if stopped_at is not None:
+            self.adjust_clock_later(rec.domain, max(0.0, resumed - stopped_at))
+
+    def adjust_clock_later(self, domain: str, seconds: float) -> None:
+        """Move the guest's clock on by ``seconds`` (the time it stood still) through its helper, without
+        waiting: the adjustment is relative, so it is right whenever the helper runs (in a just-restored
+        guest, whose translated code is cold, ~0.2 s later)."""
+
+        def work() -> None:
+            try:
+                guest_control.adjust_time(
+                    guest_control.socket_path(self.virt, domain), seconds, IDENTITY_TIMEOUT_SECONDS
+                )
+            except OsfleetError as exc:
+                log.warning("%s: the clock was not moved on by %.2f s: %s", domain, seconds, exc)
+
+        self._control_pool.submit(work)
 
     def desktop_drawn(self, domain: str) -> bool:
         """The replica's screen shows the desktop. On the reset path: QMP ``screendump`` straight into a
@@ -256,7 +289,7 @@ class Generations:
             except Exception as exc:  # a spare is an optimisation: the reset makes the generation itself
                 self.say(f"spare for {rid}: {as_osfleet(exc, 'making a spare')}")
                 try:
-                    self.virt.destroy(name)
+                    self.destroy(name)
                 except OsfleetError as err:
                     log.warning("removing the failed spare %s: %s", name, err)
                 return None
@@ -274,7 +307,7 @@ class Generations:
         if spare is not None and spare.name == name and self.virt.is_running(name):
             return spare
         if spare is not None:
-            self.virt.destroy(spare.name)
+            self.destroy(spare.name)
         return None
 
     def spare_ready(self, rid: str) -> bool:
@@ -290,7 +323,7 @@ class Generations:
         with self._lock:
             future = self._standby.pop(rid, None)
         if future is not None and (spare := future.result()):
-            self.virt.destroy(spare.name)
+            self.destroy(spare.name)
 
     # --- taking generations down ---------------------------------------------------------------------------
     def retire_generation(self, domain: str, disk: Path) -> None:
@@ -301,7 +334,7 @@ class Generations:
             try:
                 with contextlib.suppress(OsfleetError):  # stop it competing for CPU while QEMU is torn down
                     self.virt.suspend(domain)
-                self.virt.destroy(domain)
+                self.destroy(domain)
                 disk.unlink(missing_ok=True)
             except Exception as exc:  # adoption or `replicas down` finds what is left by its name
                 log.warning("cleaning up %s: %s", domain, as_osfleet(exc, f"destroying {domain}"))
@@ -310,10 +343,17 @@ class Generations:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(self._cleanup.submit(work))
 
+    def destroy(self, name: str) -> bool:
+        """Destroy one domain and close the host's connection to its control port."""
+        try:
+            return self.virt.destroy(name)
+        finally:
+            guest_control.PORTS.forget(name)
+
     def destroy_all(self, replica_id: str) -> None:
         """Every domain of the replica, whatever its generation (standby included)."""
         for name in self.virt.names(f"{self.settings.name_prefix}{replica_id}-"):
-            self.virt.destroy(name)
+            self.destroy(name)
 
     def settle(self) -> None:
         """Wait until background work (old generations' teardown, standbys) is done, as it would be after
@@ -330,6 +370,7 @@ class Generations:
         for rid in list(self._standby):
             self.drop_standby(rid)
         self._standby_pool.shutdown(wait=True)
+        self._control_pool.shutdown(wait=True)
         with self._lock:
             pending = list(self._pending)
         for f in pending:

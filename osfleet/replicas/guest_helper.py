@@ -17,10 +17,13 @@ has no wake-ups from it.
 The protocol is one request line and one reply line, ASCII, at most ``MAX_LINE`` bytes:
 
     <seq> time <unix-seconds>                                   -> <seq> ok
+    <seq> adjust <seconds>                                      -> <seq> ok
     <seq> identity <hostname> <machine-id> <seed-hex> <unix-seconds> -> <seq> ok
     <seq> ping                                                  -> <seq> ok
     anything else, or a failure                                 -> <seq> err <reason>
 
+``adjust`` moves the clock by the time the guest stood still (a fork's child: the host knows when the
+parent stopped), so it is right whenever the helper gets to run; the host need not wait for it.
 ``identity`` sets the hostname, /etc/machine-id, mixes the host's seed into the kernel's entropy pool and
 forces the kernel RNG to reseed (RNDADDENTROPY + RNDRESEEDCRNG: clones must not share random streams,
 and a VM generation ID alone reseeds only where the guest kernel has its driver), then sets the clock.
@@ -44,6 +47,8 @@ from collections.abc import Callable
 PORT_NAME = "org.osfleet.control.0"  # domain_xml.CONTROL_CHANNEL (this file imports nothing of osfleet)
 MAX_LINE = 512
 IDLE_WAIT_SECONDS = 60.0  # a safety net only: the host's connect wakes the helper by SIGIO
+WRITE_TRIES = 100
+WRITE_RETRY_SECONDS = 0.02
 RNDADDENTROPY = 0x40085203
 RNDRESEEDCRNG = 0x5207
 HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -63,6 +68,9 @@ class Guest:
 
     def set_time(self, seconds: float) -> None:
         time.clock_settime(time.CLOCK_REALTIME, seconds)
+
+    def now(self) -> float:
+        return time.clock_gettime(time.CLOCK_REALTIME)
 
     def set_identity(self, hostname: str, machine_id: str, seed: bytes) -> None:
         _write("/proc/sys/kernel/hostname", hostname)
@@ -103,6 +111,11 @@ def handle(line: bytes, guest: Guest) -> bytes:
             pass
         elif op == "time" and len(args) == 1:
             guest.set_time(_seconds(args[0]))
+        elif op == "adjust" and len(args) == 1:
+            delta = float(args[0])
+            if not -86400.0 < delta < 1e8:  # a day back .. three years forward
+                raise ValueError(f"implausible adjustment {args[0]}")
+            guest.set_time(guest.now() + delta)
         elif op == "identity" and len(args) == 4:
             hostname, machine_id, seed, now = args
             if not HOSTNAME.match(hostname) or not MACHINE_ID.match(machine_id) or not SEED.match(seed):
@@ -136,11 +149,29 @@ def find_port(sysfs: str = "/sys/class/virtio-ports") -> str | None:
     return None
 
 
+def _send(fd: int, data: bytes) -> bool:
+    """Write a reply; a port whose host connection the guest kernel has not seen yet (its open event is
+    on the way) refuses writes for a moment, so wait a little before giving up."""
+    for _ in range(WRITE_TRIES):
+        try:
+            os.write(fd, data)
+            return True
+        except BlockingIOError:
+            time.sleep(WRITE_RETRY_SECONDS)
+        except OSError:
+            return False
+    return False
+
+
 def serve(fd: int, guest: Guest, wait: Callable[[], object]) -> None:
-    """Answer requests on ``fd`` forever; ``wait()`` blocks until a host may have connected."""
+    """Answer requests on ``fd`` forever; ``wait()`` blocks until a host may have connected.
+
+    A request the host sends again (same sequence number: it did not see the answer) is answered again
+    without being applied twice (``adjust`` is relative)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     buf = b""
+    last: tuple[bytes, bytes] = (b"", b"")
     while True:
         events = 0
         for _, ev in poller.poll():
@@ -154,10 +185,10 @@ def serve(fd: int, guest: Guest, wait: Callable[[], object]) -> None:
                 buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    reply = handle(line[:MAX_LINE], guest)
-                    try:
-                        os.write(fd, reply)
-                    except OSError:
+                    seq = line.split(b" ", 1)[0]
+                    reply = last[1] if seq and seq == last[0] else handle(line[:MAX_LINE], guest)
+                    last = (seq, reply)
+                    if not _send(fd, reply):
                         break  # the host went away before the answer: it asks again
                 if len(buf) > MAX_LINE:
                     buf = b""  # no line that long is a request

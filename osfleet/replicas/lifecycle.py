@@ -15,25 +15,28 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from osfleet.config import Mode
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
-from osfleet.replicas.forks import Forks
+from osfleet.replicas.forks import Forks, Slot
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 from osfleet.replicas.saved_state import SavedState
-from osfleet.timing import stage
+from osfleet.timing import collecting, stage
 
 log = logging.getLogger(__name__)
 
 # A replica whose recovery failed is tried again after this long (a failing host is not hammered).
 RECOVERY_RETRY_SECONDS = 30.0
+# A generation that does not come up (a boot stuck at a bare background, a restore that failed) is
+# replaced by a new one this many times in all before the operation fails (counted: ``bringup_retries``).
+BRINGUP_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class Timed:
 
 
 Grant = Callable[[ReplicaRecord], Lease]
-FORK_WORKERS = 1  # children restored one after another: under TCG two at once only slow each other down
+# Children of one fork start two at a time: most of a child's start is QEMU and libvirt waiting on each other
+# and on the disk, so two overlap on two cores; more only slow each other down under TCG.
+FORK_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class Child:
     record: ReplicaRecord
     lease: Lease | None
     seconds: float
+    stages: dict[str, float] = field(default_factory=dict)  # where its bring-up went (osfleet.timing)
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,7 @@ class Lifecycle:
         start = time.monotonic()
         with self.registry.locked(rid) as rec:
             try:
-                self.gen.bring_up(rec, mode)
+                self._bring_up(rec, mode)
                 self._note_pristine(rec)
                 rec.move(State.READY)
                 self.registry.save(rec)
@@ -118,22 +124,26 @@ class Lifecycle:
             self._maybe_park(rec)
         return Timed(rid, mode, took)
 
-    def _new_record(self, mode: Mode) -> str:
-        """A new replica's directory and record (provisioning), registered; returns its id."""
-        rid = f"r-{uuid.uuid4().hex[:8]}"
+    def _new_record(self, mode: Mode, rid: str | None = None, identity: tuple[str, str] | None = None) -> str:
+        """A new replica's directory and record (provisioning), registered; returns its id. ``rid``: an id
+        reserved earlier (a fork slot, whose directory exists); ``identity``: (hostname, machine id) it
+        inherits (a fork's child is an exact copy of its parent)."""
+        reserved = rid is not None
+        rid = rid or f"r-{uuid.uuid4().hex[:8]}"
         now = time.time()
+        hostname, machine_id = identity or (f"osfleet-{rid[2:]}", uuid.uuid4().hex)
         record = ReplicaRecord(
             id=rid,
             image=self.gen.image.name,
             mode=mode,
             created_at=now,
             updated_at=now,
-            hostname=f"osfleet-{rid[2:]}",
-            machine_id=uuid.uuid4().hex,
+            hostname=hostname,
+            machine_id=machine_id,
         )
         try:
             directory = self.gen.replica_dir(rid)
-            directory.mkdir(parents=True)
+            directory.mkdir(parents=True, exist_ok=reserved)
             directory.chmod(0o755)
         except OSError as exc:
             raise as_osfleet(exc, f"creating replica {rid}") from exc
@@ -145,6 +155,27 @@ class Lifecycle:
         self.registry.add(record)
         return rid
 
+    def _bring_up(self, rec: ReplicaRecord, mode: Mode) -> None:
+        """``Generations.bring_up``, with a failed generation torn down and made again (the caller holds
+        the lock). Each attempt is a new generation, so nothing of the failed one is reused."""
+        for attempt in range(1, BRINGUP_ATTEMPTS + 1):
+            try:
+                self.gen.bring_up(rec, mode)
+                return
+            except Exception as exc:
+                if attempt == BRINGUP_ATTEMPTS:
+                    raise
+                err = as_osfleet(exc, f"bringing up generation {rec.generation} of {rec.id}")
+                log.warning(
+                    "replica %s: generation %d did not come up (%s); making a new one", rec.id, rec.generation, err
+                )
+                self.registry.counters.inc("bringup_retries")
+                self.gen.drop_standby(rec.id)
+                with contextlib.suppress(OsfleetError):
+                    self.gen.destroy(rec.domain)
+                with contextlib.suppress(OSError):
+                    Path(rec.disk).unlink(missing_ok=True)
+
     # --- forks ---------------------------------------------------------------------------------------------
     def fork(self, parent_id: str, children: int, lease_id: str | None = None, grant: Grant | None = None) -> Forked:
         """Save the running replica ``parent_id`` and bring up ``children`` replicas from that state.
@@ -152,6 +183,8 @@ class Lifecycle:
         ``lease_id``: the parent's lease, checked under its lock (None: the parent must be unleased, e.g.
         from the command line). ``grant(record)`` leases each child to the caller while its lock is held,
         so no one else can lease it first. All or nothing: if any child fails, the others are retired.
+        Children are exact copies of the parent (``osfleet.replicas.forks``: its hostname and machine id,
+        a new VM generation ID); their spares are made once all of them run.
         """
         if self.forks is None:
             raise OsfleetError("forks are not available on this host")
@@ -166,22 +199,42 @@ class Lifecycle:
                     if lease_id
                     else f"replica {parent_id} is leased: fork it through its lease holder"
                 )
+            self.forks.check_limits(parent, self.registry.all())
+            identity = (parent.hostname, parent.machine_id)
             try:
                 self.unpark_locked(parent)  # its state is saved running, as any child will run
-                state = self.forks.save(parent)
+                saved = self.forks.save(parent)
             except Exception as exc:
                 raise as_osfleet(exc, f"forking {parent_id}") from exc
             finally:
                 self._maybe_park(parent)  # an unleased parent waits parked again, as every ready replica
+            if not parent.parked:  # its clock stood still while it was stopped (a parked one is set at its lease)
+                self.gen.adjust_clock_later(parent.domain, float(saved.state.meta["parent_paused_seconds"]))
         saved_s = time.monotonic() - started
+        state = saved.state
         fork_id = state.directory.name
         self.registry.counters.inc("forks")
+        slots = saved.slots[:children]
+        self.forks.release_slots(saved.slots[children:])
         made: list[str] = []
         try:
             with ThreadPoolExecutor(max_workers=FORK_WORKERS, thread_name_prefix="osfleet-fork") as pool:
-                futures = [pool.submit(self._fork_child, state, grant, made) for _ in range(children)]
+                futures = [
+                    pool.submit(
+                        self._fork_child,
+                        state,
+                        grant,
+                        made,
+                        identity,
+                        saved.stopped_at,
+                        slots[i] if i < len(slots) else None,
+                    )
+                    for i in range(children)
+                ]
                 results = [f.result() for f in futures]
         except Exception as exc:
+            taken = set(made)
+            self.forks.release_slots(s for s in slots if s.replica_id not in taken)
             for rid in made:
                 with contextlib.suppress(OsfleetError):
                     self.retire(rid)
@@ -189,17 +242,29 @@ class Lifecycle:
         finally:
             self.forks.unpin(fork_id)
             self.collect_forks()
+        for child in results:  # spares (and parking) once every child runs: they would slow the others down
+            with contextlib.suppress(ReplicaNotFoundError), self.registry.locked(child.record.id) as rec:
+                self.gen.prepare_standby(rec)
+                self._maybe_park(rec)
         total = time.monotonic() - started
         paused = float(state.meta.get("parent_paused_seconds", 0.0))
         return Forked(parent_id, fork_id, state.memory_mode, saved_s, total, results, paused)
 
-    def _fork_child(self, state: SavedState, grant: Grant | None, made: list[str]) -> Child:
-        rid = self._new_record("snapshot")
+    def _fork_child(
+        self,
+        state: SavedState,
+        grant: Grant | None,
+        made: list[str],
+        identity: tuple[str, str],
+        stopped_at: float,
+        slot: Slot | None,
+    ) -> Child:
+        rid = self._new_record("snapshot", slot.replica_id if slot else None, identity)
         made.append(rid)
         start = time.monotonic()
-        with self.registry.locked(rid) as rec:
+        with self.registry.locked(rid) as rec, collecting() as stages:
             try:
-                self.gen.bring_up_from(rec, state)
+                self.gen.bring_up_from(rec, state, slot, stopped_at)
                 rec.move(State.READY)
                 lease = grant(rec) if grant is not None else None
                 self.registry.save(rec)
@@ -209,9 +274,7 @@ class Lifecycle:
                 raise err from exc
             took = time.monotonic() - start
             self.registry.counters.inc("fork_children")
-            self.gen.prepare_standby(rec)
-            self._maybe_park(rec)
-            return Child(rec.model_copy(deep=True), lease, took)
+            return Child(rec.model_copy(deep=True), lease, took, dict(stages.seconds))
 
     def collect_forks(self) -> list[str]:
         """Remove saved forks no replica uses any more (a child reset or retired was the last user)."""
@@ -266,7 +329,7 @@ class Lifecycle:
                     self.registry.save(rec)
             # The old generation is paused and destroyed in the background, once the new one is ready:
             # tearing QEMU down takes 1-2 s that need not be on the reset's critical path.
-            self.gen.bring_up(rec, mode)
+            self._bring_up(rec, mode)
             self._note_pristine(rec)
             rec.move(after)
             with stage("reset.record"):
@@ -364,7 +427,7 @@ class Lifecycle:
                 self.registry.save(rec)
                 self.gen.drop_standby(replica_id)
                 self.gen.retire_generation(rec.domain, Path(rec.disk))
-                self.gen.bring_up(rec, mode)
+                self._bring_up(rec, mode)
                 self._note_pristine(rec)
                 rec.move(State.READY)
                 self.registry.save(rec)

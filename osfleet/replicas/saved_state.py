@@ -20,6 +20,7 @@ saved state (the key includes it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -98,7 +99,7 @@ class SavedState:
 
 def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: MemoryMode = "stream") -> str:
     fields: list[Any] = [STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib]
-    fields.append(shape.kernel_args)
+    fields += [shape.kernel_args, guest_control.helper_digest()]  # the helper lives in the saved state
     if memory == "template":  # stream states keep the key they had before template memory existed
         fields.append(memory)
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
@@ -265,16 +266,22 @@ def hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:
         os.close(fd)
 
 
-def wait_migration(virt: Virt, name: str) -> None:
+def wait_migration(virt: Virt, name: str) -> tuple[dict[str, Any], float]:
+    """Poll until the domain's migration stream completed; (its final status, the monotonic time the
+    poll that saw it completed was sent). A stream that failed raises; one that outlives the timeout is
+    cancelled (an outgoing one would otherwise stop its guest later, unattended) and raises."""
     deadline = time.monotonic() + MIGRATION_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
+        asked = time.monotonic()
         status = virt.qmp(name, "query-migrate") or {}
         state = status.get("status")
         if state == "completed":
-            return
+            return status, asked
         if state in ("failed", "cancelled"):
             raise OsfleetError(f"{name}: migration stream {state}: {status.get('error-desc', 'no reason given')}")
         time.sleep(MIGRATION_POLL_SECONDS)
+    with contextlib.suppress(OsfleetError):
+        virt.qmp(name, "migrate_cancel")
     raise GuestTimeoutError(f"{name}: migration stream did not complete within {MIGRATION_TIMEOUT_SECONDS:.0f} s")
 
 
