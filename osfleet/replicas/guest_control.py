@@ -128,6 +128,8 @@ class Ports:
         while True:
             while b"\n" in conn.buf:
                 raw, conn.buf = conn.buf.split(b"\n", 1)
+                if len(raw) >= MAX_REPLY:
+                    raise ControlError(f"the control helper behind {path} sent a line of more than {MAX_REPLY} bytes")
                 got, _, rest = raw.decode("ascii", errors="replace").partition(" ")
                 if got == seq:
                     return rest

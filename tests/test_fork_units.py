@@ -1,0 +1,136 @@
+"""Forks without VMs: the sparse in-place copy of an overlay, reference counts of disks and RAM files (a chain
+of forks keeps its ancestors' layers but only the RAM its replicas map), the depth and size limits, and fork
+capacity reserved atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from osfleet.config import ReplicaShape, Settings
+from osfleet.replicas import forks, template_memory
+from osfleet.replicas.errors import CapacityError
+from osfleet.replicas.forks import Forks
+from osfleet.replicas.manager import ReplicaHost
+from osfleet.replicas.records import ReplicaRecord, State
+
+
+def test_an_overlay_is_copied_sparse_and_in_place_into_the_file_waiting_domains_hold(tmp_path: Path) -> None:
+    src = tmp_path / "overlay.qcow2"
+    with src.open("wb") as f:
+        f.write(b"head" * 1024)
+        f.seek(64 * 2**20)
+        f.write(b"tail" * 1024)
+    forks._copy_sparse(src, tmp_path / "new.qcow2", in_place=False)
+    assert (tmp_path / "new.qcow2").read_bytes() == src.read_bytes()
+    assert (tmp_path / "new.qcow2").stat().st_blocks * 512 < 2**20  # the 64 MiB hole stayed a hole
+    waiting = tmp_path / "placeholder.qcow2"
+    waiting.write_bytes(b"placeholder" * 10**6)  # longer than the overlay's data: nothing of it may remain
+    inode = waiting.stat().st_ino
+    forks._copy_sparse(src, waiting, in_place=True)
+    assert waiting.stat().st_ino == inode and waiting.read_bytes() == src.read_bytes()
+    with pytest.raises(Exception, match="copying"):
+        forks._copy_sparse(src, tmp_path / "new.qcow2", in_place=False)  # never overwrites a new fork's file
+
+
+def make_fork(settings: Settings, fork_id: str, with_ram: bool = True) -> Path:
+    directory = settings.forks_dir / fork_id
+    directory.mkdir(parents=True)
+    for layer in ("disk.qcow2", "parent.qcow2"):
+        (directory / layer).write_bytes(b"q" * 4096)
+    (directory / "memory.bin").write_bytes(b"m" * 4096)
+    meta: dict[str, object] = {"fork": fork_id, "parent": "r-p", "memory_mode": "template"}
+    if with_ram:
+        assert settings.memory_dir is not None
+        ram = settings.memory_dir / f"{fork_id}.ram"
+        ram.write_bytes(b"r" * 8192)
+        template_memory.claim(ram, directory)
+        meta["ram_path"] = str(ram)
+    (directory / "meta.json").write_text(json.dumps(meta))
+    return directory
+
+
+def record(rid: str, *layers: Path) -> ReplicaRecord:
+    return ReplicaRecord(id=rid, image="golden-unit", mode="snapshot", state=State.READY, layers=[str(p) for p in layers])
+
+
+def test_a_chain_of_forks_keeps_its_ancestors_disks_but_only_the_ram_its_replicas_map(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", memory_dir=tmp_path / "shm")
+    assert settings.memory_dir is not None
+    settings.memory_dir.mkdir()
+    f1, f2, f3 = (make_fork(settings, f"f-{n}") for n in ("one", "two", "three"))
+    golden = tmp_path / "golden.qcow2"
+    # f2 was forked from a child of f1; its child maps f2's RAM and goes through f1's disk layers
+    grandchild = record("r-g", f2 / "disk.qcow2", f2 / "parent.qcow2", f1 / "disk.qcow2", f1 / "parent.qcow2", golden)
+    child_of_f3 = record("r-c", f3 / "disk.qcow2", f3 / "parent.qcow2", golden)
+    host = Forks(None, None, "qemu", ReplicaShape(), settings)  # type: ignore[arg-type]
+    assert host.users([grandchild, child_of_f3]) == {"f-one": 1, "f-two": 1, "f-three": 1}
+    assert host.mappers([grandchild, child_of_f3]) == {"f-two": 1, "f-three": 1}
+    assert host.depth(grandchild) == 2 and host.depth(child_of_f3) == 1
+    assert host.collect([grandchild, child_of_f3]) == []
+    meta = json.loads((f1 / "meta.json").read_text())
+    assert meta["ram_released"] and "ram_path" not in meta and not (settings.memory_dir / "f-one.ram").exists()
+    assert not (f1 / "memory.bin").exists() and (f1 / "disk.qcow2").exists()  # disk kept for the chain
+    assert (settings.memory_dir / "f-two.ram").exists() and (settings.memory_dir / "f-three.ram").exists()
+    assert host.collect([grandchild]) == ["f-three"] and not f3.exists()
+    assert sorted(host.collect([])) == ["f-one", "f-two"] and not list(settings.memory_dir.glob("*.ram"))
+
+
+def test_forks_stop_at_the_depth_and_size_limits(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", memory_dir=tmp_path / "shm", fork_max_depth=2, fork_max_bytes=2**20)
+    assert settings.memory_dir is not None
+    settings.memory_dir.mkdir()
+    f1, f2 = make_fork(settings, "f-one"), make_fork(settings, "f-two")
+    golden = tmp_path / "golden.qcow2"
+    host = Forks(None, None, "qemu", ReplicaShape(memory_mib=1), settings)  # type: ignore[arg-type]
+    deep = record("r-d", f2 / "disk.qcow2", f2 / "parent.qcow2", f1 / "disk.qcow2", golden)
+    with pytest.raises(CapacityError, match="2 fork\\(s\\) deep; forks go at most 2 deep"):
+        host.check_limits(deep, [deep])
+    shallow = record("r-s", f1 / "disk.qcow2", golden)
+    with pytest.raises(CapacityError, match="would pass the host's limit of 1 MiB"):
+        host.check_limits(shallow, [shallow, deep])  # 2 forks of ~28 KiB + 1 MiB for the new one
+    roomy = Settings(home=settings.home, memory_dir=settings.memory_dir, fork_max_depth=2, fork_max_bytes=2**21)
+    Forks(None, None, "qemu", ReplicaShape(memory_mib=1), roomy).check_limits(shallow, [shallow, deep])  # type: ignore[arg-type]
+
+
+def test_limits_and_ready_slots_are_checked_settings() -> None:
+    from osfleet.errors import ConfigError
+
+    for bad in ({"fork_max_depth": 0}, {"fork_max_bytes": 10}, {"fork_ready": 65}):
+        with pytest.raises(ConfigError):
+            Settings(**bad)  # type: ignore[arg-type]
+
+
+def test_capacity_for_a_fork_is_reserved_atomically(tmp_path: Path) -> None:
+    """Twenty threads ask for room at once (forks of 3 children, bring-ups of 1): the room handed out never
+    exceeds the maximum, however they interleave."""
+    host = object.__new__(ReplicaHost)  # only the capacity book: no libvirt, no image
+    host.max_replicas = 10
+    host._capacity = threading.Lock()
+    host._reserved = 0
+    registered: list[int] = []
+    host.replicas = lambda: registered  # type: ignore[method-assign]
+    granted, refused, peak = [], [], [0]
+    gate = threading.Barrier(20)
+
+    def ask(n: int) -> None:
+        gate.wait()
+        try:
+            with host.reserve(n):
+                granted.append(n)
+                peak[0] = max(peak[0], host._reserved + len(registered))
+                os.sched_yield()
+                threading.Event().wait(0.05)  # held while the "children" are made
+        except CapacityError:
+            refused.append(n)
+
+    threads = [threading.Thread(target=ask, args=(3 if i % 2 else 1,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] <= 10 and refused and granted and host._reserved == 0
