@@ -55,7 +55,9 @@ def make_fork(settings: Settings, fork_id: str, with_ram: bool = True) -> Path:
 
 
 def record(rid: str, *layers: Path) -> ReplicaRecord:
-    return ReplicaRecord(id=rid, image="golden-unit", mode="snapshot", state=State.READY, layers=[str(p) for p in layers])
+    return ReplicaRecord(
+        id=rid, image="golden-unit", mode="snapshot", state=State.READY, layers=[str(p) for p in layers]
+    )
 
 
 def test_a_chain_of_forks_keeps_its_ancestors_disks_but_only_the_ram_its_replicas_map(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ UNIX socket (answers lost, repeated, refused, too long, late)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -84,10 +85,8 @@ def test_the_helper_loop_answers_each_line_once_and_waits_when_the_host_leaves()
 
     def run() -> None:
         os.set_blocking(guest_end.fileno(), False)
-        try:
+        with contextlib.suppress(Stop):
             guest_helper.serve(guest_end.fileno(), g, wait)
-        except Stop:
-            pass
 
     t = threading.Thread(target=run)
     t.start()
