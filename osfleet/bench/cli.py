@@ -162,6 +162,11 @@ def bench_fork(children: int, ready: bool, image_ref: str | None, as_json: bool,
 @click.option(
     "--ksm-wait", default=0.0, show_default=True, help="seconds to let KSM merge before measuring (when it is on)"
 )
+@click.option(
+    "--kernel-args",
+    default=None,
+    help="the guests' extra kernel arguments instead of osfleet's ('' for none: measure what they save)",
+)
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
@@ -171,6 +176,7 @@ def bench_density(
     compare: bool,
     park: bool,
     ksm_wait: float,
+    kernel_args: str | None,
     image_ref: str | None,
     as_json: bool,
     out: Path | None,
@@ -182,8 +188,11 @@ def bench_density(
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    result = density.run(find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say, park)
-    emit(result, as_json, out, density_table)
+    result = density.run(
+        find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say, park, kernel_args
+    )
+    emit(result, as_json or "failure" in result, out, density_table)
+    _fail_if_failed(result)
 
 
 @bench.command("chaos")
@@ -219,12 +228,13 @@ def bench_chaos(
     run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-chaos")
     image = find_image(image_ref, settings)
     result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, duration, every, say=say)
-    if as_json:
+    if as_json or "failure" in result:
         click.echo(json.dumps(result, indent=2))
-        return
-    for key in chaos_bench.SUMMARY_KEYS:
-        click.echo(f"{key:>20}: {result.get(key)}")
-    click.echo(f"audit in {run_dir / 'chaos.json'}")
+    else:
+        for key in chaos_bench.SUMMARY_KEYS:
+            click.echo(f"{key:>20}: {result.get(key)}")
+        click.echo(f"audit in {run_dir / 'chaos.json'}")
+    _fail_if_failed(result)
 
 
 @bench.command("soak")
@@ -251,11 +261,15 @@ def bench_soak(
     run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-soak")
     image = find_image(image_ref, settings)
     result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, seconds, kinds=(), say=say)
-    if as_json:
+    if as_json or "failure" in result:
         click.echo(json.dumps(result, indent=2))
-        return
-    for key in ("episodes", "scored_episodes", "aborted_episodes", "error_episodes", "abort_rate", "leaks"):
-        click.echo(f"{key:>20}: {result.get(key)}")
+    else:
+        keys = ("episodes", "scored_episodes", "episodes_per_minute", "aborted_episodes", "error_episodes")
+        for key in (*keys, "abort_rate", "lost_actions", "duplicated_actions", "leaks"):
+            click.echo(f"{key:>20}: {result.get(key)}")
+        for phase, d in (result.get("episode_phase_seconds") or {}).items():
+            click.echo(f"{phase:>20}: p50 {d['p50']:.2f} s, p95 {d['p95']:.2f} s, {d['share']:.0%} of the time")
+    _fail_if_failed(result)
 
 
 def _fail_if_failed(result: dict[str, Any]) -> None:
