@@ -9,17 +9,31 @@ from pathlib import Path
 from PIL import Image
 
 from osfleet import screen
-from osfleet.errors import GuestTimeoutError
+from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.virt import GuestAgentUnavailableError, Virt, VirtError
 
 POLL_SECONDS = 0.5
 
 
+# Session programs whose absence explains a desktop that never drew (a boot stopped at a bare background).
+SESSION_PROGRAMS = ("Xorg", "xterm", "twm", "openbox", "xsession")
+
+
 def wait_until_ready(
-    virt: Virt, image: GoldenImage, name: str, start: float, timeout: float, progress: bool = False
+    virt: Virt,
+    image: GoldenImage,
+    name: str,
+    start: float,
+    timeout: float,
+    progress: bool = False,
+    after_agent: float | None = None,
 ) -> tuple[float, float, Image.Image]:
-    """Poll until the agent answers and the desktop is drawn; (agent seconds, desktop seconds, screen)."""
+    """Poll until the agent answers and the desktop is drawn; (agent seconds, desktop seconds, screen).
+
+    ``after_agent``: give up when the desktop is not drawn this long after the agent answered (a session
+    that stopped at a bare background does not draw later; the caller makes a new generation instead of
+    waiting out ``timeout``); the error then names the session programs that are running."""
     agent_at: float | None = None
     desktop_at: float | None = None
     last: Image.Image | None = None
@@ -45,6 +59,8 @@ def wait_until_ready(
                     print(f"  desktop drawn after {desktop_at:.1f} s", flush=True)
         if agent_at is not None and desktop_at is not None and last is not None:
             return agent_at, desktop_at, last
+        if after_agent is not None and agent_at is not None and elapsed - agent_at > after_agent:
+            break
         if progress and elapsed >= next_note:
             print(f"  ... waiting ({elapsed:.0f} s)", flush=True)
             next_note += 15.0
@@ -54,5 +70,19 @@ def wait_until_ready(
         failure_shot = Path(tempfile.gettempdir()) / f"{name}-timeout.png"
         last.save(failure_shot)
         hint = f"; last screen saved to {failure_shot}"
-    what = "guest agent" if agent_at is None else "desktop"
-    raise GuestTimeoutError(f"{name}: {what} not ready within {timeout:.0f} s{hint}")
+    if agent_at is None:
+        raise GuestTimeoutError(f"{name}: guest agent not ready within {timeout:.0f} s{hint}")
+    waited = time.monotonic() - start
+    raise GuestTimeoutError(f"{name}: desktop not drawn {waited:.0f} s after boot{_session(virt, name)}{hint}")
+
+
+def _session(virt: Virt, name: str) -> str:
+    """Which session programs run in the guest (``; running: Xorg, twm; not: xterm``), best effort."""
+    try:
+        _, out, _ = virt.guest_exec(name, ["/bin/ps", "-eo", "comm"], timeout=20)
+    except OsfleetError:
+        return ""
+    running = {line.strip() for line in out.splitlines()}
+    have = [p for p in SESSION_PROGRAMS if p in running]
+    missing = [p for p in SESSION_PROGRAMS if p not in running]
+    return f"; running: {', '.join(have) or 'none'}; not running: {', '.join(missing) or 'none'}"

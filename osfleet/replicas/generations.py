@@ -29,7 +29,7 @@ from PIL import Image
 from osfleet import qcow2, screen
 from osfleet.config import Mode, ReplicaShape, Settings
 from osfleet.domain_xml import Accel
-from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.errors import GuestTimeoutError, OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
 from osfleet.replicas import guest_clock, guest_control, saved_state
@@ -43,6 +43,10 @@ from osfleet.virt import Virt, VirtError
 log = logging.getLogger(__name__)
 
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
+# A desktop that is not drawn this long after the guest agent answered will not be (a session stopped at
+# a bare background, seen with the office image): the generation is made again (``Lifecycle``).
+DESKTOP_AFTER_AGENT_SECONDS = 150.0
+SAVE_ATTEMPTS = 2
 # A just-restored guest on a host short of CPU can take seconds to run its helper for the first time.
 IDENTITY_TIMEOUT_SECONDS = 60.0
 CLEANUP_WORKERS = 4
@@ -110,9 +114,17 @@ class Generations:
                     memory, reason = saved_state.choose_memory_mode(self.settings, self.shape)
                     if reason:
                         self.say(f"restoring full memory streams: {reason}")
-                self._saved = saved_state.ensure_saved_state(
-                    self.virt, self.image, self.accel, self.shape, self.settings, self.say, memory
-                )
+                for attempt in range(1, SAVE_ATTEMPTS + 1):  # a template boot can stall like any boot
+                    try:
+                        self._saved = saved_state.ensure_saved_state(
+                            self.virt, self.image, self.accel, self.shape, self.settings, self.say, memory
+                        )
+                        break
+                    except GuestTimeoutError as exc:
+                        if attempt == SAVE_ATTEMPTS:
+                            raise
+                        self.say(f"saving the running state: {exc}; booting the template again")
+            assert self._saved is not None  # made above, or the last attempt raised
             return self._saved
 
     # --- one generation ------------------------------------------------------------------------------------
@@ -155,7 +167,14 @@ class Generations:
             spec = replica_spec(self.image, rec.domain, disk, (self.image.disk,), self.accel, self.shape, metadata=meta)
             start = time.monotonic()
             self.virt.start_transient(spec)
-            wait_until_ready(self.virt, self.image, rec.domain, start, COLD_BOOT_TIMEOUT_SECONDS)
+            wait_until_ready(
+                self.virt,
+                self.image,
+                rec.domain,
+                start,
+                COLD_BOOT_TIMEOUT_SECONDS,
+                after_agent=DESKTOP_AFTER_AGENT_SECONDS,
+            )
             guest_control.start(self.virt, rec.domain)  # a snapshot's guests have it from their saved state
             self.set_identity(rec)
 
