@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
 # A desktop that is not drawn this long after the guest agent answered will not be (a session stopped at
 # a bare background, seen with the office image): the generation is made again (``Lifecycle``).
-DESKTOP_AFTER_AGENT_SECONDS = 150.0
+DESKTOP_AFTER_AGENT_SECONDS = 120.0
 SAVE_ATTEMPTS = 2
 # A just-restored guest on a host short of CPU can take seconds to run its helper for the first time.
 IDENTITY_TIMEOUT_SECONDS = 60.0

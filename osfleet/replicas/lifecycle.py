@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import threading
 import time
@@ -49,9 +50,10 @@ class Timed:
 
 
 Grant = Callable[[ReplicaRecord], Lease]
-# Children of one fork start two at a time: most of a child's start is QEMU and libvirt waiting on each other
-# and on the disk, so two overlap on two cores; more only slow each other down under TCG.
-FORK_WORKERS = 2
+# Children of one fork start as many at a time as the host has cores (at least two): most of a child's start
+# is QEMU and libvirt waiting on each other and on the disk, so two overlap even on two cores; more than the
+# cores only slow each other down under TCG.
+FORK_WORKERS = max(2, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)

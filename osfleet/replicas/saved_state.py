@@ -169,7 +169,7 @@ def ensure_saved_state(
         )
         start = time.monotonic()
         virt.start_transient(spec)
-        agent_s, desktop_s, _ = wait_until_ready(virt, image, name, start, 300, after_agent=150)
+        agent_s, desktop_s, _ = wait_until_ready(virt, image, name, start, 300, after_agent=120)
         # The resident helper runs in the saved state: every replica restored from it has it already.
         guest_control.start(virt, name)
         # Clean page cache is free to drop: fewer pages in the stream make every restore faster.
