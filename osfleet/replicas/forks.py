@@ -260,8 +260,6 @@ class Forks:
             self.unpin(fork_id)
             self._remove(directory, ram)
             raise
-        finally:
-            self.prepare()  # the next fork's slots, in the background
 
     def unpin(self, fork_id: str) -> None:
         with self._lock:

@@ -244,6 +244,7 @@ class Lifecycle:
         finally:
             self.forks.unpin(fork_id)
             self.collect_forks()
+            self.forks.prepare()  # the next fork's slots, once the children run (they would slow them down)
         for child in results:  # spares (and parking) once every child runs: they would slow the others down
             with contextlib.suppress(ReplicaNotFoundError), self.registry.locked(child.record.id) as rec:
                 self.gen.prepare_standby(rec)
