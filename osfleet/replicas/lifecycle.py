@@ -207,6 +207,7 @@ class Lifecycle:
                 self.unpark_locked(parent)  # its state is saved running, as any child will run
                 saved = self.forks.save(parent)
             except Exception as exc:
+                self.forks.prepare()  # the slots of a failed fork are gone: make new ones for the next
                 raise as_osfleet(exc, f"forking {parent_id}") from exc
             finally:
                 self._maybe_park(parent)  # an unleased parent waits parked again, as every ready replica
