@@ -235,9 +235,14 @@ class Forks:
                     ram_resident_bytes=ram.stat().st_blocks * 512,
                     layers=[str(directory / "disk.qcow2"), *parent_layers],
                 )
-            else:
+            else:  # children load the full stream, on an overlay of the frozen layer (``SavedState.disk``)
                 shutil.move(str(stream), directory / "memory.bin")
-                meta.update(memory_mode="stream", stream_reason=why_not, layers=parent_layers)
+                (directory / PARENT_DISK).rename(directory / "disk.qcow2")
+                meta.update(
+                    memory_mode="stream",
+                    stream_reason=why_not,
+                    layers=[str(directory / "disk.qcow2"), *parent.layers],
+                )
                 if mapped is not None:
                     meta["mapped_ram"] = str(mapped)
             stream.unlink(missing_ok=True)
