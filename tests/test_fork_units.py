@@ -136,3 +136,101 @@ def test_capacity_for_a_fork_is_reserved_atomically(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert peak[0] <= 10 and refused and granted and host._reserved == 0
+
+
+class SlotVirt:
+    """Enough of ``Virt`` for a fork's wiring: domains started (their specs kept), QMP answered as QEMU would
+    for a completed stream, screens of one colour."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, object] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def start_transient(self, spec: object, paused: bool = False) -> None:
+        assert paused
+        self.specs[spec.name] = spec  # type: ignore[attr-defined]
+
+    def is_running(self, name: str) -> bool:
+        return name in self.specs
+
+    def destroy(self, name: str) -> bool:
+        self.calls.append(("destroy", name))
+        return self.specs.pop(name, None) is not None
+
+    def resume(self, name: str) -> None:
+        self.calls.append(("resume", name))
+
+    def qmp(self, name: str, command: str, arguments: object = None) -> object:
+        self.calls.append((command, name))
+        if command == "query-migrate":
+            return {"status": "completed", "downtime": 12}
+        if command == "qom-get":
+            return "/dev/shm/state.ram"
+        return {}
+
+    def qmp_with_files(self, name: str, command: str, arguments: object, files: list[int]) -> object:
+        return {}
+
+    def qemu_ids(self) -> None:
+        return None
+
+    def screenshot(self, name: str) -> object:
+        from PIL import Image
+
+        return Image.new("RGB", (8, 8))
+
+
+def test_ready_slots_wait_on_the_next_forks_files_and_the_fork_fills_them_in_place(tmp_path: Path) -> None:
+    from osfleet import qcow2
+    from osfleet.images import GoldenImage
+    from osfleet.replicas.saved_state import SavedState
+
+    shm = Path("/dev/shm") / f"osfleet-unit-slots-{os.getpid()}"
+    settings = Settings(home=tmp_path / "home", memory_dir=shm)
+    golden = tmp_path / "golden-unit.qcow2"
+    golden.write_bytes(b"\0" * 2**20)
+    image = GoldenImage(tmp_path / "golden-unit.json", {"image": "golden-unit", "kernel_cmdline": "quiet"})
+    state_disk = tmp_path / "state.qcow2"
+    qcow2.create_overlay(state_disk, golden, "raw")
+    state = SavedState(tmp_path, {"memory_mode": "template", "layers": [str(state_disk), str(golden)]})
+    virt = SlotVirt()
+    try:
+        f = Forks(virt, image, "qemu", ReplicaShape(memory_mib=4), settings, saved=lambda: state, ready=2)  # type: ignore[arg-type]
+        f.prepare()
+        f.wait_ready()
+        template = next(s for n, s in virt.specs.items() if n.startswith(settings.template_prefix))
+        slots = [s for n, s in virt.specs.items() if not n.startswith(settings.template_prefix)]
+        assert len(slots) == 2 and template.memory_file.share is True  # type: ignore[attr-defined]
+        ram = template.memory_file.path  # type: ignore[attr-defined]
+        assert all(s.memory_file.path == ram and s.memory_file.share is False for s in slots)  # type: ignore[attr-defined]
+        fork_dir = settings.forks_dir / template.name.split("template-")[1]  # type: ignore[attr-defined]
+        layer = fork_dir / "parent.qcow2"
+        inode = layer.stat().st_ino
+        for s in slots:  # each child's chain: its overlay, the fork template's, the frozen layer, the state's
+            assert s.disks[0].backing == (fork_dir / "disk.qcow2", layer, state_disk, golden)  # type: ignore[attr-defined]
+        parent_disk = tmp_path / "parent-overlay.qcow2"
+        qcow2.create_overlay(parent_disk, state_disk)
+        with parent_disk.open("r+b") as d:
+            d.seek(2**16)
+            d.write(b"written by the parent")
+        parent = ReplicaRecord(
+            id="r-p", image="golden-unit", mode="snapshot", state=State.READY, domain="osfleet-r-p-g1",
+            disk=str(parent_disk), layers=[str(state_disk), str(golden)],
+        )  # fmt: skip
+        saved = f.save(parent)
+        assert [s.domain for s in saved.slots] == [s.name for s in slots]  # type: ignore[attr-defined]
+        assert saved.state.meta["ready_slots"] == 2 and saved.state.memory_mode == "template"
+        assert layer.stat().st_ino == inode and layer.read_bytes() == parent_disk.read_bytes()
+        assert template.name not in virt.specs  # type: ignore[attr-defined]  # destroyed: its RAM file is final
+        assert ("migrate", "osfleet-r-p-g1") in virt.calls and ("resume", "osfleet-r-p-g1") in virt.calls
+        assert 0.012 <= saved.state.meta["parent_paused_seconds"] < 5
+        other = parent.model_copy(update={"layers": [str(fork_dir / "disk.qcow2"), str(golden)]})
+        assert f._take_batch(other) is None  # a parent on another chain does not get slots
+        f.release_slots(saved.slots)
+        assert not any(s.name in virt.specs for s in slots)  # type: ignore[attr-defined]
+        f.unpin(saved.state.directory.name)
+    finally:
+        f.close()
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)

@@ -417,7 +417,7 @@ class Forks:
             template_memory.claim(ram, directory)
             # The frozen layer's file exists from now on (an empty overlay of the right chain); the fork
             # copies the parent's overlay into it.
-            qcow2.create_overlay(directory / PARENT_DISK, state.disk)
+            qcow2.create_overlay(directory / PARENT_DISK, state.layers(self.image)[0])
             qcow2.create_overlay(directory / "disk.qcow2", directory / PARENT_DISK)
             parent_layers = (directory / PARENT_DISK, *state.layers(self.image))
             self.virt.start_transient(
