@@ -212,6 +212,7 @@ def ensure_saved_state(
         return SavedState(final, meta)
     finally:
         virt.destroy(name)
+        guest_control.PORTS.forget(name)
         shutil.rmtree(work, ignore_errors=True)
         if ram is not None and not published:
             ram.unlink(missing_ok=True)
