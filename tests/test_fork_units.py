@@ -234,3 +234,84 @@ def test_ready_slots_wait_on_the_next_forks_files_and_the_fork_fills_them_in_pla
         import shutil
 
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_and_prepares_the_next(
+    tmp_path: Path,
+) -> None:
+    """Lifecycle.fork without VMs: 3 children, 2 slots; children take the slots in order, the third starts its
+    own domain; every child carries the parent's hostname and machine id; spares come after all children; the
+    next fork's slots are asked for once."""
+    from osfleet.replicas.forks import Saved, Slot
+    from osfleet.replicas.lifecycle import Lifecycle
+    from osfleet.replicas.records import RecordStore
+    from osfleet.replicas.registry import Registry
+    from osfleet.replicas.saved_state import SavedState
+
+    reg = Registry(RecordStore(tmp_path / "replicas"))
+    parent = ReplicaRecord(
+        id="r-p", image="golden-fake", mode="snapshot", state=State.READY, domain="dom-r-p",
+        hostname="osfleet-parent", machine_id="a" * 32,
+    )  # fmt: skip
+    reg.save(parent)
+    reg.add(parent)
+    events: list[tuple[str, object]] = []
+    slots = [Slot(f"r-s{i}", f"osfleet-r-s{i}-g1", tmp_path / "replicas" / f"r-s{i}" / "disk-g1.qcow2") for i in (1, 2)]
+    for s in slots:
+        s.disk.parent.mkdir(parents=True)
+
+    class FakeForks:
+        def check_limits(self, rec: ReplicaRecord, records: object) -> None:
+            events.append(("limits", rec.id))
+
+        def save(self, rec: ReplicaRecord) -> Saved:
+            return Saved(
+                SavedState(tmp_path / "f-1", {"memory_mode": "template", "parent_paused_seconds": 0.05}),
+                list(slots),
+                1.0,
+            )
+
+        def release_slots(self, left: object) -> None:
+            events.append(("release", [s.replica_id for s in left]))  # type: ignore[attr-defined]
+
+        def unpin(self, fork_id: str) -> None:
+            pass
+
+        def collect(self, records: object) -> list[str]:
+            return []
+
+        def prepare(self) -> None:
+            events.append(("prepare", None))
+
+    class FakeGen:
+        image = type("I", (), {"name": "golden-fake"})()
+
+        def replica_dir(self, rid: str) -> Path:
+            return tmp_path / "replicas" / rid
+
+        def bring_up_from(self, rec: ReplicaRecord, state: object, slot: Slot | None, stopped_at: float) -> None:
+            rec.generation += 1
+            rec.domain = f"osfleet-{rec.id}-g{rec.generation}"
+            rec.move(State.BOOTING)
+            events.append(("child", (rec.id, slot.domain if slot else None)))
+
+        def adjust_clock_later(self, domain: str, seconds: float) -> None:
+            events.append(("clock", domain))
+
+        def prepare_standby(self, rec: ReplicaRecord) -> None:
+            events.append(("spare", rec.id))
+
+    life = Lifecycle(reg, FakeGen(), "snapshot", forks=FakeForks())  # type: ignore[arg-type]
+    forked = life.fork("r-p", 3)
+    kids = [c.record for c in forked.children]
+    assert [k.id for k in kids][:2] == ["r-s1", "r-s2"] and kids[2].id not in ("r-s1", "r-s2")
+    assert all(k.hostname == "osfleet-parent" and k.machine_id == "a" * 32 for k in kids)
+    children = [e for e in events if e[0] == "child"]
+    assert sorted(children) == sorted(
+        [("child", ("r-s1", "osfleet-r-s1-g1")), ("child", ("r-s2", "osfleet-r-s2-g1")), ("child", (kids[2].id, None))]
+    )
+    last_child = max(i for i, e in enumerate(events) if e[0] == "child")
+    first_spare = min(i for i, e in enumerate(events) if e[0] == "spare")
+    assert first_spare > last_child and [e for e in events if e[0] == "prepare"] == [("prepare", None)]
+    assert ("release", []) in events and ("clock", "dom-r-p") in events  # the parent's clock moves on too
+    assert events[0] == ("limits", "r-p")
