@@ -41,6 +41,10 @@ class ReplicaShape:
     tb_cache_mib: int = 64
     # The bridge of the opt-in replica network (``osfleet.replicas.network``); None: no network device at all.
     network_bridge: str | None = None
+    # Appended to the image's kernel command line (a saved state is booted with them, so they are part of
+    # its shape). An emulated guest's timers cost host CPU: ``tsc=reliable`` drops the clocksource
+    # watchdog (a timer every 0.5 s), ``nowatchdog`` the lockup detectors (measured in README, "Density").
+    kernel_args: str = "tsc=reliable nowatchdog"
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class Settings:
     # OSFLEET_REPLICA_SUBNET: the replicas' addresses (see osfleet.replicas.network).
     replica_network: str = "off"
     replica_subnet: str = "172.30.0.0/16"
+    # Forks (``osfleet.replicas.forks``): at most this many forks in one chain (a child of a child of ...),
+    # OSFLEET_FORK_MAX_DEPTH; at most this many bytes of saved forks (RAM files, streams, disk layers),
+    # OSFLEET_FORK_MAX_BYTES; this many children's domains started ahead of the next fork, OSFLEET_FORK_READY.
+    fork_max_depth: int = 4
+    fork_max_bytes: int = 8 * 2**30
+    fork_ready: int = 0
 
     def __post_init__(self) -> None:
         if not _PREFIX_PATTERN.match(self.name_prefix):
@@ -97,6 +107,11 @@ class Settings:
         from osfleet.replicas.network import NetworkPolicy  # checks the values; raises ConfigError
 
         NetworkPolicy.parse(self.replica_network, self.replica_subnet)
+        if self.fork_max_depth < 1 or self.fork_max_bytes < 2**20 or not 0 <= self.fork_ready <= 64:
+            raise ConfigError(
+                "OSFLEET_FORK_MAX_DEPTH must be at least 1, OSFLEET_FORK_MAX_BYTES at least 1 MiB and "
+                "OSFLEET_FORK_READY 0..64"
+            )
 
     @property
     def replica_prefix(self) -> str:
@@ -161,4 +176,17 @@ class Settings:
             tenancy=os.environ.get("OSFLEET_TENANCY", "single"),  # type: ignore[arg-type]  # checked above
             replica_network=os.environ.get("OSFLEET_REPLICA_NETWORK", "off") or "off",
             replica_subnet=os.environ.get("OSFLEET_REPLICA_SUBNET", "172.30.0.0/16") or "172.30.0.0/16",
+            fork_max_depth=_int_env("OSFLEET_FORK_MAX_DEPTH", 4),
+            fork_max_bytes=_int_env("OSFLEET_FORK_MAX_BYTES", 8 * 2**30),
+            fork_ready=_int_env("OSFLEET_FORK_READY", 0),
         )
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None

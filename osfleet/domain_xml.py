@@ -18,6 +18,8 @@ Accel = Literal["kvm", "qemu"]
 # QOM id of the guest RAM backend osfleet gives QEMU when RAM lives in a file (see MemoryFile). It is also
 # the RAM block's name in migration streams, so a template and its clones must use the same id.
 MEMORY_BACKEND_ID = "osfleet-ram"
+# The virtio-serial port of the guest's resident control helper (``osfleet.replicas.guest_control``).
+CONTROL_CHANNEL = "org.osfleet.control.0"
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class DomainSpec:
 
     Fixed on purpose: no network interface (replicas reach nothing) unless the host turned the opt-in replica
     network on (``nic``), no TCP display listener (screens and input go through libvirt/QMP), an absolute
-    virtio tablet, a guest agent channel.
+    virtio tablet, a guest agent channel and a control channel for osfleet's resident helper.
     """
 
     name: str
@@ -94,12 +96,17 @@ class DomainSpec:
     qemu_args: tuple[str, ...] = ()
     memory_file: MemoryFile | None = None
     nic: NicSpec | None = None
+    # VM generation ID (a vmgenid device): a clone gets a new one, and the guest kernel reseeds its random
+    # number generator the moment it sees the change, before any program in the clone runs.
+    genid: str | None = None
 
     def to_xml(self) -> str:
         dom = ET.Element("domain", type=self.accel)
         ET.SubElement(dom, "name").text = self.name
         if self.uuid:
             ET.SubElement(dom, "uuid").text = self.uuid
+        if self.genid:
+            ET.SubElement(dom, "genid").text = self.genid
         if self.metadata:
             meta = ET.SubElement(dom, "metadata")
             rep = ET.SubElement(meta, f"{{{METADATA_NS}}}replica")
@@ -151,6 +158,8 @@ class DomainSpec:
         ET.SubElement(video, "model", type="vga", vram="16384", heads="1")
         channel = ET.SubElement(devices, "channel", type="unix")
         ET.SubElement(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
+        control = ET.SubElement(devices, "channel", type="unix")  # libvirt names the socket (live XML)
+        ET.SubElement(control, "target", type="virtio", name=CONTROL_CHANNEL)
         if self.serial_log is not None:
             serial = ET.SubElement(devices, "serial", type="file")
             ET.SubElement(serial, "source", path=str(self.serial_log))

@@ -27,10 +27,24 @@ def prestarted_apps(image: GoldenImage) -> list[str]:
     return [str(a) for a in image.manifest.get("recipe", {}).get("prestart") or []]
 
 
+# Session programs whose absence explains a desktop that never drew (a boot stopped at a bare background).
+SESSION_PROGRAMS = ("Xorg", "xterm", "twm", "openbox", "xsession")
+
+
 def wait_until_ready(
-    virt: Virt, image: GoldenImage, name: str, start: float, timeout: float, progress: bool = False
+    virt: Virt,
+    image: GoldenImage,
+    name: str,
+    start: float,
+    timeout: float,
+    progress: bool = False,
+    after_agent: float | None = None,
 ) -> tuple[float, float, Image.Image]:
     """Poll until the agent answers and the desktop is drawn; (agent seconds, desktop seconds, screen).
+
+    ``after_agent``: give up when the desktop is not drawn this long after the agent answered (a session
+    that stopped at a bare background does not draw later; the caller makes a new generation instead of
+    waiting out ``timeout``); the error then names the session programs that are running.
 
     On an image with pre-started applications the wait goes on until they answer (``timeout`` is raised to
     ``APPS_TIMEOUT_SECONDS`` for it); the desktop seconds then count to that point."""
@@ -70,6 +84,8 @@ def wait_until_ready(
                     print(f"  pre-started applications ({', '.join(apps)}) up after {apps_at:.1f} s", flush=True)
         if agent_at is not None and desktop_at is not None and apps_at is not None and last is not None:
             return agent_at, max(desktop_at, apps_at), last
+        if after_agent is not None and agent_at is not None and desktop_at is None and elapsed - agent_at > after_agent:
+            break
         if progress and elapsed >= next_note:
             print(f"  ... waiting ({elapsed:.0f} s)", flush=True)
             next_note += 15.0
@@ -79,10 +95,13 @@ def wait_until_ready(
         failure_shot = Path(tempfile.gettempdir()) / f"{name}-timeout.png"
         last.save(failure_shot)
         hint = f"; last screen saved to {failure_shot}"
-    what = "guest agent" if agent_at is None else "desktop" if desktop_at is None else f"pre-started {', '.join(apps)}"
-    if apps_at is None and desktop_at is not None:
-        hint += f" (the guest's /run/user/1000/osfleet-apps.log says: {_apps_log(virt, name)})"
-    raise GuestTimeoutError(f"{name}: {what} not ready within {timeout:.0f} s{hint}")
+    if agent_at is None:
+        raise GuestTimeoutError(f"{name}: guest agent not ready within {timeout:.0f} s{hint}")
+    if desktop_at is None:
+        waited = time.monotonic() - start
+        raise GuestTimeoutError(f"{name}: desktop not drawn {waited:.0f} s after boot{_session(virt, name)}{hint}")
+    hint += f" (the guest's /run/user/1000/osfleet-apps.log says: {_apps_log(virt, name)})"
+    raise GuestTimeoutError(f"{name}: pre-started {', '.join(apps)} not ready within {timeout:.0f} s{hint}")
 
 
 def _apps_ready(virt: Virt, name: str) -> bool:
@@ -99,3 +118,15 @@ def _apps_log(virt: Virt, name: str) -> str:
     except OsfleetError as exc:
         return f"unreadable ({exc})"
     return " | ".join(out.strip().splitlines())[-300:] or "nothing"
+
+
+def _session(virt: Virt, name: str) -> str:
+    """Which session programs run in the guest (``; running: Xorg, twm; not: xterm``), best effort."""
+    try:
+        _, out, _ = virt.guest_exec(name, ["/bin/ps", "-eo", "comm"], timeout=20)
+    except OsfleetError:
+        return ""
+    running = {line.strip() for line in out.splitlines()}
+    have = [p for p in SESSION_PROGRAMS if p in running]
+    missing = [p for p in SESSION_PROGRAMS if p not in running]
+    return f"; running: {', '.join(have) or 'none'}; not running: {', '.join(missing) or 'none'}"

@@ -222,6 +222,20 @@ class Virt:
         text = out[0] if isinstance(out, tuple) else out
         return json.loads(text).get("return")
 
+    def channel_path(self, name: str, target: str) -> Path | None:
+        """The host end (a UNIX socket) of the running domain's virtio channel ``target``, from its live
+        XML (libvirt picks the path at start), or None when it has no such channel."""
+        try:
+            xml = self._domain(name).XMLDesc(0)
+        except libvirt.libvirtError as exc:
+            raise translate(exc, name, "reading the XML of") from None
+        for channel in ET.fromstring(xml).iterfind("devices/channel"):
+            tgt = channel.find("target")
+            src = channel.find("source")
+            if tgt is not None and tgt.get("name") == target and src is not None and src.get("path"):
+                return Path(str(src.get("path")))
+        return None
+
     def qemu_ids(self) -> tuple[int, int] | None:
         """The uid and gid QEMU processes run as (libvirt's DAC label), or None when libvirt names none."""
         try:

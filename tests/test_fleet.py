@@ -3,6 +3,7 @@ placement on uneven hosts, failover when a host dies, OSGym clients, a restarted
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -222,7 +223,14 @@ def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[
     from osfleet.bench.chaos import gateway_overhead
 
     port = free_port()
-    app = create_gateway(TOKEN, [a.entry for a in agents.values()])
+    inner = create_gateway(TOKEN, [a.entry for a in agents.values()])
+
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        """The gateway with a known 40 ms added to each step: the measurement must find it."""
+        if scope["type"] == "http" and scope["path"].endswith("/step"):
+            await asyncio.sleep(0.04)
+        await inner(scope, receive, send)  # type: ignore[arg-type]
+
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -234,7 +242,9 @@ def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[
         hosts = [SimpleNamespace(name=a.name, url=a.entry.url, token=a.entry.token) for a in agents.values()]
         out = gateway_overhead(gw, hosts, rounds=10, warmup=2)  # type: ignore[arg-type]
         assert out["rounds"] == 10 and out["direct_p50_ms"] > 0 and out["gateway_p50_ms"] > 0
-        assert out["added_p95_ms"] >= out["added_p50_ms"]  # the p50 of the per-round differences
+        # the p50 of the per-round differences finds the 40 ms the gateway was made to add, and no more
+        assert 35 <= out["added_p50_ms"] <= 35 + out["direct_p50_ms"] + 60, out
+        assert out["gateway_p50_ms"] - out["direct_p50_ms"] >= 30, out
         applied = [a.host.applied for a in agents.values() if a.host.applied]
         assert len(applied) == 1 and len(applied[0]) == 24  # one replica, every step really ran, twelve each way
     finally:

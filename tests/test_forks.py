@@ -3,6 +3,7 @@ children work, and a saved fork lives exactly as long as a replica uses it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -77,3 +78,32 @@ def test_a_leased_replica_forks_only_through_its_lease(host: ReplicaHost) -> Non
     assert host.get(child.record.id).state.value == "leased"
     host.check_lease(child.record.id, child.lease.id)
     host.check_lease(rid.id, lease.id)  # the parent keeps its lease
+
+
+def test_children_from_ready_slots_are_exact_copies_with_their_own_randomness_and_clock(
+    replica_hosts: Callable[..., ReplicaHost], settings: Settings
+) -> None:
+    """Slots started ahead of the fork take the children; each child is its parent's copy (hostname, machine
+    id, files) but its kernel RNG was reseeded (new VM generation ID) and its clock moved on."""
+    host = replica_hosts(fork_ready=2)
+    parent = host.create().replica
+    shell(host, parent, "echo slot-marker > ~/fork-marker")
+    host.settle()  # the slots are started
+    time.sleep(3)  # the fork's children restore a state 3 s old: their clocks must catch up
+    forked = host.fork(parent, 2)
+    assert host.forks.load(forked.fork_id).meta["ready_slots"] == 2
+    assert forked.paused_seconds < 0.5  # a live save: it did not stand still for its whole memory
+    time.sleep(1.0)  # the clock adjustment is sent without waiting for the helper
+    seen = set()
+    for child in forked.children:
+        rid = child.record.id
+        assert child.record.hostname == host.get(parent).hostname
+        host_id, marker, now, rnd = shell(
+            host, rid, "hostname; cat ~/fork-marker; date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
+        ).split("\n")
+        assert host_id == host.get(parent).hostname and marker == "slot-marker"
+        assert abs(int(now) - time.time()) < 3
+        seen.add(rnd)
+    assert len(seen) == 2
+    host.down([c.record.id for c in forked.children])
+    assert host.fork_states() == []

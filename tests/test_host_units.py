@@ -276,6 +276,13 @@ class FakeGenerations:
     def prepare_standby(self, rec: ReplicaRecord) -> None:
         pass
 
+    def spare_ready(self, rid: str) -> bool:
+        return False
+
+    def destroy(self, name: str) -> bool:
+        self.virt.running.discard(name)
+        return True
+
 
 @pytest.mark.parametrize(
     ("error", "kind"),
@@ -297,6 +304,7 @@ def test_any_error_during_a_reset_marks_the_replica_failed(tmp_path: Path, error
     assert rec.state == State.FAILED and "reset failed" in (rec.error or "")
     assert RecordStore(tmp_path / "replicas").load_all()[0][0].state == State.FAILED
     assert gen.retired == ["dom-r-1"]  # the old generation is cleaned up, not leaked
+    assert reg.counters["bringup_retries"] == 1  # a second generation was tried before giving up
     assert life.detect() == ["r-1"]  # due for recovery at once
     gen.error = None
     life.recover("r-1")

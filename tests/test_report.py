@@ -116,3 +116,22 @@ def test_a_chaos_run_through_a_gateway_gets_its_section_and_timeline(tmp_path: P
     Image.open(tmp_path / "chaos_timeline.png").verify()
     md = (tmp_path / "report.md").read_text()
     assert "Faults (osfleet bench chaos)" in md and "| kill_qemu | h1/r-1 | SIGKILL | 30 s | 12.5 s | rebuild |" in md
+
+
+def test_a_fork_run_and_reset_stages_get_their_rows(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    reset = json.loads((run / "reset.json").read_text())
+    reset["snapshot"]["stages_p50_ms"] = {"reset.resume": 4.25, "reset.clock": 3.5}
+    (run / "reset.json").write_text(json.dumps(reset))
+    fork = {
+        "children": 8, "children_ready": 8, "fork_p50_s": 0.071, "fork_p95_s": 0.12, "parent_paused_s": 0.094,
+        "save_s": 1.8, "first_child_ready_s": 2.9, "total_s": 3.6, "same_state": True, "diverged": True,
+        "machine": {"hostname": "h"},
+    }  # fmt: skip
+    (run / "fork.json").write_text(json.dumps(fork))
+    render(run)
+    md = (run / "report.md").read_text()
+    assert "| reset.resume | 4.2 ms | measured here |" in md and "| reset.clock | 3.5 ms | measured here |" in md
+    assert "## Forks" in md and "| parent paused / saved | 94.00 ms / 1.80 s | measured here |" in md
+    assert "| fork: child bring-up p50 / p95 | 71.00 ms / 120.00 ms | measured here |" in md

@@ -37,7 +37,7 @@ from osfleet.chaos import faults as F
 from osfleet.chaos.hosts import ChaosHost
 from osfleet.chaos.runner import ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
-from osfleet.errors import OsfleetError
+from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
 from osfleet.stats import percentile
@@ -242,6 +242,23 @@ def _episodes(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _phases(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Where a scored episode's time goes: p50, p95 and share of the total per phase (lease, reset with the
+    task's set-up, steps, evaluate, release), from the clients' own clocks."""
+    out: dict[str, dict[str, float]] = {}
+    totals = [sum(e.get("seconds", {}).values()) for e in episodes]
+    whole = sum(totals) or 1.0
+    for phase in ("lease", "reset", "steps", "evaluate", "release"):
+        values = [e["seconds"][phase] for e in episodes if phase in e.get("seconds", {})]
+        if values:
+            out[phase] = {
+                "p50": round(percentile(values, 50), 3),
+                "p95": round(percentile(values, 95), 3),
+                "share": round(sum(values) / whole, 3),
+            }
+    return out
+
+
 def _audit_entries(hosts: list[BenchHost]) -> Counter[tuple[str, str, str]]:
     """(fleet replica id, lease, action id) -> times applied, from every host's audit log."""
     seen: Counter[tuple[str, str, str]] = Counter()
@@ -389,6 +406,9 @@ def run(
         _wait(lambda: _all_recovered(ran.faults, seen.samples), RECOVERY_GRACE_SECONDS, "recovery", say, fail=False)
         sampler.stop()
         result.update(_audit(run_dir, fleet, runner, sampler.samples, started))
+    except Exception as exc:  # what was measured is still reported, with the failure named (exit code 1)
+        result["failure"] = str(as_osfleet(exc, "the chaos benchmark"))
+        say(f"chaos bench failed: {result['failure']}")
     finally:
         stop_chaos.set()
         say("[5/5] teardown")
@@ -429,8 +449,12 @@ def _audit(
             }
         )
     aborted = [e for e in episodes if e.get("status") == "aborted"]
-    unscored = len(episodes) - sum(1 for e in episodes if e.get("status") == "scored")
+    scored = [e for e in episodes if e.get("status") == "scored"]
+    unscored = len(episodes) - len(scored)
+    minutes = (max((e.get("t_end", started) for e in episodes), default=started) - started) / 60
     return {
+        "episodes_per_minute": round(len(scored) / minutes, 2) if minutes > 0 else None,
+        "episode_phase_seconds": _phases(scored),
         "started_at": started,
         "abort_rate": round(unscored / len(episodes), 4) if episodes else None,
         "fault_kinds": len({f.kind for f in faults}),

@@ -86,32 +86,58 @@ def bench_all(
     "--resets", default=3, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
 )
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option(
+    "--recipe",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="the image of this recipe (found by its hash; built into $OSFLEET_HOME/build-<name> if missing)",
+)
 @click.option("--hold", is_flag=True, help="also bring up as many snapshot replicas as fit and count them")
 @click.option("--hold-max", default=64, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
 @_friendly
 def bench_reset(
-    replicas: int, resets: int, image_ref: str | None, hold: bool, hold_max: int, as_json: bool, out: Path | None
+    replicas: int,
+    resets: int,
+    image_ref: str | None,
+    recipe: Path | None,
+    hold: bool,
+    hold_max: int,
+    as_json: bool,
+    out: Path | None,
 ) -> None:
-    """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica."""
+    """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica.
+    On a failure the JSON of what was measured is still printed, with the failure named, and the exit
+    code is 1."""
     from osfleet.bench import reset as reset_bench
+    from osfleet.bench.recipe_image import recipe_image
     from osfleet.bench.tables import reset_table
     from osfleet.images import find_image
 
+    if image_ref and recipe:
+        raise OsfleetError("give --image or --recipe, not both")
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    result = reset_bench.run(find_image(image_ref, settings), replicas, resets, hold, hold_max, settings, say)
-    emit(result, as_json, out, reset_table)
+    image = recipe_image(recipe, settings, say) if recipe else find_image(image_ref, settings)
+    result = reset_bench.run(image, replicas, resets, hold, hold_max, settings, say)
+    emit(result, as_json or "failure" in result, out, reset_table)
+    _fail_if_failed(result)
 
 
 @bench.command("fork")
 @click.option("--children", default=8, show_default=True, type=click.IntRange(2, 64))
+@click.option(
+    "--ready/--no-ready",
+    default=True,
+    show_default=True,
+    help="keep the children's domains started ahead of the fork (OSFLEET_FORK_READY of host serve)",
+)
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
 @_friendly
-def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
+def bench_fork(children: int, ready: bool, image_ref: str | None, as_json: bool, out: Path | None) -> None:
     """Fork a replica mid-task N ways: same state in every child, diverging input, timings, clean-up."""
     from osfleet.bench import fork as fork_bench
     from osfleet.bench.tables import fork_table
@@ -119,7 +145,9 @@ def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | 
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    emit(fork_bench.run(find_image(image_ref, settings), children, settings, say), as_json, out, fork_table)
+    result = fork_bench.run(find_image(image_ref, settings), children, settings, say, ready)
+    emit(result, as_json or "failure" in result, out, fork_table)
+    _fail_if_failed(result)
 
 
 @bench.command("density")
@@ -134,6 +162,11 @@ def bench_fork(children: int, image_ref: str | None, as_json: bool, out: Path | 
 @click.option(
     "--ksm-wait", default=0.0, show_default=True, help="seconds to let KSM merge before measuring (when it is on)"
 )
+@click.option(
+    "--kernel-args",
+    default=None,
+    help="the guests' extra kernel arguments instead of osfleet's ('' for none: measure what they save)",
+)
 @click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
@@ -143,6 +176,7 @@ def bench_density(
     compare: bool,
     park: bool,
     ksm_wait: float,
+    kernel_args: str | None,
     image_ref: str | None,
     as_json: bool,
     out: Path | None,
@@ -154,8 +188,11 @@ def bench_density(
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    result = density.run(find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say, park)
-    emit(result, as_json, out, density_table)
+    result = density.run(
+        find_image(image_ref, settings), max_replicas, compare, ksm_wait, settings, say, park, kernel_args
+    )
+    emit(result, as_json or "failure" in result, out, density_table)
+    _fail_if_failed(result)
 
 
 @bench.command("chaos")
@@ -191,12 +228,13 @@ def bench_chaos(
     run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-chaos")
     image = find_image(image_ref, settings)
     result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, duration, every, say=say)
-    if as_json:
+    if as_json or "failure" in result:
         click.echo(json.dumps(result, indent=2))
-        return
-    for key in chaos_bench.SUMMARY_KEYS:
-        click.echo(f"{key:>20}: {result.get(key)}")
-    click.echo(f"audit in {run_dir / 'chaos.json'}")
+    else:
+        for key in chaos_bench.SUMMARY_KEYS:
+            click.echo(f"{key:>20}: {result.get(key)}")
+        click.echo(f"audit in {run_dir / 'chaos.json'}")
+    _fail_if_failed(result)
 
 
 @bench.command("soak")
@@ -223,11 +261,22 @@ def bench_soak(
     run_dir = run_dir or Path("runs") / (_time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime()) + "-soak")
     image = find_image(image_ref, settings)
     result = chaos_bench.run(image, settings, run_dir, hosts, warm, users, seconds, kinds=(), say=say)
-    if as_json:
+    if as_json or "failure" in result:
         click.echo(json.dumps(result, indent=2))
-        return
-    for key in ("episodes", "scored_episodes", "aborted_episodes", "error_episodes", "abort_rate", "leaks"):
-        click.echo(f"{key:>20}: {result.get(key)}")
+    else:
+        keys = ("episodes", "scored_episodes", "episodes_per_minute", "aborted_episodes", "error_episodes")
+        for key in (*keys, "abort_rate", "lost_actions", "duplicated_actions", "leaks"):
+            click.echo(f"{key:>20}: {result.get(key)}")
+        for phase, d in (result.get("episode_phase_seconds") or {}).items():
+            click.echo(f"{phase:>20}: p50 {d['p50']:.2f} s, p95 {d['p95']:.2f} s, {d['share']:.0%} of the time")
+    _fail_if_failed(result)
+
+
+def _fail_if_failed(result: dict[str, Any]) -> None:
+    """A bench that failed part-way has printed what it measured (``failure`` names what went wrong):
+    end with one line and exit code 1."""
+    if result.get("failure"):
+        raise OsfleetError(f"the benchmark failed: {result['failure']}")
 
 
 def _seconds(text: str) -> int:

@@ -32,7 +32,7 @@ import psutil
 
 from osfleet import screen
 from osfleet.config import ReplicaShape, Settings
-from osfleet.errors import OsfleetError
+from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.host_tune import ksm_status
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
@@ -177,6 +177,7 @@ def hold(
     ksm_wait: float = 0.0,
     reserve: int = MEMORY_RESERVE_BYTES,
     park: bool = True,
+    shape: ReplicaShape | None = None,
 ) -> dict[str, Any]:
     """Bring up snapshot replicas until memory runs out (or ``max_replicas``), check them, tear them down.
     ``park``: ready replicas wait paused until leased, as ``host serve --park`` keeps them."""
@@ -184,7 +185,7 @@ def hold(
     host = ReplicaHost(
         image,
         settings,
-        ReplicaShape(),
+        shape or ReplicaShape(),
         mode="snapshot",
         auto_recover=False,
         say=say,
@@ -298,15 +299,39 @@ def run(
     settings: Settings | None = None,
     say: Say = print,
     park: bool = True,
+    kernel_args: str | None = None,
 ) -> dict[str, Any]:
-    """One density run (template memory where this host can); ``compare`` adds one with it off."""
+    """One density run (template memory where this host can); ``compare`` adds one with it off.
+    ``kernel_args``: the guests' extra kernel arguments instead of osfleet's (``ReplicaShape``), e.g. ""
+    to measure what they save. A failure part-way still returns what was measured, with ``failure``."""
     if max_replicas is not None and max_replicas < 1:
         raise OsfleetError("--max must be at least 1")
     settings = settings or Settings.from_env()
-    result: dict[str, Any] = {"benchmark": "density", "image": image.name, "reserve_mib": MEMORY_RESERVE_BYTES >> 20}
-    result.update(hold(image, settings, None, max_replicas, say, ksm_wait, park=park))
-    if compare:
-        say("the same with template memory off (full-stream restores)")
-        result["sharing_off"] = hold(image, settings, "stream", max_replicas, say, ksm_wait, park=park)
+    shape = ReplicaShape() if kernel_args is None else ReplicaShape(kernel_args=kernel_args)
+    result: dict[str, Any] = {
+        "benchmark": "density",
+        "image": image.name,
+        "reserve_mib": MEMORY_RESERVE_BYTES >> 20,
+        "kernel_args": shape.kernel_args,
+        "available_mib_at_start": mem_available() >> 20,
+        "tmpfs_used_by_others_mib": _shm_used_mib(settings),
+    }
+    try:
+        result.update(hold(image, settings, None, max_replicas, say, ksm_wait, park=park, shape=shape))
+        if compare:
+            say("the same with template memory off (full-stream restores)")
+            result["sharing_off"] = hold(image, settings, "stream", max_replicas, say, ksm_wait, park=park, shape=shape)
+    except Exception as exc:  # hold() removed its replicas; what was measured is reported with the failure
+        result["failure"] = str(as_osfleet(exc, "the density benchmark"))
+        say(f"density bench failed: {result['failure']}")
     result["machine"] = describe()
     return result
+
+
+def _shm_used_mib(settings: Settings) -> int:
+    """Memory that tmpfs files of others (other homes' saved states and forks) take from this run."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return int((st.f_blocks - st.f_bfree) * st.f_frsize) >> 20

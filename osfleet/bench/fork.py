@@ -9,10 +9,15 @@ What is checked, on real replicas:
 - a child of a child (``nested``) starts with the same file, and every saved fork is gone once its last
   child is retired (``fork_states_left``); ``leaks`` lists domains, fork folders and RAM files left after.
 
-Timings: ``fork_p50_s``/``fork_p95_s`` are each child's own bring-up (restore from the saved fork, new
-identity, screen answering); ``save_s`` is how long the parent was saved (it is paused for
-``parent_paused_s`` of it); ``total_s`` is from the fork request until every child was ready, and
-``first_child_ready_s`` from the request until the first child was.
+- ``random_differs``: 16 bytes of /dev/urandom differ in every child (the new VM generation ID reseeded
+  each child's kernel RNG: children are otherwise exact copies of the parent).
+
+Timings: ``fork_p50_s``/``fork_p95_s`` are each child's own bring-up (from its record to a running guest
+with the parent's state: its domain started unless a ready slot had it, the device state loaded;
+``child_stages_p50_ms`` splits it); ``save_s`` is how long saving the parent took (a live migration: it
+stood still for ``parent_paused_s`` of it); ``total_s`` is from the fork request until every child was
+ready, and ``first_child_ready_s`` from the request until the first child was. The host keeps
+``--children`` slots started for the next fork (``ready_slots_used``; ``--no-ready`` for none).
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ from typing import Any
 from PIL import Image, ImageChops
 
 from osfleet.config import ReplicaShape, Settings
-from osfleet.errors import OsfleetError
+from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
 from osfleet.replicas.forks import SCREEN
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import distribution
+from osfleet.stats import distribution, percentile
 
 Say = Callable[[str], None]
 MARKER_PATH = "/var/tmp/osfleet-fork-marker"
@@ -41,28 +46,59 @@ TERMINAL_XY = (200, 200)  # over the desktop's terminal: twm gives it the keyboa
 SCREEN_WAIT_SECONDS = 20.0
 
 
-def run(image: GoldenImage, children: int, settings: Settings | None = None, say: Say = print) -> dict[str, Any]:
+def run(
+    image: GoldenImage, children: int, settings: Settings | None = None, say: Say = print, ready: bool = True
+) -> dict[str, Any]:
+    """The fork bench; ``ready``: the host keeps ``children`` slots started for the next fork (as ``host
+    serve`` does with OSFLEET_FORK_READY). A failure part-way still returns what was measured, with the
+    failure named (``failure``), and everything this run made is removed."""
     if children < 2:
         raise OsfleetError("--children must be at least 2 (two children are needed to show that they diverge)")
     settings = settings or Settings.from_env()
-    host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
-    mine: list[str] = []  # to tear down at the end
-    made: list[str] = []  # every replica this run made, to check for leaks
+    result: dict[str, Any] = {"benchmark": "fork", "image": image.name, "children": children}
+    made: list[str] = []  # every replica this run made, to tear down and to check for leaks
+    host: ReplicaHost | None = None
     try:
+        host = ReplicaHost(
+            image,
+            settings,
+            ReplicaShape(),
+            mode="snapshot",
+            auto_recover=False,
+            say=say,
+            fork_ready=children if ready else 0,
+        )
+        result["accelerator"] = host.accel
         host.saved()
         say("[1/5] a parent replica, mid-task: a file written, text typed into its terminal")
         parent = host.create().replica
-        mine.append(parent)
         made.append(parent)
         marker = secrets.token_hex(8)
         _shell(host, parent, f"echo {marker} > {MARKER_PATH}")
         _type(host, parent, "echo typed-before-fork")
+        host.settle()  # the parent's spare and the next fork's slots, as they would be mid-episode
 
         say(f"[2/5] forking it {children} ways")
         forked = host.fork(parent, children)
         kids = [c.record.id for c in forked.children]
-        mine += kids
         made += kids
+        seconds = [c.seconds for c in forked.children]
+        stages: dict[str, list[float]] = {}
+        for c in forked.children:
+            for name, sec in c.stages.items():
+                stages.setdefault(name, []).append(sec)
+        result.update(
+            children_ready=sum(1 for c in forked.children if c.record.state.value in ("ready", "leased")),
+            memory_mode=forked.memory_mode,
+            fork_p50_s=distribution(seconds)["p50"],
+            fork_p95_s=distribution(seconds)["p95"],
+            child_stages_p50_ms={k: round(percentile(v, 50) * 1000, 1) for k, v in stages.items()},
+            ready_slots_used=min(children, int(host.forks.load(forked.fork_id).meta.get("ready_slots", 0))),
+            save_s=forked.save_seconds,
+            parent_paused_s=forked.paused_seconds,
+            total_s=forked.total_seconds,
+            first_child_ready_s=forked.save_seconds + min(seconds),
+        )
         with Image.open(settings.forks_dir / forked.fork_id / SCREEN) as img:
             at_fork = img.convert("RGB")
 
@@ -73,6 +109,12 @@ def run(image: GoldenImage, children: int, settings: Settings | None = None, say
             files_ok &= _read(host, rid, MARKER_PATH) == marker
         identical = sum(1 for a in areas if a is None)
         differing = _union([a for a in areas if a is not None])
+        result.update(
+            same_state=len(areas) == children and files_ok and _small(differing, at_fork),
+            screens_identical=identical,
+            differing_area=list(differing) if differing else None,
+            file_in_every_child=files_ok,
+        )
 
         say("[4/5] diverging: different input in two children; then a child of a child")
         a, b = kids[0], kids[1]
@@ -87,52 +129,37 @@ def run(image: GoldenImage, children: int, settings: Settings | None = None, say
             _read(host, parent, BRANCH_PATH) == ""
             and not ImageChops.difference(before[parent], host.virt.screenshot(host.get(parent).domain)).getbbox()
         )
-        diverged = (
+        result["diverged"] = (
             _read(host, a, BRANCH_PATH) == "A"
             and _read(host, b, BRANCH_PATH) == "B"
             and ImageChops.difference(after_a, before[a]).getbbox() is not None
             and b_untouched
             and parent_untouched
         )
+        result["no_cross_talk"] = b_untouched and parent_untouched
+        urandom = "head -c 16 /dev/urandom | od -An -tx1"
+        result["random_differs"] = len({_shell(host, rid, urandom).strip() for rid in kids}) == len(kids)
         nested = host.fork(b, 1)
         grandchild = nested.children[0].record.id
-        mine.append(grandchild)
         made.append(grandchild)
-        nested_ok = _read(host, grandchild, MARKER_PATH) == marker and _read(host, grandchild, BRANCH_PATH) == "B"
+        result["nested_fork_ok"] = (
+            _read(host, grandchild, MARKER_PATH) == marker and _read(host, grandchild, BRANCH_PATH) == "B"
+        )
+        result["nested_total_s"] = nested.total_seconds
 
         say("[5/5] retiring the children: every saved fork must go with its last child")
         host.down([grandchild, *kids])
-        mine = [parent]
-        forks_left = len(host.fork_states())
-        seconds = [c.seconds for c in forked.children]
-        result: dict[str, Any] = {
-            "benchmark": "fork",
-            "image": image.name,
-            "accelerator": host.accel,
-            "children": children,
-            "children_ready": sum(1 for c in forked.children if c.record.state.value in ("ready", "leased")),
-            "memory_mode": forked.memory_mode,
-            "same_state": len(areas) == children and files_ok and _small(differing, at_fork),
-            "screens_identical": identical,
-            "differing_area": list(differing) if differing else None,
-            "file_in_every_child": files_ok,
-            "diverged": diverged,
-            "no_cross_talk": b_untouched and parent_untouched,
-            "nested_fork_ok": nested_ok,
-            "fork_p50_s": distribution(seconds)["p50"],
-            "fork_p95_s": distribution(seconds)["p95"],
-            "child_seconds": seconds,
-            "save_s": forked.save_seconds,
-            "parent_paused_s": forked.paused_seconds,
-            "total_s": forked.total_seconds,
-            "first_child_ready_s": forked.save_seconds + min(seconds),
-            "nested_total_s": nested.total_seconds,
-            "fork_states_left": forks_left,
-            "machine": describe(),
-        }
+        result["fork_states_left"] = len(host.fork_states())
+    except Exception as exc:  # what was measured is still reported, with the failure named (exit code 1)
+        result["failure"] = str(as_osfleet(exc, "the fork benchmark"))
+        say(f"fork bench failed: {result['failure']}")
     finally:
-        host.down(mine)
-        host.close()
+        if host is not None:
+            try:
+                host.down([r.id for r in host.replicas()])
+            finally:
+                host.close()
+    result["machine"] = describe(result.get("accelerator"))
     result["leaks"] = _leaks(settings, made)
     return result
 

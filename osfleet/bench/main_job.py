@@ -12,6 +12,7 @@ from typing import Any
 from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
+from osfleet.errors import OsfleetError
 from osfleet.images import load
 from osfleet.machine import describe
 
@@ -83,6 +84,8 @@ def run(
 
     resets_doc = reset_bench.run(image, reset_replicas, resets, settings=settings)
     (run_dir / "reset.json").write_text(json.dumps(resets_doc, indent=2) + "\n")
+    if resets_doc.get("failure"):  # what it measured is in reset.json; the main job stops here
+        raise OsfleetError(f"reset bench: {resets_doc['failure']}")
     print(reset_table(resets_doc), flush=True)
     timings["reset_bench_seconds"] = time.monotonic() - t
 

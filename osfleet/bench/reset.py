@@ -18,12 +18,13 @@ from PIL import ImageChops
 
 from osfleet.bench.density import process_memory
 from osfleet.config import MODES, Mode, ReplicaShape, Settings
-from osfleet.errors import OsfleetError
+from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.machine import describe
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import distribution
+from osfleet.stats import distribution, percentile
+from osfleet.timing import collecting
 
 LATENCY_SAMPLES = 20
 KEY_SAMPLES = 8
@@ -84,8 +85,10 @@ def _spare_memory(host: ReplicaHost, rid: str) -> dict[str, int]:
     return process_memory(pid) if pid is not None else {}
 
 
-def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Say) -> tuple[dict[str, Any], list[str]]:
-    made: list[str] = []
+def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Say, made: list[str]) -> dict[str, Any]:
+    """Bring up ``replicas`` (their ids go to ``made`` as they are made, for the caller's clean-up), reset
+    each ``resets`` times, measure; the replicas are left for the caller."""
+    made.clear()
     bringup: list[float] = []
     for i in range(replicas):
         t = host.create(mode)
@@ -97,20 +100,29 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
     mem = [_memory(host, r) for r in made]
     spare = [_spare_memory(host, r) for r in made]
     samples: list[float] = []
+    stages: dict[str, list[float]] = {}
     for r in range(resets):
         for rid in made:
             host.settle()
-            t = host.reset(rid, mode)
+            with collecting() as st:
+                t = host.reset(rid, mode)
             samples.append(t.seconds)
+            for name, sec in st.seconds.items():
+                stages.setdefault(name, []).append(sec)
         say(f"  {mode}: reset round {r + 1}/{resets}: {', '.join(f'{s:.2f} s' for s in samples[-replicas:])}")
     host.settle()
     result = _dist(samples)
     result["bringup_seconds"] = _dist(bringup)
+    # where a reset's time goes (osfleet.timing stages; ``clock`` overlaps ``screen``)
+    result["stages_p50_ms"] = {k: round(percentile(v, 50) * 1000, 2) for k, v in stages.items()}
     result["rss_bytes_per_replica"] = sum(rss) / len(rss)
     result["pss_bytes_per_replica"] = sum(m.get("pss", 0) for m in mem) / len(mem)
     if any(spare):
         result["spare_pss_bytes_per_replica"] = sum(m.get("pss", 0) for m in spare) / len(spare)
-    return result, made
+    retries = host.counters["bringup_retries"]
+    if retries:
+        result["bringup_retries"] = retries  # generations that did not come up and were made again
+    return result
 
 
 def _hold(host: ReplicaHost, hold_max: int, say: Say) -> dict[str, Any]:
@@ -168,26 +180,25 @@ def run(
     if replicas < 1 or resets < 1:
         raise OsfleetError("--replicas and --resets must be at least 1")
     settings = settings or Settings.from_env()
-    host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
-    stream_host: ReplicaHost | None = None
-    mine: list[str] = []
+    result: dict[str, Any] = {
+        "benchmark": "reset",
+        "image": image.name,
+        "replicas": replicas,
+        "resets_per_replica": resets,
+        "between_resets": "background teardown and the next spare allowed to finish (as during an episode)",
+    }
+    hosts: list[ReplicaHost] = []
     try:
+        host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
+        hosts.append(host)
+        result["accelerator"] = host.accel
         started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         state = host.saved()
-        result: dict[str, Any] = {
-            "benchmark": "reset",
-            "image": image.name,
-            "accelerator": host.accel,
-            "replicas": replicas,
-            "resets_per_replica": resets,
-            "memory_mode": state.memory_mode,
-            "spares": host.generations.spares,
-            "between_resets": "background teardown and the next spare allowed to finish (as during an episode)",
-        }
+        result.update(memory_mode=state.memory_mode, spares=host.generations.spares)
+        made: list[str] = []
         for mode in MODES:
             say(f"{mode} mode: {replicas} replicas, {resets} resets each ({state.memory_mode} memory)")
-            result[mode], made = _mode_run(host, mode, replicas, resets, say)
-            mine += made
+            result[mode] = _mode_run(host, mode, replicas, resets, say, made)
             if mode == "snapshot":
                 result["latency"] = _latencies(host, made[0])
             host.down(made)
@@ -205,21 +216,23 @@ def run(
             stream_host = ReplicaHost(
                 image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say, memory="stream"
             )
+            hosts.append(stream_host)
             stream_host.saved()
-            result["snapshot_stream"], made = _mode_run(stream_host, "snapshot", replicas, resets, say)
-            mine += made
+            result["snapshot_stream"] = _mode_run(stream_host, "snapshot", replicas, resets, say, made)
             stream_host.down(made)
         if hold:
             say(f"hold: as many snapshot replicas as fit (at most {hold_max})")
             result["hold"] = _hold(host, hold_max, say)
-        result["machine"] = describe(host.accel)
-        return result
+    except Exception as exc:  # what was measured is still reported, with the failure named (exit code 1)
+        result["failure"] = str(as_osfleet(exc, "the reset benchmark"))
+        say(f"reset bench failed: {result['failure']}")
     finally:
-        for h in (host, stream_host):
-            if h is not None:
-                leftover = [r.id for r in h.replicas() if r.id in mine]
-                if leftover:
-                    h.down(leftover)
-        if stream_host is not None:
-            stream_host.close()
-        host.close()
+        for h in hosts:  # every replica this run made, whatever happened (Ctrl-C and SIGTERM included)
+            try:
+                left = h.down()
+                if left:
+                    say(f"  removed {left} replica(s) this run left")
+            finally:
+                h.close()
+    result["machine"] = describe(result.get("accelerator"))
+    return result

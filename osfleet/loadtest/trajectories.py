@@ -86,6 +86,7 @@ class Agent(HttpUser):
     @task
     def episode(self) -> None:
         opts = self.environment.parsed_options
+        t_lease = time.monotonic()
         with self.client.post(
             "/v1/leases",
             json={"holder": f"locust-{support.process_tag()}"},
@@ -109,10 +110,15 @@ class Agent(HttpUser):
             "lease": lid,
             "t_start": time.time(),
             "acked": [],  # action ids of the steps the server acknowledged (audited by bench chaos)
+            "seconds": {"lease": time.monotonic() - t_lease},  # where the episode's time went, by phase
         }
+        phases: dict[str, float] = record["seconds"]
         steps = 0
         try:
+            t = time.monotonic()
             self._post(f"/v1/replicas/{rid}/reset", {"lease_id": lid, "task_id": task_id, "observe": False}, "reset")
+            phases["reset"] = time.monotonic() - t
+            t = time.monotonic()
             plan = (
                 [[a.model_dump()] for a in TASKS[task_id].oracle]
                 if opts.policy == "oracle"
@@ -128,17 +134,22 @@ class Agent(HttpUser):
                 )
                 record["acked"].append(f"{steps}")
                 steps += 1
+            phases["steps"] = time.monotonic() - t
+            t = time.monotonic()
             ev = self._post(f"/v1/replicas/{rid}/evaluate", {"lease_id": lid}, "evaluate")
+            phases["evaluate"] = time.monotonic() - t
             record.update(status="scored", reward=ev["reward"], success=ev["success"])
         except Infrastructure as exc:
             record.update(status="aborted", abort_reason=str(exc)[:300])
         except RescheduleTask as exc:
             record.update(status="error", abort_reason=str(exc)[:300])
         finally:
-            record.update(steps=steps, t_end=time.time())
+            t = time.monotonic()
             self.client.post(
                 f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=self.headers, name="release"
             )
+            phases["release"] = time.monotonic() - t
+            record.update(steps=steps, t_end=time.time())
             support.append_jsonl(self.out, record)
         ms = (record["t_end"] - record["t_start"]) * 1000
         name = "trajectory" if record["status"] == "scored" else "trajectory_aborted"

@@ -1,21 +1,22 @@
 """Making and unmaking a replica's generations: each generation is one transient domain on its own overlay.
 
-A reset makes the next generation and hands the previous one to a background clean-up, so destroying the
-old guest (1-2 s) is off the critical path. For snapshot replicas the next generation is made ahead of
-time, in the background, as a *spare*: restored from the saved state, given the replica's identity
-(hostname, machine id, fresh entropy, clock) and paused. A reset then only pauses the old generation,
-resumes the spare, sets the guest clock (it stood still while the spare was paused) and checks the
-screen. A spare that is still being made is waited for (it is doing what the reset would do); one that
-failed, or was only started (``spares=False``: QEMU waiting for the stream, the older "standby"), is
-finished on the normal path.
+A reset makes the next generation and hands the previous one to a background clean-up, so pausing and
+destroying the old guest (1-2 s) is off the critical path. For snapshot replicas the next generation is
+made ahead of time, in the background, as a *spare*: restored from the saved state, given the replica's
+identity (hostname, machine id, reseeded randomness, clock: one line to the guest's resident helper,
+``osfleet.replicas.guest_control``), its screen checked, and paused. A reset then only resumes the spare
+and sets the guest clock (it stood still while the spare was paused): everything that can be checked
+before is checked when the spare is made, so what is left on the reset's path is one libvirt call and
+one line on the control port. A spare that is still being made is waited for (it is doing what the
+reset would do); one that failed, or was only started (``spares=False``: QEMU waiting for the stream,
+the older "standby"), is finished on the normal path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import secrets
-import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -28,28 +29,26 @@ from PIL import Image
 from osfleet import qcow2, screen
 from osfleet.config import Mode, ReplicaShape, Settings
 from osfleet.domain_xml import Accel
-from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.errors import GuestTimeoutError, OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
-from osfleet.replicas import guest_clock, saved_state
+from osfleet.replicas import guest_clock, guest_control, saved_state
+from osfleet.replicas.forks import Slot
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
-from osfleet.virt import GuestAgentUnavailableError, Virt, VirtError
+from osfleet.timing import stage
+from osfleet.virt import Virt, VirtError
 
 log = logging.getLogger(__name__)
 
 COLD_BOOT_TIMEOUT_SECONDS = 300.0
-AGENT_TIMEOUT_SECONDS = 60.0
-IDENTITY_ATTEMPTS = 3
-# Fewer guest wake-ups while idle, set with the identity (shell builtins, best effort). Each wake-up of an
-# emulated guest costs host CPU, and idle replicas add up: measured here, an idle desktop went from ~0.8 %
-# to ~0.45 % of a core with these three (background compaction every 500 ms, vmstat every second and the
-# soft-lockup watchdog were most of its own timers). On-demand compaction and the statistics still work.
-QUIET_GUEST = (
-    "{ echo 0 > /proc/sys/vm/compaction_proactiveness; echo 10 > /proc/sys/vm/stat_interval; "
-    "echo 0 > /proc/sys/kernel/watchdog; true; } 2>/dev/null && "
-)
+# A desktop that is not drawn this long after the guest agent answered will not be (a session stopped at
+# a bare background, seen with the office image): the generation is made again (``Lifecycle``).
+DESKTOP_AFTER_AGENT_SECONDS = 120.0
+SAVE_ATTEMPTS = 2
+# A just-restored guest on a host short of CPU can take seconds to run its helper for the first time.
+IDENTITY_TIMEOUT_SECONDS = 60.0
 CLEANUP_WORKERS = 4
 
 
@@ -60,7 +59,7 @@ class Spare:
 
     name: str
     restored: bool
-    clock_helper: int | None = None  # pid of the guest's clock helper (``guest_clock``), if it started
+    control: Path | None = None  # the host end of its control port (known once it is restored)
 
 
 class Generations:
@@ -96,7 +95,7 @@ class Generations:
         self._pending: list[Future[None]] = []
         self._standby: dict[str, Future[Spare | None]] = {}
         self._standby_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-standby")
-        self._clock_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="osfleet-clock")
+        self._control_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="osfleet-control")
         self._closing = threading.Event()
         self._screens_ok: bool | None = None
 
@@ -115,9 +114,17 @@ class Generations:
                     memory, reason = saved_state.choose_memory_mode(self.settings, self.shape)
                     if reason:
                         self.say(f"restoring full memory streams: {reason}")
-                self._saved = saved_state.ensure_saved_state(
-                    self.virt, self.image, self.accel, self.shape, self.settings, self.say, memory
-                )
+                for attempt in range(1, SAVE_ATTEMPTS + 1):  # a template boot can stall like any boot
+                    try:
+                        self._saved = saved_state.ensure_saved_state(
+                            self.virt, self.image, self.accel, self.shape, self.settings, self.say, memory
+                        )
+                        break
+                    except GuestTimeoutError as exc:
+                        if attempt == SAVE_ATTEMPTS:
+                            raise
+                        self.say(f"saving the running state: {exc}; booting the template again")
+            assert self._saved is not None  # made above, or the last attempt raised
             return self._saved
 
     # --- one generation ------------------------------------------------------------------------------------
@@ -129,7 +136,7 @@ class Generations:
         """
         rec.generation += 1
         rec.domain = self.domain_name(rec.id, rec.generation)
-        rec.parked, rec.clock_helper = False, None  # a new generation runs
+        rec.parked = False  # a new generation runs
         disk = self.replica_dir(rec.id) / f"disk-g{rec.generation}.qcow2"
         rec.disk = str(disk)
         meta = {"replica": rec.id, "generation": str(rec.generation), "image": self.image.name}
@@ -138,23 +145,21 @@ class Generations:
         if mode == "snapshot":
             state = self.saved()
             rec.layers = [str(p) for p in state.layers(self.image)]
-            spare = self._take_standby(rec.id, rec.domain)
-            clock: Future[None] | None = None
+            with stage("reset.spare_wait"):
+                spare = self._take_standby(rec.id, rec.domain)
             if spare is not None and spare.restored:
-                self.virt.resume(rec.domain)
-                # the clock stood still while the spare was paused; set it while the screen is checked
-                clock = self._clock_pool.submit(guest_clock.set_now, self.virt, rec.domain, spare.clock_helper)
-            else:
-                if spare is None:
-                    saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
-                saved_state.load_memory(self.virt, state, rec.domain)
-                self.set_identity(rec)
-            try:
-                if not self.desktop_drawn(rec.domain):
-                    raise OsfleetError(f"{rec.domain}: restored desktop is not drawn")
-            finally:
-                if clock is not None:
-                    clock.result()
+                # Identity set and screen checked when the spare was made; only its clock stood still.
+                with stage("reset.resume"):
+                    self.virt.resume(rec.domain)
+                with stage("reset.clock"):
+                    guest_clock.set_now(self.virt, rec.domain, spare.control)
+                return
+            if spare is None:
+                saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
+            saved_state.load_memory(self.virt, state, rec.domain)
+            self.set_identity(rec)
+            if not self.desktop_drawn(rec.domain):
+                raise OsfleetError(f"{rec.domain}: restored desktop is not drawn")
         else:
             rec.layers = [str(self.image.disk)]
             disk.unlink(missing_ok=True)
@@ -162,27 +167,66 @@ class Generations:
             spec = replica_spec(self.image, rec.domain, disk, (self.image.disk,), self.accel, self.shape, metadata=meta)
             start = time.monotonic()
             self.virt.start_transient(spec)
-            wait_until_ready(self.virt, self.image, rec.domain, start, COLD_BOOT_TIMEOUT_SECONDS)
+            wait_until_ready(
+                self.virt,
+                self.image,
+                rec.domain,
+                start,
+                COLD_BOOT_TIMEOUT_SECONDS,
+                after_agent=DESKTOP_AFTER_AGENT_SECONDS,
+            )
+            guest_control.start(self.virt, rec.domain)  # a snapshot's guests have it from their saved state
             self.set_identity(rec)
 
-    def bring_up_from(self, rec: ReplicaRecord, state: saved_state.SavedState) -> None:
+    def bring_up_from(
+        self,
+        rec: ReplicaRecord,
+        state: saved_state.SavedState,
+        slot: Slot | None = None,
+        stopped_at: float | None = None,
+    ) -> None:
         """Make generation ``rec.generation + 1`` from ``state`` instead of the replica's initial state: a
         fork's child starts where its parent was. The caller holds the lock and saves the record, as for
-        ``bring_up``; the child's next reset goes back to the image's initial state like any replica's."""
+        ``bring_up``; the child's next reset goes back to the image's initial state like any replica's.
+
+        ``slot``: the child's domain, started ahead of time on this fork's files (``forks``): only the
+        device state is loaded. ``stopped_at``: host time the parent stopped; the child's clock is moved
+        on by the time since, in the background (``adjust_clock_later``)."""
         rec.generation += 1
         rec.domain = self.domain_name(rec.id, rec.generation)
-        rec.parked, rec.clock_helper = False, None
+        rec.parked = False
         disk = self.replica_dir(rec.id) / f"disk-g{rec.generation}.qcow2"
         rec.disk = str(disk)
         rec.layers = [str(p) for p in state.layers(self.image)]
         if rec.state == State.PROVISIONING:
             rec.move(State.BOOTING)
         meta = {"replica": rec.id, "generation": str(rec.generation), "image": self.image.name}
-        saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
-        saved_state.load_memory(self.virt, state, rec.domain)
-        # The parent's screen may show anything (an app over the desktop), so it is not judged: a guest that
-        # ran the identity script through its agent is running, with the parent's screen restored.
-        self.set_identity(rec)
+        if slot is None or slot.domain != rec.domain or not self.virt.is_running(slot.domain):
+            with stage("fork.start"):
+                saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
+        with stage("fork.load"):
+            saved_state.load_memory(self.virt, state, rec.domain)
+        resumed = time.time()
+        # The parent's screen may show anything (an app over the desktop), so it is not judged: the stream
+        # loaded and the guest runs. Identity: an exact copy (forks); the kernel reseeded its RNG on the new
+        # VM generation ID as it resumed.
+        if stopped_at is not None:
+            self.adjust_clock_later(rec.domain, max(0.0, resumed - stopped_at))
+
+    def adjust_clock_later(self, domain: str, seconds: float) -> None:
+        """Move the guest's clock on by ``seconds`` (the time it stood still) through its helper, without
+        waiting: the adjustment is relative, so it is right whenever the helper runs (in a just-restored
+        guest, whose translated code is cold, ~0.2 s later)."""
+
+        def work() -> None:
+            try:
+                guest_control.adjust_time(
+                    guest_control.socket_path(self.virt, domain), seconds, IDENTITY_TIMEOUT_SECONDS
+                )
+            except OsfleetError as exc:
+                log.warning("%s: the clock was not moved on by %.2f s: %s", domain, seconds, exc)
+
+        self._control_pool.submit(work)
 
     def desktop_drawn(self, domain: str) -> bool:
         """The replica's screen shows the desktop. On the reset path: QMP ``screendump`` straight into a
@@ -224,37 +268,23 @@ class Generations:
                 self._screens_ok = False
         return self._screens_ok
 
-    def set_identity(self, rec: ReplicaRecord) -> None:
-        """Give the guest its own hostname and machine id, fresh randomness and the right time.
+    def set_identity(self, rec: ReplicaRecord) -> Path:
+        """Give the guest its own hostname and machine id, reseeded randomness and the right time; returns
+        the domain's control socket.
 
-        Restored clones would otherwise share all of them with the saved template; one guest-exec does it
-        all (guest-set-time would also write the RTC, which waits for a second boundary).
+        Restored clones would otherwise share all of them with the saved template (the VM generation ID
+        reseeds the kernel's RNG by itself; the helper's reseed also covers kernels without its driver).
+        One line to the resident helper does it all, a few ms where a guest-exec took ~1 s.
         """
-        domain = rec.domain
-        host, machine = shlex.quote(rec.hostname), shlex.quote(rec.machine_id)
-        for attempt in range(IDENTITY_ATTEMPTS):
-            self.virt.wait_for_agent(domain, AGENT_TIMEOUT_SECONDS)
-            seed = secrets.token_hex(64)
-            # Shell builtins only, and one exec (date): every process start is slow in a just-resumed TCG guest.
-            script = (
-                f"printf %s {host} > /proc/sys/kernel/hostname && echo {host} > /etc/hostname && "
-                f"echo {machine} > /etc/machine-id && printf %s {seed} > /dev/urandom && {QUIET_GUEST}"
-                f"exec date -u -s @{time.time():.3f} >/dev/null"
-            )
-            try:
-                code, _, err = self.virt.guest_exec(domain, ["/bin/sh", "-c", script], timeout=30)
-                break
-            except GuestAgentUnavailableError:  # a host short of CPU: the script is idempotent, run it again
-                if attempt == IDENTITY_ATTEMPTS - 1:
-                    raise
-        if code != 0:
-            raise OsfleetError(f"{domain}: setting identity failed: {err.strip()[:200]}")
+        path = guest_control.socket_path(self.virt, rec.domain)
+        guest_control.set_identity(path, rec.hostname, rec.machine_id, IDENTITY_TIMEOUT_SECONDS)
+        return path
 
     # --- spares: the next generation, made ahead of time ---------------------------------------------------
     def prepare_standby(self, rec: ReplicaRecord) -> None:
         """Make generation ``rec.generation + 1`` in the background: restored, with the replica's identity,
-        paused (a spare), so a snapshot reset only resumes it. With full-stream states only its QEMU is
-        started (waiting for the stream; a reset then loads memory and sets the identity)."""
+        its screen checked, paused (a spare), so a snapshot reset only resumes it and sets its clock. With
+        full-stream states only its QEMU is started (a reset then loads memory and sets the identity)."""
         if rec.mode != "snapshot" or not self.spares or self._closing.is_set():
             return
         rid, gen = rec.id, rec.generation + 1
@@ -270,18 +300,15 @@ class Generations:
                 if state.memory_mode != "template":
                     return Spare(name, restored=False)
                 saved_state.load_memory(self.virt, state, name)
-                self.set_identity(identity)
-                try:
-                    helper: int | None = guest_clock.start_helper(self.virt, name)
-                except OsfleetError as exc:  # the reset sets the clock the slower way
-                    log.info("spare %s has no clock helper: %s", name, exc)
-                    helper = None
+                control = self.set_identity(identity)
+                if not self.desktop_drawn(name):  # checked now, so the reset need not
+                    raise OsfleetError(f"{name}: restored desktop is not drawn")
                 self.virt.suspend(name)
-                return Spare(name, restored=True, clock_helper=helper)
+                return Spare(name, restored=True, control=control)
             except Exception as exc:  # a spare is an optimisation: the reset makes the generation itself
                 self.say(f"spare for {rid}: {as_osfleet(exc, 'making a spare')}")
                 try:
-                    self.virt.destroy(name)
+                    self.destroy(name)
                 except OsfleetError as err:
                     log.warning("removing the failed spare %s: %s", name, err)
                 return None
@@ -299,7 +326,7 @@ class Generations:
         if spare is not None and spare.name == name and self.virt.is_running(name):
             return spare
         if spare is not None:
-            self.virt.destroy(spare.name)
+            self.destroy(spare.name)
         return None
 
     def spare_ready(self, rid: str) -> bool:
@@ -315,15 +342,18 @@ class Generations:
         with self._lock:
             future = self._standby.pop(rid, None)
         if future is not None and (spare := future.result()):
-            self.virt.destroy(spare.name)
+            self.destroy(spare.name)
 
     # --- taking generations down ---------------------------------------------------------------------------
     def retire_generation(self, domain: str, disk: Path) -> None:
-        """Destroy an old generation's domain and disk in the background (off the reset's critical path)."""
+        """Pause, then destroy an old generation's domain and disk in the background (off the reset's
+        critical path)."""
 
         def work() -> None:
             try:
-                self.virt.destroy(domain)
+                with contextlib.suppress(OsfleetError):  # stop it competing for CPU while QEMU is torn down
+                    self.virt.suspend(domain)
+                self.destroy(domain)
                 disk.unlink(missing_ok=True)
             except Exception as exc:  # adoption or `replicas down` finds what is left by its name
                 log.warning("cleaning up %s: %s", domain, as_osfleet(exc, f"destroying {domain}"))
@@ -332,10 +362,17 @@ class Generations:
             self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(self._cleanup.submit(work))
 
+    def destroy(self, name: str) -> bool:
+        """Destroy one domain and close the host's connection to its control port."""
+        try:
+            return self.virt.destroy(name)
+        finally:
+            guest_control.PORTS.forget(name)
+
     def destroy_all(self, replica_id: str) -> None:
         """Every domain of the replica, whatever its generation (standby included)."""
         for name in self.virt.names(f"{self.settings.name_prefix}{replica_id}-"):
-            self.virt.destroy(name)
+            self.destroy(name)
 
     def settle(self) -> None:
         """Wait until background work (old generations' teardown, standbys) is done, as it would be after
@@ -352,7 +389,7 @@ class Generations:
         for rid in list(self._standby):
             self.drop_standby(rid)
         self._standby_pool.shutdown(wait=True)
-        self._clock_pool.shutdown(wait=True)
+        self._control_pool.shutdown(wait=True)
         with self._lock:
             pending = list(self._pending)
         for f in pending:

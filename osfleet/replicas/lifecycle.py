@@ -9,30 +9,35 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from osfleet.config import Mode
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
-from osfleet.replicas.forks import Forks
+from osfleet.replicas.forks import Forks, Slot
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 from osfleet.replicas.saved_state import SavedState
+from osfleet.timing import collecting, stage
 
 log = logging.getLogger(__name__)
 
 # A replica whose recovery failed is tried again after this long (a failing host is not hammered).
 RECOVERY_RETRY_SECONDS = 30.0
+# A generation that does not come up (a boot stuck at a bare background, a restore that failed) is
+# replaced by a new one this many times in all before the operation fails (counted: ``bringup_retries``).
+BRINGUP_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,10 @@ class Timed:
 
 
 Grant = Callable[[ReplicaRecord], Lease]
-FORK_WORKERS = 1  # children restored one after another: under TCG two at once only slow each other down
+# Children of one fork start as many at a time as the host has cores (at least two): most of a child's start
+# is QEMU and libvirt waiting on each other and on the disk, so two overlap even on two cores; more than the
+# cores only slow each other down under TCG.
+FORK_WORKERS = max(2, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class Child:
     record: ReplicaRecord
     lease: Lease | None
     seconds: float
+    stages: dict[str, float] = field(default_factory=dict)  # where its bring-up went (osfleet.timing)
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ class Lifecycle:
         start = time.monotonic()
         with self.registry.locked(rid) as rec:
             try:
-                self.gen.bring_up(rec, mode)
+                self._bring_up(rec, mode)
                 self._note_pristine(rec)
                 rec.move(State.READY)
                 self.registry.save(rec)
@@ -117,22 +126,26 @@ class Lifecycle:
             self._maybe_park(rec)
         return Timed(rid, mode, took)
 
-    def _new_record(self, mode: Mode) -> str:
-        """A new replica's directory and record (provisioning), registered; returns its id."""
-        rid = f"r-{uuid.uuid4().hex[:8]}"
+    def _new_record(self, mode: Mode, rid: str | None = None, identity: tuple[str, str] | None = None) -> str:
+        """A new replica's directory and record (provisioning), registered; returns its id. ``rid``: an id
+        reserved earlier (a fork slot, whose directory exists); ``identity``: (hostname, machine id) it
+        inherits (a fork's child is an exact copy of its parent)."""
+        reserved = rid is not None
+        rid = rid or f"r-{uuid.uuid4().hex[:8]}"
         now = time.time()
+        hostname, machine_id = identity or (f"osfleet-{rid[2:]}", uuid.uuid4().hex)
         record = ReplicaRecord(
             id=rid,
             image=self.gen.image.name,
             mode=mode,
             created_at=now,
             updated_at=now,
-            hostname=f"osfleet-{rid[2:]}",
-            machine_id=uuid.uuid4().hex,
+            hostname=hostname,
+            machine_id=machine_id,
         )
         try:
             directory = self.gen.replica_dir(rid)
-            directory.mkdir(parents=True)
+            directory.mkdir(parents=True, exist_ok=reserved)
             directory.chmod(0o755)
         except OSError as exc:
             raise as_osfleet(exc, f"creating replica {rid}") from exc
@@ -144,6 +157,27 @@ class Lifecycle:
         self.registry.add(record)
         return rid
 
+    def _bring_up(self, rec: ReplicaRecord, mode: Mode) -> None:
+        """``Generations.bring_up``, with a failed generation torn down and made again (the caller holds
+        the lock). Each attempt is a new generation, so nothing of the failed one is reused."""
+        for attempt in range(1, BRINGUP_ATTEMPTS + 1):
+            try:
+                self.gen.bring_up(rec, mode)
+                return
+            except Exception as exc:
+                if attempt == BRINGUP_ATTEMPTS:
+                    raise
+                err = as_osfleet(exc, f"bringing up generation {rec.generation} of {rec.id}")
+                log.warning(
+                    "replica %s: generation %d did not come up (%s); making a new one", rec.id, rec.generation, err
+                )
+                self.registry.counters.inc("bringup_retries")
+                self.gen.drop_standby(rec.id)
+                with contextlib.suppress(OsfleetError):
+                    self.gen.destroy(rec.domain)
+                with contextlib.suppress(OSError):
+                    Path(rec.disk).unlink(missing_ok=True)
+
     # --- forks ---------------------------------------------------------------------------------------------
     def fork(self, parent_id: str, children: int, lease_id: str | None = None, grant: Grant | None = None) -> Forked:
         """Save the running replica ``parent_id`` and bring up ``children`` replicas from that state.
@@ -151,6 +185,8 @@ class Lifecycle:
         ``lease_id``: the parent's lease, checked under its lock (None: the parent must be unleased, e.g.
         from the command line). ``grant(record)`` leases each child to the caller while its lock is held,
         so no one else can lease it first. All or nothing: if any child fails, the others are retired.
+        Children are exact copies of the parent (``osfleet.replicas.forks``: its hostname and machine id,
+        a new VM generation ID); their spares are made once all of them run.
         """
         if self.forks is None:
             raise OsfleetError("forks are not available on this host")
@@ -165,22 +201,43 @@ class Lifecycle:
                     if lease_id
                     else f"replica {parent_id} is leased: fork it through its lease holder"
                 )
+            self.forks.check_limits(parent, self.registry.all())
+            identity = (parent.hostname, parent.machine_id)
             try:
                 self.unpark_locked(parent)  # its state is saved running, as any child will run
-                state = self.forks.save(parent)
+                saved = self.forks.save(parent)
             except Exception as exc:
+                self.forks.prepare()  # the slots of a failed fork are gone: make new ones for the next
                 raise as_osfleet(exc, f"forking {parent_id}") from exc
             finally:
                 self._maybe_park(parent)  # an unleased parent waits parked again, as every ready replica
+            if not parent.parked:  # its clock stood still while it was stopped (a parked one is set at its lease)
+                self.gen.adjust_clock_later(parent.domain, float(saved.state.meta["parent_paused_seconds"]))
         saved_s = time.monotonic() - started
+        state = saved.state
         fork_id = state.directory.name
         self.registry.counters.inc("forks")
+        slots = saved.slots[:children]
+        self.forks.release_slots(saved.slots[children:])
         made: list[str] = []
         try:
             with ThreadPoolExecutor(max_workers=FORK_WORKERS, thread_name_prefix="osfleet-fork") as pool:
-                futures = [pool.submit(self._fork_child, state, grant, made) for _ in range(children)]
+                futures = [
+                    pool.submit(
+                        self._fork_child,
+                        state,
+                        grant,
+                        made,
+                        identity,
+                        saved.stopped_at,
+                        slots[i] if i < len(slots) else None,
+                    )
+                    for i in range(children)
+                ]
                 results = [f.result() for f in futures]
         except Exception as exc:
+            taken = set(made)
+            self.forks.release_slots(s for s in slots if s.replica_id not in taken)
             for rid in made:
                 with contextlib.suppress(OsfleetError):
                     self.retire(rid)
@@ -188,17 +245,30 @@ class Lifecycle:
         finally:
             self.forks.unpin(fork_id)
             self.collect_forks()
+            self.forks.prepare()  # the next fork's slots, once the children run (they would slow them down)
+        for child in results:  # spares (and parking) once every child runs: they would slow the others down
+            with contextlib.suppress(ReplicaNotFoundError), self.registry.locked(child.record.id) as rec:
+                self.gen.prepare_standby(rec)
+                self._maybe_park(rec)
         total = time.monotonic() - started
         paused = float(state.meta.get("parent_paused_seconds", 0.0))
         return Forked(parent_id, fork_id, state.memory_mode, saved_s, total, results, paused)
 
-    def _fork_child(self, state: SavedState, grant: Grant | None, made: list[str]) -> Child:
-        rid = self._new_record("snapshot")
+    def _fork_child(
+        self,
+        state: SavedState,
+        grant: Grant | None,
+        made: list[str],
+        identity: tuple[str, str],
+        stopped_at: float,
+        slot: Slot | None,
+    ) -> Child:
+        rid = self._new_record("snapshot", slot.replica_id if slot else None, identity)
         made.append(rid)
         start = time.monotonic()
-        with self.registry.locked(rid) as rec:
+        with self.registry.locked(rid) as rec, collecting() as stages:
             try:
-                self.gen.bring_up_from(rec, state)
+                self.gen.bring_up_from(rec, state, slot, stopped_at)
                 rec.move(State.READY)
                 lease = grant(rec) if grant is not None else None
                 self.registry.save(rec)
@@ -208,9 +278,7 @@ class Lifecycle:
                 raise err from exc
             took = time.monotonic() - start
             self.registry.counters.inc("fork_children")
-            self.gen.prepare_standby(rec)
-            self._maybe_park(rec)
-            return Child(rec.model_copy(deep=True), lease, took)
+            return Child(rec.model_copy(deep=True), lease, took, dict(stages.seconds))
 
     def collect_forks(self) -> list[str]:
         """Remove saved forks no replica uses any more (a child reset or retired was the last user)."""
@@ -258,15 +326,18 @@ class Lifecycle:
         start = time.monotonic()
         rec.move(State.RESETTING)
         try:
-            self.registry.save(rec)
-            # Pause the old generation now (it stops competing for CPU); it is destroyed once the new one
-            # is ready: tearing QEMU down takes 1-2 s that need not be on the reset's critical path.
-            with contextlib.suppress(OsfleetError):  # already gone: the new generation replaces it anyway
-                self.gen.virt.suspend(old_domain)
-            self.gen.bring_up(rec, mode)
+            # The record names the new generation before it exists (a crash leaves something adoption can
+            # clean), unless a restored spare already exists: then adoption finds it as an orphan domain.
+            if mode != "snapshot" or not self.gen.spare_ready(rec.id):
+                with stage("reset.record"):
+                    self.registry.save(rec)
+            # The old generation is paused and destroyed in the background, once the new one is ready:
+            # tearing QEMU down takes 1-2 s that need not be on the reset's critical path.
+            self._bring_up(rec, mode)
             self._note_pristine(rec)
             rec.move(after)
-            self.registry.save(rec)
+            with stage("reset.record"):
+                self.registry.save(rec)
         except Exception as exc:
             err = as_osfleet(exc, f"resetting {rec.id}")
             self.gen.retire_generation(old_domain, Path(old_disk))
@@ -284,17 +355,12 @@ class Lifecycle:
     # --- parking -------------------------------------------------------------------------------------------
     def park_locked(self, rec: ReplicaRecord) -> None:
         """Pause a ready, unleased replica until it is leased: a parked replica uses no CPU (an idle TCG
-        desktop costs ~1 % of a core, which bounds how many a host holds) and resumes in a fraction of a
-        second. Its guest gets a clock helper first, so the lease sets the clock in one agent call."""
+        desktop costs ~0.5 % of a core, which bounds how many a host holds) and resumes in a few ms. Its
+        guest's resident helper (``guest_control``) sets the clock at the lease: nothing is started for it."""
         if rec.parked or rec.state != State.READY or rec.lease is not None:
             return
-        try:
-            helper: int | None = guest_clock.start_helper(self.gen.virt, rec.domain)
-        except OsfleetError as exc:  # the lease sets the clock the slower way
-            log.info("replica %s parks without a clock helper: %s", rec.id, exc)
-            helper = None
         self.gen.virt.suspend(rec.domain)
-        rec.parked, rec.clock_helper = True, helper
+        rec.parked = True
         self.registry.save(rec)
 
     def unpark_locked(self, rec: ReplicaRecord) -> None:
@@ -302,9 +368,8 @@ class Lifecycle:
         if not rec.parked:
             return
         self.gen.virt.resume(rec.domain)
-        helper = rec.clock_helper
-        rec.parked, rec.clock_helper = False, None
-        guest_clock.set_now(self.gen.virt, rec.domain, helper)
+        rec.parked = False
+        guest_clock.set_now(self.gen.virt, rec.domain)
         self.registry.save(rec)
 
     def _maybe_park(self, rec: ReplicaRecord) -> None:
@@ -366,7 +431,7 @@ class Lifecycle:
                 self.registry.save(rec)
                 self.gen.drop_standby(replica_id)
                 self.gen.retire_generation(rec.domain, Path(rec.disk))
-                self.gen.bring_up(rec, mode)
+                self._bring_up(rec, mode)
                 self._note_pristine(rec)
                 rec.move(State.READY)
                 self.registry.save(rec)

@@ -8,10 +8,12 @@ beside it), ``WarmPool`` and ``adoption``. Nothing here touches a domain or file
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -99,9 +101,11 @@ class ReplicaHost:
         memory: MemoryMode | None = None,
         spares: bool = True,
         park: bool = False,
+        fork_ready: int | None = None,
     ) -> None:
         """``park``: ready replicas wait paused until leased (no CPU while idle; a lease resumes one in a
-        fraction of a second). ``spares``: see ``Generations``."""
+        fraction of a second). ``spares``: see ``Generations``. ``fork_ready``: children's domains kept
+        started for the next fork (``osfleet.replicas.forks``; default ``Settings.fork_ready``)."""
         if mode not in MODES:
             raise OsfleetError(f"unknown reset mode {mode!r} (cold or snapshot)")
         self.image = image
@@ -127,7 +131,16 @@ class ReplicaHost:
         self.liveness = Liveness(self.virt)
         memory_dir = self.settings.memory_dir
         self.capture = ScreenCapture(self.virt, memory_dir / "screens" if memory_dir is not None else None)
-        self.forks = Forks(self.virt, image, self.accel, self.shape, self.settings)
+        self.forks = Forks(
+            self.virt,
+            image,
+            self.accel,
+            self.shape,
+            self.settings,
+            capture=self.capture,
+            saved=self.generations.saved,
+            ready=self.settings.fork_ready if fork_ready is None else fork_ready,
+        )
         self.lifecycle = Lifecycle(
             self.registry,
             self.generations,
@@ -149,6 +162,11 @@ class ReplicaHost:
         self.pool = WarmPool(warm, self._coming, self.create)
         self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-provision")
         self._background = False
+        # Replicas promised to operations under way (a fork's children) but not registered yet: counted
+        # with the registered ones, so two forks (or a fork and bring-ups) cannot both take the last room.
+        self._capacity = threading.Lock()
+        self._reserved = 0
+        self.forks.prepare()  # the next fork's slots, if any are wanted (in the background)
 
     # --- lifecycle of the host object ----------------------------------------------------------------------
     def close(self) -> None:
@@ -156,6 +174,7 @@ class ReplicaHost:
         steps: list[Callable[[], None]] = [
             self.stop_background,
             lambda: self._provisioner.shutdown(wait=True, cancel_futures=True),
+            self.forks.close,
             self.generations.close,
             self.liveness.close,
             self.virt.close,
@@ -190,6 +209,7 @@ class ReplicaHost:
 
     def settle(self) -> None:
         self.generations.settle()
+        self.forks.wait_ready()
 
     @property
     def counters(self) -> Counters:
@@ -215,9 +235,25 @@ class ReplicaHost:
 
     # --- bring-up, reset, recovery, retirement -------------------------------------------------------------
     def create(self, mode: Mode | None = None) -> Timed:
-        if len(self.replicas()) >= self.max_replicas:
-            raise CapacityError(f"this host holds its maximum of {self.max_replicas} replicas")
-        return self.lifecycle.create(mode)
+        with self.reserve(1):
+            return self.lifecycle.create(mode)
+
+    @contextlib.contextmanager
+    def reserve(self, count: int) -> Iterator[None]:
+        """Room for ``count`` more replicas, held while they are made (checked and taken atomically)."""
+        with self._capacity:
+            room = self.max_replicas - len(self.replicas()) - self._reserved
+            if count > room:
+                raise CapacityError(
+                    f"this host can take {max(room, 0)} more replica(s) (maximum {self.max_replicas}); "
+                    f"asked for {count}"
+                )
+            self._reserved += count
+        try:
+            yield
+        finally:
+            with self._capacity:
+                self._reserved -= count
 
     def up(self, count: int, mode: Mode | None = None) -> list[Timed]:
         return [self.create(mode) for _ in range(count)]
@@ -286,17 +322,13 @@ class ReplicaHost:
 
         With ``lease_id`` (the API: only the lease holder forks) each child is leased to the parent's holder;
         without it (the command line, an unleased replica) children are left ready."""
-        room = self.max_replicas - len(self.replicas())
-        if children > room:
-            raise CapacityError(
-                f"this host can take {max(room, 0)} more replica(s); a fork of {children} asked for more"
-            )
         grant = None
         if lease_id is not None:
             holder = self.get(replica_id).lease
             who = holder.holder if holder is not None else ""
             grant = lambda rec: self.leases.grant(rec, who, seconds)  # noqa: E731
-        return self.lifecycle.fork(replica_id, children, lease_id, grant)
+        with self.reserve(children):  # children counted from here until they are registered (or failed)
+            return self.lifecycle.fork(replica_id, children, lease_id, grant)
 
     def fork_states(self) -> list[ForkInfo]:
         """Saved forks with how many replicas use each (their reference count) and their disk and memory."""

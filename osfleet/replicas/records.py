@@ -72,7 +72,6 @@ class ReplicaRecord(BaseModel):
     hostname: str = ""
     machine_id: str = ""
     parked: bool = False  # ready and paused until leased (``Lifecycle.park_locked``)
-    clock_helper: int | None = None  # pid of the guest's clock helper started before it was parked
     owner_pid: int = 0  # the process managing the replica; another process leaves it alone while it lives
     error: str | None = None
     created_at: float = 0.0

@@ -22,7 +22,15 @@ log = logging.getLogger(__name__)
 class Counters:
     """Event counts shared by several threads (failures detected, recoveries, resets)."""
 
-    NAMES = ("failures_detected", "recoveries", "resets", "recovery_failures", "forks", "fork_children")
+    NAMES = (
+        "failures_detected",
+        "recoveries",
+        "resets",
+        "recovery_failures",
+        "forks",
+        "fork_children",
+        "bringup_retries",  # a generation that did not come up, replaced by a new one (``Lifecycle``)
+    )
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

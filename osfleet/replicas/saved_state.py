@@ -8,6 +8,9 @@ QEMU's documented migration commands: libvirt's save files are tied to one domai
 is never touched. libvirt marks such domains "tainted" (custom monitor commands and argv); that is
 expected.
 
+The template starts osfleet's resident guest helper (``osfleet.replicas.guest_helper``) before it is
+saved, so every replica restored from the state has it running, in pages it shares with the template.
+
 Two memory modes (``template_memory.MemoryMode``): ``template`` keeps the guest RAM in a file on tmpfs
 that every replica maps privately, and the stream carries only device state (``x-ignore-shared``; see
 ``osfleet.replicas.template_memory`` for how and why it is safe); ``stream`` puts all RAM in the stream
@@ -17,6 +20,7 @@ saved state (the key includes it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,12 +37,12 @@ from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.readiness import wait_until_ready
-from osfleet.replicas import template_memory
+from osfleet.replicas import guest_control, template_memory
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.virt import Virt
 
-STATE_FORMAT = "2"
+STATE_FORMAT = "3"  # 3: the control channel, a VM generation ID and the resident helper
 MIGRATION_TIMEOUT_SECONDS = 120.0
 MIGRATION_POLL_SECONDS = 0.005
 FD_NAME = "osfleet-state"
@@ -97,6 +101,7 @@ def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: Mem
     fields: list[Any] = [STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib]
     if shape.network_bridge:  # a NIC is part of the device model a state restores into
         fields.append(f"nic={shape.network_bridge}")
+    fields += [shape.kernel_args, guest_control.helper_digest()]  # the helper lives in the saved state
     if memory == "template":  # stream states keep the key they had before template memory existed
         fields.append(memory)
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
@@ -166,7 +171,9 @@ def ensure_saved_state(
         )
         start = time.monotonic()
         virt.start_transient(spec)
-        agent_s, desktop_s, _ = wait_until_ready(virt, image, name, start, 300)
+        agent_s, desktop_s, _ = wait_until_ready(virt, image, name, start, 300, after_agent=120)
+        # The resident helper runs in the saved state: every replica restored from it has it already.
+        guest_control.start(virt, name)
         # Clean page cache is free to drop: fewer pages in the stream make every restore faster.
         virt.guest_exec(name, ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
         started = time.monotonic()
@@ -207,6 +214,7 @@ def ensure_saved_state(
         return SavedState(final, meta)
     finally:
         virt.destroy(name)
+        guest_control.PORTS.forget(name)
         shutil.rmtree(work, ignore_errors=True)
         if ram is not None and not published:
             ram.unlink(missing_ok=True)
@@ -261,16 +269,22 @@ def hand_over(virt: Virt, name: str, path: Path, flags: int) -> None:
         os.close(fd)
 
 
-def wait_migration(virt: Virt, name: str) -> None:
+def wait_migration(virt: Virt, name: str) -> tuple[dict[str, Any], float]:
+    """Poll until the domain's migration stream completed; (its final status, the monotonic time the
+    poll that saw it completed was sent). A stream that failed raises; one that outlives the timeout is
+    cancelled (an outgoing one would otherwise stop its guest later, unattended) and raises."""
     deadline = time.monotonic() + MIGRATION_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
+        asked = time.monotonic()
         status = virt.qmp(name, "query-migrate") or {}
         state = status.get("status")
         if state == "completed":
-            return
+            return status, asked
         if state in ("failed", "cancelled"):
             raise OsfleetError(f"{name}: migration stream {state}: {status.get('error-desc', 'no reason given')}")
         time.sleep(MIGRATION_POLL_SECONDS)
+    with contextlib.suppress(OsfleetError):
+        virt.qmp(name, "migrate_cancel")
     raise GuestTimeoutError(f"{name}: migration stream did not complete within {MIGRATION_TIMEOUT_SECONDS:.0f} s")
 
 

@@ -7,6 +7,7 @@ the RAM file is mapped (``MemoryFile.share``): devices and machine arguments are
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from osfleet.config import ReplicaShape
@@ -28,12 +29,13 @@ def replica_spec(
     memory: MemoryFile | None = None,
 ) -> DomainSpec:
     """``incoming``: start waiting for a migration stream (a saved state) instead of booting.
-    ``memory``: guest RAM mapped from a template file instead of libvirt's anonymous RAM."""
+    ``memory``: guest RAM mapped from a template file instead of libvirt's anonymous RAM. Every domain
+    is a new VM generation (its own generation ID): a clone's kernel reseeds its RNG as it resumes."""
     return DomainSpec(
         name=name,
         kernel=image.kernel,
         initrd=image.initrd,
-        cmdline=image.cmdline,
+        cmdline=f"{image.cmdline} {shape.kernel_args}".strip(),
         disks=(DiskSpec(disk, backing=layers),),
         accel=accel,
         memory_mib=shape.memory_mib,
@@ -43,4 +45,5 @@ def replica_spec(
         qemu_args=INCOMING_ARGS if incoming else (),
         memory_file=memory,
         nic=NicSpec(shape.network_bridge) if shape.network_bridge else None,
+        genid=str(uuid.uuid4()),
     )

@@ -50,6 +50,7 @@ class RunResults:
     chaos: dict[str, Any] | None = None  # chaos.json from ``osfleet bench chaos`` (its run directory)
     infra: dict[str, Any] | None = None  # infra.json from ``osfleet bench infra --out RUN_DIR/infra.json``
     fleet_samples: list[dict[str, Any]] = field(default_factory=list)  # bench chaos: the gateway's view
+    forks: dict[str, Any] | None = None  # fork.json from ``osfleet bench fork --out RUN_DIR/fork.json``
 
 
 def load(run_dir: Path) -> RunResults:
@@ -65,6 +66,7 @@ def load(run_dir: Path) -> RunResults:
         and not load_test.trajectories
         and not _json(run_dir, "density.json")
         and not _json(run_dir, "infra.json")
+        and not _json(run_dir, "fork.json")
     ):
         raise OsfleetError(
             f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
@@ -77,7 +79,8 @@ def load(run_dir: Path) -> RunResults:
         cost = _density_cost(density, cost)
     chaos, infra = _json(run_dir, "chaos.json"), _json(run_dir, "infra.json")
     fleet = _jsonl(run_dir / "fleet-samples.jsonl")
-    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra, fleet)
+    forks = _json(run_dir, "fork.json")
+    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra, fleet, forks)
 
 
 def caption(machine: dict[str, Any]) -> str:

@@ -74,6 +74,8 @@ def document(results: RunResults, figures: list[Figure]) -> list[Section]:
         sections.append(_boot(results.boot, results.run_dir, key))
     if results.resets is not None:
         sections.append(_resets(results.resets, key))
+    if results.forks is not None:
+        sections.append(_forks(results.forks, key))
     if results.load.trajectories or results.load.stats:
         sections.append(_load_test(results, key))
     if results.chaos is not None:
@@ -209,14 +211,38 @@ def _resets(r: dict[str, Any], key: list[list[str]]) -> Section:
     key.append(["snapshot vs cold reset (p50)", f"{r['speedup_snapshot_vs_cold']:.1f}x", HERE])
     for name, d in r.get("latency", {}).items():
         key.append([name.removesuffix("_seconds").replace("_", " ") + " p50", seconds(d["p50"]), HERE])
+    blocks: list[Block] = [
+        Text(
+            f"{r['replicas']} replicas, {r['resets_per_replica']} resets each per mode; "
+            f"{caption(r.get('machine', {}))}. Between resets: {r['between_resets']}."
+        ),
+        Table(["mode", "reset p50", "reset p95", "bring-up p50", "RSS per replica", "source"], rows),
+    ]
+    stages = r["snapshot"].get("stages_p50_ms")
+    if stages:
+        blocks.append(Text("Where a snapshot reset's time goes (p50 of each stage, osfleet.timing):"))
+        blocks.append(Table(["stage", "p50", "source"], [[k, f"{v:.1f} ms", HERE] for k, v in stages.items()]))
+    return Section("Resets", blocks)
+
+
+def _forks(r: dict[str, Any], key: list[list[str]]) -> Section:
+    """``osfleet bench fork``: children's bring-up, how long the parent stood still, the checks."""
+    if "fork_p50_s" not in r:
+        return Section("Forks", [Text(f"The fork bench failed before it measured: {r.get('failure')}")])
+    key.append(["fork: child bring-up p50 / p95", f"{seconds(r['fork_p50_s'])} / {seconds(r['fork_p95_s'])}", HERE])
+    key.append(["fork: parent paused", seconds(r["parent_paused_s"]), HERE])
+    rows = [
+        ["children ready", f"{r.get('children_ready')} of {r['children']}", HERE],
+        ["child bring-up p50 / p95", f"{seconds(r['fork_p50_s'])} / {seconds(r['fork_p95_s'])}", HERE],
+        ["parent paused / saved", f"{seconds(r['parent_paused_s'])} / {seconds(r['save_s'])}", HERE],
+        ["first child / all children ready", f"{seconds(r['first_child_ready_s'])} / {seconds(r['total_s'])}", HERE],
+        ["same state, diverged", f"{r.get('same_state')}, {r.get('diverged')}", HERE],
+    ]
     return Section(
-        "Resets",
+        "Forks",
         [
-            Text(
-                f"{r['replicas']} replicas, {r['resets_per_replica']} resets each per mode; "
-                f"{caption(r.get('machine', {}))}. Between resets: {r['between_resets']}."
-            ),
-            Table(["mode", "reset p50", "reset p95", "bring-up p50", "RSS per replica", "source"], rows),
+            Text(f"A replica forked {r['children']} ways mid-task; {caption(r.get('machine', {}))}."),
+            Table(["figure", "value", "source"], rows),
         ],
     )
 
