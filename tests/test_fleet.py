@@ -76,7 +76,7 @@ class Agent:
 def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Agent]]:
     # The fake hosts share this (busy, 2-core) machine: give them a steady one, so rooms are exact.
     machine = {"cpu_busy_share": 0.0, "cpus": 64, "memory_total_bytes": 256 * 2**30, "memory_used_bytes": 0}
-    monkeypatch.setattr("osfleet.api.app.host_usage", lambda: dict(machine))
+    monkeypatch.setattr("osfleet.api.routes.replicas.host_usage", lambda: dict(machine))
     made = {
         "big": Agent("big", FakeHost(tmp_path / "big", ready=1, max_replicas=10), free_port()),
         "small": Agent("small", FakeHost(tmp_path / "small", ready=1, max_replicas=3), free_port()),
