@@ -113,9 +113,9 @@ def host_serve(
     from osfleet.replicas.manager import ReplicaHost
 
     settings = Settings.from_env()
-    image = find_image(image_ref, settings)
     token = api_token(token_file, settings.token_file, say=lambda m: click.echo(m, err=True))
     clients = load_clients(clients_file, token) if clients_file is not None else ()
+    image = find_image(image_ref, settings)
     from osfleet.config import RecordingConfig
 
     recording = (
