@@ -26,18 +26,65 @@ from osfleet.api.models import (
     OsgymStep,
     OsgymStepResponse,
 )
+from osfleet.api.osgym_actions import Parsed as ParsedAction
 from osfleet.api.osgym_actions import parse as parse_osgym
 from osfleet.api.routes.leases import release_episode
-from osfleet.api.state import AgentState, LeasedHost
+from osfleet.api.state import AgentState, LeasedHost, LiveEpisode
 from osfleet.errors import OsfleetError, VirtError
 from osfleet.replicas.episodes import OsgymClient
 from osfleet.replicas.input import InputError
 from osfleet.tasks import runner
+from osfleet.tasks.model import Task
 from osfleet.tasks.osworld import from_osworld
 
 
 def _jpeg(leased: LeasedHost, rid: str) -> str:
     return base64.b64encode(leased.screenshot(rid, "jpeg")).decode()
+
+
+def _act(s: AgentState, live: LiveEpisode, leased: LeasedHost, req: OsgymStep, parsed: ParsedAction) -> bytes:
+    """Apply an OSGym step's actions (a failed one is an infrastructure failure, as OSGym has no per-action
+    results) and record it; returns the screen after it (JPEG)."""
+    rid, lease_id = live.data.replica_id, live.data.lease_id
+    if parsed.actions:
+        s.check_not_taken_over(rid, lease_id)
+    start = time.monotonic()
+    try:
+        results = leased.act(rid, parsed.actions) if parsed.actions else []
+    except OsfleetError as exc:
+        recorded.failure(s, rid, lease_id, exc)
+        raise
+    took = time.monotonic() - start
+    s.metrics.step.observe(took)
+    failed = [x for x in results if not x.ok]
+    if failed:
+        error = VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
+        recorded.failure(s, rid, lease_id, error)
+        raise error
+    shot = leased.screenshot(rid, "jpeg")
+    if s.recorder is not None:
+        s.recorder.step(
+            rid,
+            lease_id,
+            f"osgym-{len(live.data.steps)}-{time.time_ns()}",
+            [a.model_dump(mode="json") for a in parsed.actions],
+            [x.model_dump(mode="json") for x in results],
+            took,
+            parsed.finish,
+            metadata={"osgym_action": req.action},
+            observation=shot,
+            owner=live.data.owner,
+        )
+    return shot
+
+
+def _score(s: AgentState, live: LiveEpisode, leased: LeasedHost, task: Task) -> float:
+    start = time.monotonic()
+    evaluation = runner.evaluate(leased, live.data.replica_id, task)
+    s.metrics.evaluate.observe(time.monotonic() - start)
+    if s.recorder is not None:
+        s.recorder.evaluated(live.data.replica_id, live.data.lease_id, evaluation.reward, evaluation.success)
+    return evaluation.reward
 
 
 def router(state: Callable[[], AgentState]) -> APIRouter:
@@ -78,43 +125,8 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
             try:
                 s.host.check_lease(rid, live.data.lease_id, who.owner)  # 409 once the lease has expired
                 task = s.task_of(live, rid)
-                if parsed.actions:
-                    s.check_not_taken_over(rid, live.data.lease_id)
-                start = time.monotonic()
-                try:
-                    results = leased.act(rid, parsed.actions) if parsed.actions else []
-                except OsfleetError as exc:
-                    recorded.failure(s, rid, live.data.lease_id, exc)
-                    raise
-                took = time.monotonic() - start
-                s.metrics.step.observe(took)
-                failed = [x for x in results if not x.ok]
-                if failed:
-                    error = VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
-                    recorded.failure(s, rid, live.data.lease_id, error)
-                    raise error
-                shot = leased.screenshot(rid, "jpeg")
-                if s.recorder is not None:
-                    s.recorder.step(
-                        rid,
-                        live.data.lease_id,
-                        f"osgym-{len(live.data.steps)}-{time.time_ns()}",
-                        [a.model_dump(mode="json") for a in parsed.actions],
-                        [x.model_dump(mode="json") for x in results],
-                        took,
-                        parsed.finish,
-                        metadata={"osgym_action": req.action},
-                        observation=shot,
-                        owner=live.data.owner,
-                    )
-                reward = 0.0
-                if parsed.finish:
-                    start = time.monotonic()
-                    evaluation = runner.evaluate(leased, rid, task)
-                    reward = evaluation.reward
-                    s.metrics.evaluate.observe(time.monotonic() - start)
-                    if s.recorder is not None:
-                        s.recorder.evaluated(rid, live.data.lease_id, evaluation.reward, evaluation.success)
+                shot = _act(s, live, leased, req, parsed)
+                reward = _score(s, live, leased, task) if parsed.finish else 0.0
             except InputError:  # the client's mistake, refused before the guest: the vm stays, to be sent again
                 release = False
                 raise
