@@ -142,8 +142,10 @@ class AgentState:
             return live
 
     def started(self, live: LiveEpisode) -> None:
-        """Its header on disk before anything of it is logged (the caller holds its lock)."""
+        """Its header on disk before anything of it is logged (the caller holds its lock). Files that ended
+        leases left on the replica go (a late request of one may have written after its release)."""
         if not live.started:
+            self.store.delete(live.data.replica_id, keep=live.data.lease_id)
             self.store.start(live.data)
             live.started = True
 

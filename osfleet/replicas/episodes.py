@@ -319,14 +319,16 @@ class EpisodeStore:
                 self._unlink(path)
         return moved
 
-    def delete(self, replica_id: str, lease_id: str | None = None) -> None:
-        """The episode of ``lease_id`` (None: every episode file of the replica but those set aside)."""
+    def delete(self, replica_id: str, lease_id: str | None = None, keep: str | None = None) -> None:
+        """The episode of ``lease_id``; without one, every episode file of the replica but those set aside and
+        those of ``keep``."""
         if lease_id is not None:
             for kind in (HEADER, LOG, BASE):
                 self._unlink(self.path(replica_id, lease_id, kind))
             return
+        kept = f"{PREFIX}{_key(keep)}." if keep is not None else None
         for path in self.files(replica_id):
-            if ".corrupt-" not in path.name:
+            if ".corrupt-" not in path.name and (kept is None or not path.name.startswith(kept)):
                 self._unlink(path)
 
     def _unlink(self, path: Path) -> None:
