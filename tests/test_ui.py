@@ -455,3 +455,24 @@ def test_a_clients_dashboard_shows_and_changes_only_its_own(fake: ScreenHost, tm
         root = [{"type": "shell", "command": "id -u", "as_root": True}]
         r = c.post(f"/ui/api/replicas/{mine['replica_id']}/act", json=root, headers=change)
         assert r.status_code == 403 and "as_root" in r.json()["error"]
+
+
+def test_through_the_gateway_a_clients_dashboard_shows_only_its_own(
+    agent: Served, api: httpx.Client, fake: ScreenHost, tmp_path: Path
+) -> None:
+    clients = tmp_path / "clients"
+    clients.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    gw = create_gateway("gw-token-0123456789", [HostEntry(name="kvm1", url=agent.url, token=TOKEN)],
+                        clients=load_clients(clients, "gw-token-0123456789"))  # fmt: skip
+    with TestClient(gw) as c:
+        mine = c.post("/v1/leases", json={}, headers={"Authorization": f"Bearer {ALICE}"}).json()
+        theirs = c.post("/v1/leases", json={}, headers={"Authorization": f"Bearer {BOB}"}).json()
+        assert mine["replica_id"] != theirs["replica_id"]
+        csrf = ui_login(c, ALICE)
+        assert [r["id"] for r in c.get("/ui/api/replicas").json()] == [mine["replica_id"]]
+        page = c.get("/ui").text
+        assert mine["replica_id"] in page and theirs["replica_id"] not in page
+        change = {"X-CSRF-Token": csrf, "Origin": "http://testserver"}
+        assert c.get(f"/ui/replicas/{theirs['replica_id']}/screen.jpg").status_code == 404
+        assert c.post(f"/ui/api/replicas/{theirs['replica_id']}/take-over", headers=change).status_code == 404
+        assert c.post(f"/ui/api/replicas/{mine['replica_id']}/take-over", headers=change).status_code == 200
