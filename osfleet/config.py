@@ -59,17 +59,37 @@ class RecordingConfig:
     max_episodes: int | None = None
 
 
+# Request bodies are refused above this size before they are read or authenticated (413). A step of 100
+# shell commands at their 100 000-character limit is ~10 MB; client metadata above 256 KiB is not kept anyway.
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class ClientToken:
+    """One tenant of a server (a line of ``--clients-file``): its name, and its token's SHA-256 (only the digest
+    is kept in memory, so a clients file may hold digests instead of tokens)."""
+
+    name: str
+    sha256: bytes
+
+
 @dataclass(frozen=True)
 class AgentConfig:
-    """How one host agent serves its replicas."""
+    """How one host agent (or the gateway: the auth and limit fields) serves its replicas."""
 
-    token: str
+    token: str  # the operator's: may do everything
     image: str | None = None  # golden image name or hash prefix; None: the newest
     mode: Mode = "snapshot"
     warm: int = 1
     lease_seconds: float = 900.0
     osgym_allowed_ips: tuple[str, ...] = ()  # OSGym clients send no token; they may be allowed by address
     recording: RecordingConfig | None = None  # None: episodes are not recorded (osfleet.recording)
+    clients: tuple[ClientToken, ...] = ()  # tenants: each sees and touches only its own replicas and episodes
+    allow_agent_root: bool = False  # whether clients' shell actions may run as root in the guest
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Whether the operator's token may name the client it acts for (X-Osfleet-Client): true on a host agent
+    # (its gateway does so); false on the gateway, which is the edge and sets that header itself.
+    on_behalf_of: bool = True
 
 
 @dataclass(frozen=True)

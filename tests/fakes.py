@@ -1,7 +1,9 @@
 """A stand-in for ReplicaHost with no libvirt and no golden image, for API and concurrency unit tests.
 
-Leases, records and the reset-after-release are the real ``Registry`` and ``LeaseBook``; only what needs a
-guest is faked: a reset is instant, ``act`` records the actions it was given, the screen is a blank image.
+Leases, records and the reset-after-release are the real ``Registry`` and ``LeaseBook``, and so is the lease
+check under the replica's lock (``LeaseBook.touching``) that every call with a claim passes, as on a real host;
+only what needs a guest is faked: a reset is instant, ``act`` records the actions it was given (``act_gate``
+holds it, to race it), the screen is a blank image.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +25,8 @@ from osfleet.replicas.actions import Action, ActionResult
 from osfleet.replicas.adoption import AdoptReport
 from osfleet.replicas.errors import CapacityError, LeaseError, ReplicaBusyError
 from osfleet.replicas.forks import ForkInfo
-from osfleet.replicas.leases import LeaseBook
-from osfleet.replicas.lifecycle import Child, Forked
+from osfleet.replicas.leases import Claim, LeaseBook
+from osfleet.replicas.lifecycle import Child, Forked, Timed
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
 from osfleet.screen import ImageFormat, encode
@@ -52,6 +56,8 @@ class FakeHost:
     rss: int = 300 * 2**20  # what each fake replica "uses", for placement
     shots: list[tuple[str, int | None]] = field(default_factory=list)  # (format, quality) of each screenshot
     forked: list[str] = field(default_factory=list)
+    act_gate: threading.Event | None = None  # when set, ``act`` waits for it (under the replica's lock)
+    acting: threading.Event = field(default_factory=threading.Event)  # set while an ``act`` is waiting at the gate
 
     def __post_init__(self) -> None:
         self.settings = Settings(home=self.home, libvirt_uri="test:///default")
@@ -115,14 +121,17 @@ class FakeHost:
         rec.move(after)
         self.registry.save(rec)
 
-    def reset(self, rid: str, mode: Mode | None = None, unless_pristine: bool = False) -> None:
-        with self.registry.locked(rid) as rec:
+    def reset(
+        self, rid: str, mode: Mode | None = None, unless_pristine: bool = False, claim: Claim | None = None
+    ) -> Timed:
+        with self.leases.touching(rid, claim) as rec:
             if rec.state not in RUNNING_STATES:
                 raise ReplicaBusyError(f"replica {rid} is {rec.state}")
             self._reset_locked(rec)
+            return Timed(rid, rec.mode, 0.0, rec.generation)
 
-    def retire(self, rid: str) -> None:
-        with self.registry.locked(rid) as rec:
+    def retire(self, rid: str, claim: Claim | None = None) -> None:
+        with self.leases.touching(rid, claim) as rec:
             rec.move(State.RETIRED)
             self.registry.store.delete(rid)
         self.registry.remove(rid)
@@ -134,29 +143,36 @@ class FakeHost:
             self._make()
 
     # --- leases ---------------------------------------------------------------------------------------------
-    def lease(self, holder: str, seconds: float = 600.0) -> tuple[ReplicaRecord, Lease]:
-        return self.leases.lease(holder, seconds)
+    def lease(self, holder: str, seconds: float = 600.0, owner: str = "") -> tuple[ReplicaRecord, Lease]:
+        return self.leases.lease(holder, seconds, owner)
 
-    def check_lease(self, rid: str, lease_id: str) -> ReplicaRecord:
-        return self.leases.check(rid, lease_id)
+    def check_lease(self, rid: str, lease_id: str, owner: str | None = None) -> ReplicaRecord:
+        return self.leases.check(rid, lease_id, owner)
 
-    def release(self, rid: str, lease_id: str) -> bool:
-        return self.leases.release(rid, lease_id)
+    def release(self, rid: str, lease_id: str, owner: str | None = None) -> bool:
+        return self.leases.release(rid, lease_id, owner)
 
     # --- forks (the real ones are tested on real replicas in test_forks.py) ----------------------------------
-    def fork(self, rid: str, children: int, lease_id: str | None = None, seconds: float = 600.0) -> Forked:
+    def fork(
+        self,
+        rid: str,
+        children: int,
+        lease_id: str | None = None,
+        seconds: float = 600.0,
+        claim: Claim | None = None,
+    ) -> Forked:
         """Children are new records leased to the parent's holder, made under the parent's lock."""
         if len(self.registry.all()) + children > self.max_replicas:
             raise CapacityError(f"this host can take {self.max_replicas - len(self.registry.all())} more replica(s)")
-        with self.registry.locked(rid) as parent:
+        with self.leases.touching(rid, claim) as parent:
             if parent.lease is None or parent.lease.id != lease_id:
                 raise LeaseError(f"lease {lease_id} does not hold replica {rid}")
-            holder = parent.lease.holder
+            holder, owner = parent.lease.holder, parent.lease.owner
             made = []
             for _ in range(children):
                 child = self._make()
                 with self.registry.locked(child) as rec:
-                    lease = self.leases.grant(rec, holder, seconds)
+                    lease = self.leases.grant(rec, holder, seconds, owner)
                     self.registry.save(rec)
                     made.append(Child(rec.model_copy(deep=True), lease, 0.0))
         self.forked.append(rid)
@@ -166,30 +182,50 @@ class FakeHost:
         return []
 
     # --- guest ----------------------------------------------------------------------------------------------
-    def _running(self, rid: str) -> ReplicaRecord:
-        rec = self.get(rid)
+    def _running(self, rid: str, rec: ReplicaRecord | None = None) -> ReplicaRecord:
+        rec = rec if rec is not None else self.get(rid)
         if rec.state not in RUNNING_STATES:
             raise ReplicaBusyError(f"replica {rid} is {rec.state}")
         return rec
 
-    def screenshot(self, rid: str, fmt: ImageFormat = "png", quality: int | None = None) -> bytes:
-        self._running(rid)
-        self.shots.append((fmt, quality))
+    @contextmanager
+    def _touching(self, rid: str, claim: Claim | None) -> Iterator[ReplicaRecord]:
+        """As ``ReplicaHost``: with a claim, under the replica's lock once the claim holds; else no lock."""
+        if claim is None:
+            yield self._running(rid)
+            return
+        with self.leases.touching(rid, claim) as rec:
+            yield self._running(rid, rec)
+
+    def screenshot(
+        self, rid: str, fmt: ImageFormat = "png", quality: int | None = None, claim: Claim | None = None
+    ) -> bytes:
+        with self._touching(rid, claim) as rec:
+            self.shots.append((fmt, quality))
+            return self.screen_of(rec, fmt, quality)
+
+    def screen_of(self, rec: ReplicaRecord, fmt: ImageFormat, quality: int | None) -> bytes:
         return encode(Image.new("RGB", self.image.screen), fmt, quality)
 
-    def act(self, rid: str, actions: list[Action]) -> list[ActionResult]:
-        self._running(rid)
-        if self.act_error is not None:
-            raise self.act_error
-        with self._lock:
-            self.applied.append((rid, actions))
-        for a in actions:
-            if a.type == "shell":
-                self.files[a.command] = "ran"  # type: ignore[union-attr]
-        return [ActionResult(type=a.type, ok=True, seconds=0.0) for a in actions]
+    def act(self, rid: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
+        with self._touching(rid, claim):
+            if self.act_gate is not None:
+                self.acting.set()
+                self.act_gate.wait(30)
+            if self.act_error is not None:
+                raise self.act_error
+            with self._lock:
+                self.applied.append((rid, actions))
+            for a in actions:
+                if a.type == "shell":
+                    self.files[a.command] = "ran"  # type: ignore[union-attr]
+            return [ActionResult(type=a.type, ok=True, seconds=0.0) for a in actions]
 
-    def shell(self, rid: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
-        self._running(rid)
+    def shell(
+        self, rid: str, command: str, timeout: float, as_root: bool = False, claim: Claim | None = None
+    ) -> dict[str, Any]:
+        with self._touching(rid, claim):
+            pass
         if command.startswith("test -e"):
             return {"exit_code": 0, "stdout": "absent\n", "stderr": ""}
         out = "yes\n" if self.files else ""  # a shell action has run in this generation
@@ -198,5 +234,6 @@ class FakeHost:
     def rss_bytes(self, rid: str) -> int | None:
         return self.rss
 
-    def read_file(self, rid: str, path: str, limit: int) -> bytes:
-        raise OsfleetError("no files in the fake guest")
+    def read_file(self, rid: str, path: str, limit: int, claim: Claim | None = None) -> bytes:
+        with self._touching(rid, claim):
+            raise OsfleetError("no files in the fake guest")

@@ -279,3 +279,34 @@ def test_forked_children_carry_the_episode_and_score_on_their_own(api: tuple[Tes
         assert post(client, child, "release", {"lease_id": child_lease})["released"] is True
     assert client.get("/v1/host", headers=AUTH).json()["forks"] == []  # both children went back to s0
     post(client, rid, "release", {"lease_id": lid})
+
+
+def test_a_step_queued_on_an_ended_lease_never_touches_the_next_holders_replica(
+    golden: GoldenImage, settings: Settings, no_leftovers: None, tmp_path: Path
+) -> None:
+    """The race of tests/test_tenants.py on a real replica: A's slow step, A's second request queued behind it,
+    A's lease ended, B leasing the same replica and writing a file in its guest; A's second request (which would
+    overwrite that file) is refused, and B's guest, replica and episode are as B left them."""
+    from tests.test_tenants import config, race
+
+    made: list[ReplicaHost] = []
+
+    def factory() -> ReplicaHost:
+        made.append(ReplicaHost(golden, settings, warm=1, max_replicas=1, auto_recover=False))
+        return made[0]
+
+    with TestClient(create_app(config(tmp_path), factory)) as client:
+        host = made[0]
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not any(r.state == "ready" for r in host.replicas()):
+                time.sleep(0.2)
+
+            def guest_file(rid: str) -> str:
+                return str(host.shell(rid, "cat /tmp/b.txt", 30)["stdout"])
+
+            race(client, host, [{"type": "shell", "command": "echo A > /tmp/b.txt"}], guest_file)
+            assert guest_file(host.replicas()[0].id) == "B\n"
+        finally:
+            host.stop_background()
+            host.down()

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from osfleet.api.app import create_app
 from osfleet.api.osgym_actions import ActionStringError, parse
 from osfleet.config import AgentConfig
-from osfleet.replicas.episodes import Episode
+from osfleet.replicas.episodes import EpisodeStore
 from osfleet.replicas.errors import CapacityError
 from osfleet.replicas.input import InputError
 from osfleet.tasks.model import CriterionResult, Match, TaskError, UnsupportedTaskError, parse_task, score
@@ -150,23 +150,36 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_every_api_endpoint_needs_the_token(client: TestClient) -> None:
-    for method, path in [
-        ("post", "/v1/leases"),
-        ("get", "/v1/replicas"),
-        ("post", "/v1/replicas/r-x/reset"),
-        ("get", "/v1/replicas/r-x/observation"),
+    """Every operation the OpenAPI publishes (but /health, open, and /metrics, loopback) answers 401 without a
+    valid token, before it looks at the request's body or ids."""
+    spec = client.get("/openapi.json").json()["paths"]
+    operations = [
+        (method, path.replace("{rid}", "r-x"))
+        for path, ops in spec.items()
+        for method in ops
+        if path not in ("/health", "/metrics")
+    ]
+    for must in [
+        ("delete", "/v1/replicas/r-x"),
+        ("post", "/v1/replicas"),
+        ("get", "/v1/host"),
+        ("post", "/v1/replicas/r-x/fork"),
         ("post", "/v1/replicas/r-x/step"),
-        ("post", "/v1/replicas/r-x/evaluate"),
-        ("post", "/v1/replicas/r-x/release"),
-        ("post", "/reset"),
-        ("post", "/step"),
         ("post", "/shutdown"),
-        ("get", "/screenshot"),
     ]:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
-            resp = getattr(client, method)(path, headers=headers)
+        assert must in operations  # the list is the published API, not one written by hand
+    assert len(operations) == 15
+    for method, path in operations:
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": TOKEN},
+            {"Cookie": f"osfleet_ui={TOKEN}"},
+        ):
+            resp = client.request(method.upper(), path, headers=headers)
             assert resp.status_code == 401, (method, path, headers)
             assert resp.headers["www-authenticate"] == "Bearer"
+            assert resp.json()["kind"] == "unauthorized"
     assert client.get("/health").status_code == 200
     assert client.get("/metrics").status_code == 401  # the test client is not on loopback
     assert client.get("/metrics", headers=AUTH).status_code == 200
@@ -227,7 +240,7 @@ def test_a_restarted_agent_replays_a_retried_step_once_and_still_evaluates(tmp_p
         r = c.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH)
         assert r.status_code == 200 and r.json()["reward"] == 1.0
         assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
-    assert not (tmp_path / "replicas" / rid / "episode.json").exists()
+    assert not list((tmp_path / "replicas" / rid).glob("episode*"))  # its episode ended with the lease
 
 
 def test_a_step_interrupted_by_a_crash_is_not_applied_again(tmp_path: Path) -> None:
@@ -235,11 +248,9 @@ def test_a_step_interrupted_by_a_crash_is_not_applied_again(tmp_path: Path) -> N
     with TestClient(create_app(CONFIG, lambda: host)) as c:
         rid, lid = _lease(c)
         c.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK, "observe": False}, headers=AUTH)
-    # what the episode file holds when the process died between "pending" and "done"
-    path = tmp_path / "replicas" / rid / "episode.json"
-    episode = Episode.model_validate_json(path.read_text())
-    episode.pending = "a-1"
-    path.write_text(episode.model_dump_json())
+    # what the episode's log holds when the process died between "pending" and "applied"
+    with open(EpisodeStore(tmp_path / "replicas").path(rid, lid, ".log"), "a") as log:
+        log.write('{"pending":"a-1"}\n')
     step = {"lease_id": lid, "action_id": "a-1", "actions": SHELL, "observe": False}
     again = FakeHost(tmp_path, ready=1)
     with TestClient(create_app(CONFIG, lambda: again)) as c:

@@ -37,6 +37,7 @@ from osfleet.client import (
 from osfleet.client.messages import anthropic_content, for_model, from_anthropic, from_openai, openai_content
 from osfleet.gym import DesktopEnvError, InvalidDesktopAction
 from osfleet.replicas.actions import Action, ActionResult, check_actions
+from osfleet.replicas.leases import Claim
 from tests.fakes import FakeHost
 from tests.test_fleet import TASK, Agent, free_port
 
@@ -47,9 +48,9 @@ REPO = Path(__file__).resolve().parent.parent
 class BoundedHost(FakeHost):
     """A fake host that refuses off-screen input as the real one does (``check_actions``)."""
 
-    def act(self, rid: str, actions: list[Action]) -> list[ActionResult]:
+    def act(self, rid: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
         check_actions(actions, self.image.screen)
-        return super().act(rid, actions)
+        return super().act(rid, actions, claim)
 
 
 @pytest.fixture

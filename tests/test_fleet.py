@@ -16,9 +16,10 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
+from osfleet.api.auth import ON_BEHALF_OF, load_clients
 from osfleet.config import AgentConfig
 from osfleet.fleet import placement
-from osfleet.fleet.app import create_gateway
+from osfleet.fleet.app import DEADLINES, create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
@@ -77,7 +78,7 @@ class Agent:
 def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Agent]]:
     # The fake hosts share this (busy, 2-core) machine: give them a steady one, so rooms are exact.
     machine = {"cpu_busy_share": 0.0, "cpus": 64, "memory_total_bytes": 256 * 2**30, "memory_used_bytes": 0}
-    monkeypatch.setattr("osfleet.api.app.host_usage", lambda: dict(machine))
+    monkeypatch.setattr("osfleet.api.routes.replicas.host_usage", lambda: dict(machine))
     made = {
         "big": Agent("big", FakeHost(tmp_path / "big", ready=1, max_replicas=10), free_port()),
         "small": Agent("small", FakeHost(tmp_path / "small", ready=1, max_replicas=3), free_port()),
@@ -193,18 +194,74 @@ def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go
         assert gw.get("/health").json()["hosts"][dead]["healthy"] is True
 
 
-def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, Agent]) -> None:
-    with gateway(agents) as gw:
+def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, Agent], tmp_path: Path) -> None:
+    with tenant_gateway(agents, tmp_path) as gw:
         rooms_known(gw)
-        a = gw.post("/reset", json={"task_config": TASK, "timeout": 600}, headers=AUTH)
+        a = gw.post("/reset", json={"task_config": TASK, "timeout": 600}, headers=ALICE)
         assert a.status_code == 200, a.text
         vm = a.json()["vm_id"]
-        r = gw.post("/step", json={"action": "click(1,2)", "vm_id": vm}, headers=AUTH)
+        b = gw.post("/reset", json={"task_config": TASK, "timeout": 600}, headers=BOB)
+        assert b.status_code == 200, b.text
+        bob_vm = b.json()["vm_id"]
+        # bob, and bob claiming to be alice (the gateway drops the header), cannot touch alice's vm
+        for who in (BOB, {**BOB, ON_BEHALF_OF: "alice"}):
+            assert gw.post("/step", json={"action": "click(1,2)", "vm_id": vm}, headers=who).status_code == 404
+            assert gw.get("/screenshot", params={"vmId": vm}, headers=who).status_code == 404
+            assert gw.post("/shutdown", json={"vm_id": vm}, headers=who).status_code == 404
+        assert gw.post("/shutdown", json={"vm_id": "all"}, headers=BOB).status_code == 200  # bob's own only
+        assert gw.post("/step", json={"action": "click(1,2)", "vm_id": bob_vm}, headers=BOB).status_code == 404
+        r = gw.post("/step", json={"action": "click(1,2)", "vm_id": vm}, headers=ALICE)
         assert r.status_code == 200 and r.json()["is_finish"] is False
-        assert gw.get("/screenshot", params={"vmId": vm}, headers=AUTH).json()["vm_id"] == vm
-        assert gw.post("/shutdown", json={"vm_id": "all"}, headers=AUTH).status_code == 200
-        assert gw.post("/step", json={"action": "finish()", "vm_id": vm}, headers=AUTH).status_code == 404
-        assert gw.post("/step", json={"action": "finish()", "vm_id": 7_000_000}, headers=AUTH).status_code == 404
+        assert gw.get("/screenshot", params={"vmId": vm}, headers=ALICE).json()["vm_id"] == vm
+        assert gw.post("/shutdown", json={"vm_id": "all"}, headers=ALICE).status_code == 200
+        assert gw.post("/step", json={"action": "finish()", "vm_id": vm}, headers=ALICE).status_code == 404
+        assert gw.post("/step", json={"action": "finish()", "vm_id": 7_000_000}, headers=ALICE).status_code == 404
+
+
+ALICE = {"Authorization": "Bearer alice-token-0123456789"}
+BOB = {"Authorization": "Bearer bob-token-0123456789"}
+
+
+def tenant_gateway(agents: dict[str, Agent], tmp_path: Path) -> TestClient:
+    clients = tmp_path / "clients"
+    clients.write_text("alice alice-token-0123456789\nbob bob-token-0123456789\n")
+    entries = [a.entry for a in agents.values()]
+    return TestClient(create_gateway(TOKEN, entries, clients=load_clients(clients, TOKEN)))
+
+
+def test_through_the_gateway_a_client_sees_and_touches_only_its_own(agents: dict[str, Agent], tmp_path: Path) -> None:
+    with tenant_gateway(agents, tmp_path) as gw:
+        rooms_known(gw)
+        r = gw.post("/v1/leases", json={"holder": "a"}, headers=ALICE)
+        assert r.status_code == 201, r.text
+        rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+        host = agents[rid.split(".")[0]].host
+        local = rid.split(".", 1)[1]
+        assert host.get(local).lease.owner == "alice"  # the host knows whose it is: the gateway named her
+        step = {"lease_id": lid, "action_id": "x", "actions": SHELL, "observe": False}
+        for who in (BOB, {**BOB, ON_BEHALF_OF: "alice"}):  # the header a client sends is dropped at the edge
+            assert [x["id"] for x in gw.get("/v1/replicas", headers=who).json()] == []
+            for method, path, body in [
+                ("POST", f"/v1/replicas/{rid}/step", step),
+                ("POST", f"/v1/replicas/{rid}/reset", {"lease_id": lid, "observe": False}),
+                ("GET", f"/v1/replicas/{rid}/observation?lease_id={lid}", None),
+                ("POST", f"/v1/replicas/{rid}/evaluate", {"lease_id": lid}),
+                ("POST", f"/v1/replicas/{rid}/fork", {"lease_id": lid, "children": 1}),
+                ("POST", f"/v1/replicas/{rid}/release", {"lease_id": lid}),
+                ("DELETE", f"/v1/replicas/{rid}", None),
+            ]:
+                r = gw.request(method, path, json=body, headers=who)
+                assert r.status_code == 404, (method, path, r.text)
+        assert host.applied == [] and host.forked == []
+        assert [x["id"] for x in gw.get("/v1/replicas", headers=ALICE).json()] == [rid]
+        assert gw.post(f"/v1/replicas/{rid}/step", json=step, headers=ALICE).status_code == 200
+        root = {**step, "action_id": "root", "actions": [{"type": "shell", "command": "id -u", "as_root": True}]}
+        r = gw.post(f"/v1/replicas/{rid}/step", json=root, headers=ALICE)
+        assert r.status_code == 403 and "as_root" in r.json()["error"]  # the host's rule, for alice
+        assert gw.post(f"/v1/replicas/{rid}/step", json=root, headers=AUTH).status_code == 200  # the operator's
+        for method, path in [("GET", "/v1/host"), ("POST", "/v1/replicas")]:
+            assert gw.request(method, path, json={"count": 1}, headers=ALICE).status_code == 403
+        assert gw.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=ALICE).status_code == 200
 
 
 def test_a_restarted_gateway_carries_on_with_the_same_fleet_ids(agents: dict[str, Agent]) -> None:
@@ -283,3 +340,72 @@ def test_observations_through_the_gateway_take_the_hosts_formats_and_quality(age
         assert agents[rid.split(".")[0]].host.shots[-1] == ("webp", 40)
         r = gw.get(f"/v1/replicas/{rid}/observation", params={**params, "quality": 0}, headers=AUTH)
         assert r.status_code == 422
+
+
+class LeaseStub:
+    """A host agent's lease as seen from outside: it answers after ``delay`` seconds, counting what it granted."""
+
+    def __init__(self, delay: float) -> None:
+        from fastapi import FastAPI
+
+        self.granted = 0
+        self.port = free_port()
+        app = FastAPI()
+
+        @app.get("/health")
+        def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.get("/v1/host")
+        def sample() -> dict[str, object]:
+            return {"replicas": {"ready": 1}}
+
+        @app.post("/v1/leases", status_code=201)
+        def lease() -> dict[str, object]:
+            time.sleep(delay)
+            self.granted += 1
+            return {"replica_id": "r-1", "lease_id": f"l-{self.granted}", "expires_at": 0}
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def entry(self, name: str) -> HostEntry:
+        return HostEntry(name=name, url=f"http://127.0.0.1:{self.port}", token="host-token")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_a_lease_is_not_failed_over_from_a_host_that_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slow host may still lease (it did, here): trying the next host too would leave an orphan lease."""
+    monkeypatch.setitem(DEADLINES, "lease", 0.5)
+    slow, fine = LeaseStub(delay=1.5), LeaseStub(delay=0)
+    try:
+        with TestClient(create_gateway(TOKEN, [slow.entry("a-slow"), fine.entry("b-fine")])) as gw:
+            r = gw.post("/v1/leases", json={}, headers=AUTH)  # a-slow is tried first (placement: by name on a tie)
+            assert r.status_code == 503 and r.json()["kind"] == "infrastructure" and "a-slow" in r.json()["error"]
+            assert fine.granted == 0  # no second lease elsewhere
+            deadline = time.monotonic() + 5
+            while slow.granted == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert slow.granted == 1  # the timed-out host did lease: the client is told to try again, not given two
+    finally:
+        slow.stop()
+        fine.stop()
+
+
+def test_a_lease_is_failed_over_from_a_host_that_refused_the_connection() -> None:
+    gone, fine = LeaseStub(delay=0), LeaseStub(delay=0)
+    try:
+        with TestClient(create_gateway(TOKEN, [gone.entry("a-gone"), fine.entry("b-fine")])) as gw:
+            gone.stop()  # seen healthy, then gone: its port refuses connections
+            r = gw.post("/v1/leases", json={}, headers=AUTH)
+            assert r.status_code == 201 and r.json()["replica_id"].startswith("b-fine."), r.text
+            assert "osfleet_gateway_failovers_total 1.0" in gw.get("/metrics", headers=AUTH).text
+    finally:
+        fine.stop()

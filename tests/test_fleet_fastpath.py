@@ -3,6 +3,7 @@ would send it, and every request that is not plain gets exactly the route's answ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
+from osfleet.config import ClientToken
 from osfleet.fleet.app import create_gateway
 from osfleet.fleet.fastpath import StepFastPath
 from osfleet.fleet.hosts import HostEntry
@@ -36,6 +38,7 @@ class StubHost:
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, Any]]] = []
+        self.acting_for: list[str | None] = []  # the X-Osfleet-Client the gateway named, per step
         self.port = free_port()
         app = FastAPI()
 
@@ -51,6 +54,7 @@ class StubHost:
         async def step(rid: str, request: Request) -> JSONResponse:
             body = await request.json()
             self.received.append((rid, body))
+            self.acting_for.append(request.headers.get("x-osfleet-client"))
             if body["lease_id"] == "l-bad":
                 return JSONResponse({"error": "lease l-bad expired", "kind": "lease"}, status_code=409)
             answer = {
@@ -83,9 +87,13 @@ def host() -> Iterator[StubHost]:
         yield h
 
 
+CLIENT = "alice-token-0123456789"
+
+
 def gateway(host: StubHost, fast: bool = True) -> TestClient:
     entry = HostEntry(name="h1", url=f"http://127.0.0.1:{host.port}", token="host-token")
-    app = create_gateway(TOKEN, [entry])
+    alice = ClientToken("alice", hashlib.sha256(CLIENT.encode()).digest())
+    app = create_gateway(TOKEN, [entry], clients=(alice,))
     if not fast:  # the route alone, as before the fast path
         app.user_middleware = [m for m in app.user_middleware if m.cls is not StepFastPath]
     return TestClient(app)
@@ -182,3 +190,18 @@ def test_the_step_is_still_documented_with_its_request_body(host: StubHost) -> N
     step = spec["paths"]["/v1/replicas/{rid}/step"]["post"]
     assert step["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/StepRequest"}
     assert {"401", "404", "409", "422", "503"} <= set(step["responses"])
+
+
+def test_a_clients_step_names_the_client_to_the_host_either_way(host: StubHost) -> None:
+    """The fast path authenticates with the route's own function: a client's step reaches the host with the
+    client's name (never one the caller sent), the operator's with none."""
+    for fast in (True, False):
+        host.acting_for.clear()
+        with gateway(host, fast) as gw:
+            for headers in (
+                {"Authorization": f"Bearer {CLIENT}"},
+                {"Authorization": f"Bearer {CLIENT}", "X-Osfleet-Client": "bob"},
+                {**AUTH, "X-Osfleet-Client": "bob"},
+            ):
+                assert gw.post("/v1/replicas/h1.r-1/step", json=STEP, headers=headers).status_code == 200
+        assert host.acting_for == ["alice", "alice", None], fast

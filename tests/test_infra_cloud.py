@@ -194,6 +194,21 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
     ]  # fmt: skip
     assert gw["volumes"] == [{"name": "token", "secret": {"secretName": "osfleet-agent-token"}}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8090}
+    # The gateway's clients get the gateway's own token (a secret of its own, not the agents'): only the gateway
+    # holds the agents' token, so a gateway client cannot call an agent as its operator.
+    from osfleet_infra.k8s import derived_token
+
+    made = mocks.of("kubernetes:core/v1:Secret")
+    secrets = {x.inputs["metadata"]["name"]: x.inputs["stringData"]["value"] for x in made}
+    assert secrets["osfleet-gateway-token"] == {"token": derived_token("s3cret-token")}
+    assert secrets["osfleet-gateway-token"]["token"] != secrets["osfleet-agent-token"]["token"]
+    gateway_env = next(e for e in c["env"] if e["name"] == "OSFLEET_API_TOKEN")
+    assert gateway_env["valueFrom"]["secretKeyRef"] == {"name": "osfleet-gateway-token", "key": "token"}
+    for role in ("master", "worker"):
+        locust = deployments[f"osfleet-locust-{role}"].inputs["spec"]["template"]["spec"]
+        (env,) = locust["containers"][0]["env"]
+        assert env["valueFrom"]["secretKeyRef"]["name"] == "osfleet-gateway-token"
+        assert "volumes" not in locust or all(v.get("secret") is None for v in locust["volumes"])
     (ds,) = mocks.of("kubernetes:apps/v1:DaemonSet")
     assert ds.inputs["spec"]["template"]["spec"]["hostNetwork"] is True  # agents answer on the nodes' addresses
     services = {s.inputs["metadata"]["name"] for s in mocks.of("kubernetes:core/v1:Service")}

@@ -277,13 +277,13 @@ def test_capture_and_encoding_run_in_a_worker_thread_not_on_the_event_loop(
     seen: list[bool] = []
     real = host.screenshot
 
-    def screenshot(rid: str, fmt: Any = "png", quality: int | None = None) -> bytes:
+    def screenshot(rid: str, fmt: Any = "png", quality: int | None = None, claim: Any = None) -> bytes:
         try:
             asyncio.get_running_loop()
             seen.append(True)
         except RuntimeError:  # no event loop runs in this thread
             seen.append(False)
-        return real(rid, fmt, quality)
+        return real(rid, fmt, quality, claim=claim)
 
     monkeypatch.setattr(host, "screenshot", screenshot)
     rid, lid = _lease(client)

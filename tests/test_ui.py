@@ -6,6 +6,7 @@ A screenshot of each page is saved into the test's tmp dir."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import socket
 import threading
@@ -18,11 +19,12 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, WebSocketDisconnect
 from fastapi.testclient import TestClient
 from PIL import Image
 
 from osfleet.api.app import create_app
+from osfleet.api.auth import load_clients
 from osfleet.config import AgentConfig, RecordingConfig
 from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
@@ -55,8 +57,8 @@ COLOURS = [(200, 30, 30), (30, 160, 60), (40, 80, 220), (230, 160, 0), (120, 40,
 class ScreenHost(FakeHost):
     """A fake host whose screen changes with every action batch applied (one colour per count)."""
 
-    def screenshot(self, rid: str, fmt: str = "png", quality: int | None = None) -> bytes:
-        self._running(rid)
+    def screen_of(self, rec: Any, fmt: str, quality: int | None) -> bytes:
+        rid = rec.id
         n = sum(1 for r, _ in self.applied if r == rid)
         img = Image.new("RGB", self.image.screen, COLOURS[n % len(COLOURS)])
         buf = io.BytesIO()
@@ -307,7 +309,19 @@ def test_the_gateway_dashboard_shows_every_hosts_replicas_and_trajectories(
         gw.stop()
 
 
-def test_ui_routes_need_the_token_and_stay_out_of_the_openapi(fake: ScreenHost) -> None:
+def ui_login(c: TestClient, token: str) -> str:
+    """Log in through the form as a browser would (its CSRF field and cookie); returns the session's CSRF token."""
+    form = c.get("/ui/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert csrf is not None
+    r = c.post("/ui/login", data={"token": token, "csrf": csrf.group(1)}, headers={"Origin": "http://testserver"})
+    assert r.status_code == 200 and "Replicas" in r.text, r.text[:300]  # followed the redirect with the cookie
+    meta = re.search(r'<meta name="csrf" content="([^"]+)">', r.text)
+    assert meta is not None
+    return meta.group(1)
+
+
+def test_ui_routes_need_a_session_and_stay_out_of_the_openapi(fake: ScreenHost) -> None:
     with TestClient(create_app(AgentConfig(token=TOKEN, warm=0), lambda: fake)) as c:
         assert not [p for p in c.get("/openapi.json").json()["paths"] if p.startswith("/ui")]
         r = c.get("/ui", follow_redirects=False)
@@ -316,26 +330,149 @@ def test_ui_routes_need_the_token_and_stay_out_of_the_openapi(fake: ScreenHost) 
         assert c.get(f"/ui/replicas/{rid}/screen.jpg").status_code == 401
         assert c.get("/ui/api/replicas").status_code == 401
         assert c.get("/ui/api/replicas", headers=AUTH).json()[0]["id"] == rid  # the gateway's way in
-        r = c.post("/ui/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"})
-        assert r.status_code == 200 and "Replicas" in r.text  # followed the redirect with the cookie
+        csrf = ui_login(c, TOKEN)
         assert c.get(f"/ui/replicas/{rid}/screen.jpg").headers["content-type"] == "image/jpeg"
-        with c.websocket_connect(f"/ui/ws/replicas/{rid}") as ws:
+        with c.websocket_connect(f"/ui/ws/replicas/{rid}?csrf={csrf}") as ws:
             assert ws.receive_bytes()[:2] == b"\xff\xd8"  # a JPEG frame
             ws.send_json({"op": "take"})  # a ready replica (no lease) is not taken over
             assert "only a leased replica" in ws.receive_json()["error"]
         # A take-over holds for the lease it was made under: released, the replica serves its next lease.
         lease = c.post("/v1/leases", json={}, headers=AUTH).json()
         rid, lid = lease["replica_id"], lease["lease_id"]
-        assert c.post(f"/ui/api/replicas/{rid}/take-over").status_code == 200
+        change = {"X-CSRF-Token": csrf, "Origin": "http://testserver"}
+        assert c.post(f"/ui/api/replicas/{rid}/take-over", headers=change).status_code == 200
         step = {"lease_id": lid, "action_id": "s1", "actions": [{"type": "click", "x": 1, "y": 1}]}
         assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["kind"] == "busy"
-        assert c.post(f"/ui/api/replicas/{rid}/act", json=[{"type": "click", "x": 999, "y": 1}]).status_code == 422
+        r = c.post(f"/ui/api/replicas/{rid}/act", json=[{"type": "click", "x": 999, "y": 1}], headers=change)
+        assert r.status_code == 422
         assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=AUTH).status_code == 200
         again = c.post("/v1/leases", json={}, headers=AUTH).json()
         while again["replica_id"] != rid:  # the other ready replica came first
             again = c.post("/v1/leases", json={}, headers=AUTH).json()
         step = {**step, "lease_id": again["lease_id"]}
         assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).status_code == 200
+        c.cookies.clear()  # no session: the live view's socket is closed before it opens (policy violation)
+        with pytest.raises(WebSocketDisconnect) as closed, c.websocket_connect(f"/ui/ws/replicas/{rid}?csrf={csrf}"):
+            pass
+        assert closed.value.code == 1008
+
+
+def test_the_session_cookie_holds_an_id_never_the_token(fake: ScreenHost) -> None:
+    with TestClient(create_app(AgentConfig(token=TOKEN, warm=0), lambda: fake)) as c:
+        ui_login(c, TOKEN)
+        cookie = c.cookies.get("osfleet_ui")
+        assert cookie and TOKEN not in cookie and len(cookie) >= 40
+        assert c.get("/ui", follow_redirects=False).status_code == 200
         c.cookies.clear()
-        with pytest.raises(Exception), c.websocket_connect(f"/ui/ws/replicas/{rid}") as ws:  # noqa: B017
-            ws.receive_bytes()
+        c.cookies.set("osfleet_ui", TOKEN)  # the old scheme: the token as the cookie
+        assert c.get("/ui", follow_redirects=False).headers["location"] == "/ui/login"
+
+
+def test_every_state_change_needs_the_origin_and_the_csrf_token(fake: ScreenHost) -> None:
+    with TestClient(create_app(AgentConfig(token=TOKEN, warm=0), lambda: fake)) as c:
+        # the login form: its CSRF field must match its cookie, and come from this origin
+        form = c.get("/ui/login").text
+        field = re.search(r'name="csrf" value="([^"]+)"', form).group(1)  # type: ignore[union-attr]
+        for data, origin in (
+            ({"token": TOKEN}, "http://testserver"),
+            ({"token": TOKEN, "csrf": "forged"}, "http://testserver"),
+            ({"token": TOKEN, "csrf": field}, "http://evil.example"),
+        ):
+            r = c.post("/ui/login", data=data, headers={"Origin": origin}, follow_redirects=False)
+            assert r.status_code == 403 and "osfleet_ui=" not in r.headers.get("set-cookie", ""), data
+        r = c.post(
+            "/ui/login", content=b"token=" + b"x" * 8192, headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+        assert r.status_code == 413  # the form's own limit, read no further
+        csrf = ui_login(c, TOKEN)
+        rid = c.post("/v1/leases", json={}, headers=AUTH).json()["replica_id"]
+        take = f"/ui/api/replicas/{rid}/take-over"
+        here = {"Origin": "http://testserver"}
+        assert c.post(take, headers=here).status_code == 403  # no CSRF token
+        assert c.post(take, headers={**here, "X-CSRF-Token": "forged"}).status_code == 403
+        assert c.post(take, headers={"Origin": "http://evil.example", "X-CSRF-Token": csrf}).status_code == 403
+        assert c.post(f"/ui/api/replicas/{rid}/hand-back", headers=here).status_code == 403
+        assert c.post(f"/ui/api/replicas/{rid}/act", json=[], headers=here).status_code == 403
+        assert fake.applied == []
+        assert c.post(take, headers={**here, "X-CSRF-Token": csrf}).status_code == 200
+        # the live view's socket: the session's CSRF token, from this origin
+        for url, headers in (
+            (f"/ui/ws/replicas/{rid}", {}),
+            (f"/ui/ws/replicas/{rid}?csrf=forged", {}),
+            (f"/ui/ws/replicas/{rid}?csrf={csrf}", {"Origin": "http://evil.example"}),
+        ):
+            with pytest.raises(WebSocketDisconnect) as closed, c.websocket_connect(url, headers=headers):
+                pass
+            assert closed.value.code == 1008, url
+        # logging out: the session's CSRF token too; then the session is gone, whoever kept its cookie
+        kept = c.cookies.get("osfleet_ui")
+        assert c.post("/ui/logout", data={"csrf": "forged"}, headers=here).status_code == 403
+        assert c.get("/ui", follow_redirects=False).status_code == 200
+        r = c.post("/ui/logout", data={"csrf": csrf}, headers=here, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+        c.cookies.clear()
+        c.cookies.set("osfleet_ui", kept or "")
+        assert c.get("/ui", follow_redirects=False).headers["location"] == "/ui/login"
+
+
+ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789"
+
+
+def test_a_clients_dashboard_shows_and_changes_only_its_own(fake: ScreenHost, tmp_path: Path) -> None:
+    clients_file = tmp_path / "clients"
+    clients_file.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    config = AgentConfig(token=TOKEN, warm=0, recording=RecordingConfig(), clients=load_clients(clients_file, TOKEN))
+    with TestClient(create_app(config, lambda: fake)) as c:
+        alice = {"Authorization": f"Bearer {ALICE}"}
+        lease = c.post("/v1/leases", json={}, headers=alice).json()
+        rid, lid = lease["replica_id"], lease["lease_id"]
+        step = {"lease_id": lid, "action_id": "a1", "actions": [{"type": "click", "x": 1, "y": 1}], "observe": False}
+        assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=alice).status_code == 200
+        csrf = ui_login(c, BOB)
+        change = {"X-CSRF-Token": csrf, "Origin": "http://testserver"}
+        assert c.get("/ui/api/replicas").json() == []  # not alice's, not the warm pool
+        page = c.get("/ui").text
+        assert rid not in page and "figures" not in page  # nor the host's figures (every tenant's)
+        assert c.get(f"/ui/replicas/{rid}/screen.jpg").status_code == 404
+        assert c.get(f"/ui/replicas/{rid}").status_code == 404
+        assert c.post(f"/ui/api/replicas/{rid}/take-over", headers=change).status_code == 404
+        assert c.post(f"/ui/api/replicas/{rid}/hand-back", headers=change).status_code == 404
+        with c.websocket_connect(f"/ui/ws/replicas/{rid}?csrf={csrf}") as ws:
+            assert "no replica" in ws.receive_json()["error"]  # no frame of alice's screen
+            ws.send_json({"op": "take"})
+            assert "no replica" in ws.receive_json()["error"]
+        assert c.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=alice).status_code == 200
+        (episode,) = c.get("/ui/api/trajectories", headers=alice).json()
+        assert episode["owner"] == "alice"
+        assert c.get("/ui/api/trajectories").json() == []  # bob's session
+        assert c.get(f"/ui/api/trajectories/{episode['id']}").status_code == 404
+        assert c.get(f"/ui/trajectories/{episode['id']}").status_code == 404
+        assert c.get("/ui/api/trajectories", headers=AUTH).json()[0]["id"] == episode["id"]  # the operator's
+        # bob's own: he sees it, takes it over and drives it
+        mine = c.post("/v1/leases", json={}, headers={"Authorization": f"Bearer {BOB}"}).json()
+        assert [r["id"] for r in c.get("/ui/api/replicas").json()] == [mine["replica_id"]]
+        assert c.post(f"/ui/api/replicas/{mine['replica_id']}/take-over", headers=change).status_code == 200
+        root = [{"type": "shell", "command": "id -u", "as_root": True}]
+        r = c.post(f"/ui/api/replicas/{mine['replica_id']}/act", json=root, headers=change)
+        assert r.status_code == 403 and "as_root" in r.json()["error"]
+
+
+def test_through_the_gateway_a_clients_dashboard_shows_only_its_own(
+    agent: Served, api: httpx.Client, fake: ScreenHost, tmp_path: Path
+) -> None:
+    clients = tmp_path / "clients"
+    clients.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    gw = create_gateway("gw-token-0123456789", [HostEntry(name="kvm1", url=agent.url, token=TOKEN)],
+                        clients=load_clients(clients, "gw-token-0123456789"))  # fmt: skip
+    with TestClient(gw) as c:
+        mine = c.post("/v1/leases", json={}, headers={"Authorization": f"Bearer {ALICE}"}).json()
+        theirs = c.post("/v1/leases", json={}, headers={"Authorization": f"Bearer {BOB}"}).json()
+        assert mine["replica_id"] != theirs["replica_id"]
+        csrf = ui_login(c, ALICE)
+        assert [r["id"] for r in c.get("/ui/api/replicas").json()] == [mine["replica_id"]]
+        page = c.get("/ui").text
+        assert mine["replica_id"] in page and theirs["replica_id"] not in page
+        change = {"X-CSRF-Token": csrf, "Origin": "http://testserver"}
+        assert c.get(f"/ui/replicas/{theirs['replica_id']}/screen.jpg").status_code == 404
+        assert c.post(f"/ui/api/replicas/{theirs['replica_id']}/take-over", headers=change).status_code == 404
+        assert c.post(f"/ui/api/replicas/{mine['replica_id']}/take-over", headers=change).status_code == 200

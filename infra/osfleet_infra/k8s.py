@@ -1,6 +1,11 @@
 """The ``k8s`` stack: the host agent as a privileged DaemonSet on KVM-labelled nodes, its token in a Secret,
 and Locust master + workers with the locustfile in a ConfigMap.
 
+With ``kvmNodes``, a fleet gateway in front of the agents. The gateway has a token of its own (config
+``gatewayToken``, secret; by default derived one-way from the agents' token) that its clients — Locust
+included — use; only the gateway holds the agents' token (a mounted file), so a gateway client cannot call an
+agent as its operator.
+
 Nodes are expected to run libvirtd themselves (prepared like any KvmHost); the agent reaches it through the
 node's libvirt socket and keeps images and records in a hostPath store. The agent's requests reserve what
 its warm replicas use on the node (the QEMU processes run under the node's libvirtd, outside the pod).
@@ -8,6 +13,8 @@ its warm replicas use on the node (the QEMU processes run under the node's libvi
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +94,15 @@ def _host_path(core: Any, name: str, path: str, kind: str) -> Any:
 class K8sFleet(pulumi.ComponentResource):
     """Namespace, token Secret, host-agent DaemonSet + Service, Locust ConfigMap, master and workers."""
 
-    def __init__(self, name: str, k: K8sConfig, common: Common, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        k: K8sConfig,
+        common: Common,
+        opts: pulumi.ResourceOptions | None = None,
+        gateway_token: pulumi.Output[str] | None = None,
+    ) -> None:
+        """``gateway_token``: the gateway's own (default: derived from the agents' token, see ``derived_token``)."""
         import pulumi_kubernetes as kube
 
         super().__init__("osfleet:infra:K8sFleet", name, None, opts)
@@ -161,17 +176,31 @@ class K8sFleet(pulumi.ComponentResource):
         )
         self.agent_url = pulumi.Output.concat("http://osfleet-agent.", ns, f".svc:{port}")
         self.fleet_url: pulumi.Output[str] | None = None
+        self.gateway_token: pulumi.Output[str] | None = None
+        client_env = token_env  # what Locust calls with: the agents' token without a gateway, else the gateway's
         if k.kvm_nodes:
-            self._gateway(name, k, ns, token_env, child)
+            self.gateway_token = gateway_token or pulumi.Output.secret(common.token.apply(derived_token))
+            self.gateway_secret = core.Secret(
+                f"{name}-gateway-token", metadata=meta(name="osfleet-gateway-token", namespace=ns),
+                string_data={"token": self.gateway_token}, opts=child,
+            )  # fmt: skip
+            client_env = core.EnvVarArgs(
+                name="OSFLEET_API_TOKEN",
+                value_from=core.EnvVarSourceArgs(
+                    secret_key_ref=core.SecretKeySelectorArgs(name="osfleet-gateway-token", key="token")
+                ),
+            )
+            self._gateway(name, k, ns, client_env, child)
         self.locust: list[pulumi.Resource] = []
         if k.locust_workers:
-            self._locust(name, k, ns, token_env, child)
+            self._locust(name, k, ns, client_env, child)
         self.register_outputs({"agent_url": self.agent_url, "fleet_url": self.fleet_url})
 
     def _gateway(
         self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
     ) -> None:
-        """``osfleet fleet serve`` over the KVM nodes' agents, as a Deployment behind a Service."""
+        """``osfleet fleet serve`` over the KVM nodes' agents, as a Deployment behind a Service: its clients' token
+        (``token_env``) is its own; the agents' token is a file only it mounts."""
         import pulumi_kubernetes as kube
 
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
@@ -269,11 +298,17 @@ class K8sFleet(pulumi.ComponentResource):
         self.locust = [cm, master, svc, workers]  # type: ignore[list-item]
 
 
+def derived_token(agent_token: str) -> str:
+    """The gateway's default token: one-way from the agents' (whoever holds the gateway's cannot compute theirs)."""
+    return hmac.new(agent_token.encode(), b"osfleet fleet gateway", hashlib.sha256).hexdigest()
+
+
 def deploy_k8s(cfg: pulumi.Config, common: Common) -> None:
     k = read_k8s(cfg)
-    fleet = K8sFleet("osfleet", k, common)
+    fleet = K8sFleet("osfleet", k, common, gateway_token=cfg.get_secret("gatewayToken"))
     pulumi.export("namespace", fleet.namespace.metadata.name)
     pulumi.export("agentUrl", fleet.agent_url)
     pulumi.export("agentToken", common.token)
     if fleet.fleet_url is not None:
         pulumi.export("fleetUrl", fleet.fleet_url)
+        pulumi.export("gatewayToken", fleet.gateway_token)

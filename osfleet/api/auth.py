@@ -1,17 +1,61 @@
-"""Authentication in one place: a bearer token for every endpoint; OSGym's endpoints also accept a
-configured client IP allow-list (OSGym clients send no token). /health is open; /metrics is open to
-loopback only."""
+"""Who is calling, decided in one place: every route, the gateway's fast path and the dashboard ask here.
+
+A caller is a ``Principal``: the **operator** (the server's own token, ``--token-file``: may do everything),
+a **client** (a tenant named in ``--clients-file``: sees and touches only its own replicas, leases and
+episodes), or an **OSGym caller by address** (``--osgym-allow``; OSGym clients send no token), a principal of
+its own named ``ip:<address>``. ``/health`` is open; ``/metrics`` is open to loopback only.
+
+The gateway reaches its hosts with their operator token and names the client it acts for in
+``X-Osfleet-Client``; a host honours that header only from the operator's token, and the gateway (the edge)
+never honours it at all, so nothing a client sends can claim another client's identity.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import HTTPException, Request, status
+from fastapi import Depends, HTTPException, status
+from starlette.requests import HTTPConnection
+
+from osfleet.api.errors import Forbidden
+from osfleet.config import AgentConfig, ClientToken
+from osfleet.errors import ConfigError
+
+ON_BEHALF_OF = "X-Osfleet-Client"
+OPERATOR = "operator"
+CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# What the gateway may name on a host: a client, or an OSGym caller it let in by address.
+ACTING_FOR = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}|ip:[0-9A-Za-z.:%-]{1,64})$")
+MIN_TOKEN_CHARS = 16
 
 
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is from. ``name`` is what leases, OSGym vms and recorded episodes are owned by."""
+
+    name: str
+    operator: bool = False
+
+    @property
+    def owner(self) -> str | None:
+        """The owner a claim must match: None for the operator (everything is theirs to touch)."""
+        return None if self.operator else self.name
+
+    def owns(self, owner: str) -> bool:
+        return self.operator or owner == self.name
+
+
+OPERATOR_PRINCIPAL = Principal(OPERATOR, operator=True)
+
+
+# --- tokens ---------------------------------------------------------------------------------------------------
 def load_or_create_token(path: Path) -> str:
     if path.exists():
         token = path.read_text().strip()
@@ -24,55 +68,137 @@ def load_or_create_token(path: Path) -> str:
     return token
 
 
-def _bearer_ok(request: Request) -> bool:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    expected: str = request.app.state.config.token
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), expected.encode())
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
-def _client(request: Request) -> str:
-    return request.client.host if request.client else ""
-
-
-def require_token(request: Request) -> None:
-    if not _bearer_ok(request):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-
-def require_token_or_osgym_ip(request: Request) -> None:
-    if _bearer_ok(request) or _client(request) in request.app.state.config.osgym_allowed_ips:
-        return
-    raise HTTPException(
-        status.HTTP_401_UNAUTHORIZED,
-        detail="send a bearer token, or call from an address in the OSGym allow-list",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-def require_loopback_or_token(request: Request) -> None:
+def load_clients(path: Path, operator_token: str | None = None) -> tuple[ClientToken, ...]:
+    """A clients file: one ``NAME TOKEN`` per line (TOKEN may be ``sha256:<64 hex digits>``); ``#`` comments
+    and blank lines are skipped. A bad line is a ``ConfigError`` naming the file and the line."""
     try:
-        if ipaddress.ip_address(_client(request)).is_loopback:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read clients file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    clients: list[ClientToken] = []
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+
+        def bad(why: str, number: int = number) -> ConfigError:
+            return ConfigError(f"clients file {path} line {number}: {why}")
+
+        parts = line.split()
+        if len(parts) != 2:
+            raise bad("expected NAME TOKEN (two fields separated by spaces)")
+        name, token = parts
+        if not CLIENT_NAME.match(name):
+            raise bad(f"client name {name[:40]!r} must be letters, digits, '.', '_' or '-' (at most 64)")
+        if name == OPERATOR:
+            raise bad(f"{OPERATOR!r} is the operator (the --token-file token), not a client name")
+        if token.startswith("sha256:"):
+            hexdigest = token.removeprefix("sha256:")
+            if not re.fullmatch(r"[0-9a-fA-F]{64}", hexdigest):
+                raise bad("a sha256: token needs exactly 64 hex digits")
+            sha = bytes.fromhex(hexdigest)
+        else:
+            if len(token) < MIN_TOKEN_CHARS:
+                raise bad(f"client {name}'s token is shorter than {MIN_TOKEN_CHARS} characters")
+            sha = digest(token)
+        if operator_token is not None and hmac.compare_digest(sha, digest(operator_token)):
+            raise bad(f"client {name}'s token is the operator's token")
+        if any(c.name == name for c in clients):
+            raise bad(f"client {name} is named twice")
+        if any(hmac.compare_digest(c.sha256, sha) for c in clients):
+            raise bad(f"client {name}'s token is another client's too")
+        clients.append(ClientToken(name, sha))
+    return tuple(clients)
+
+
+# --- who is calling -------------------------------------------------------------------------------------------
+def _bearer(conn: HTTPConnection) -> str | None:
+    scheme, _, value = conn.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _config(conn: HTTPConnection) -> AgentConfig:
+    config: AgentConfig = conn.app.state.config
+    return config
+
+
+def principal_of_token(config: AgentConfig, token: str) -> Principal | None:
+    """The principal a bearer token names, compared in constant time against every known token."""
+    if hmac.compare_digest(token.encode(), config.token.encode()):
+        return OPERATOR_PRINCIPAL
+    sha = digest(token)
+    found = None
+    for client in config.clients:  # every digest is compared: the time taken does not say which matched
+        if hmac.compare_digest(client.sha256, sha):
+            found = client.name
+    return Principal(found) if found is not None else None
+
+
+def authenticate(conn: HTTPConnection) -> Principal | None:
+    """The request's principal from its bearer token (None without a valid one). The operator's token may
+    name the client it acts for (the gateway does) where the server trusts that (``on_behalf_of``)."""
+    token = _bearer(conn)
+    if token is None:
+        return None
+    config = _config(conn)
+    who = principal_of_token(config, token)
+    if who is not None and who.operator and config.on_behalf_of:
+        acting_for = conn.headers.get(ON_BEHALF_OF)
+        if acting_for is not None:
+            if not ACTING_FOR.match(acting_for) or acting_for == OPERATOR:
+                raise _unauthorized(f"{ON_BEHALF_OF} must name a client (letters, digits, '.', '_', '-')")
+            return Principal(acting_for)
+    return who
+
+
+def _unauthorized(detail: str = "missing or wrong bearer token") -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def client_address(conn: HTTPConnection) -> str:
+    return conn.client.host if conn.client else ""
+
+
+# FastAPI dependencies. Coroutines on purpose: a plain function would be run in the shared thread pool, a
+# hand-over to a worker thread and back on every request (and a wait for one when steps hold them all).
+async def require_principal(request: HTTPConnection) -> Principal:
+    who = authenticate(request)
+    if who is None:
+        raise _unauthorized()
+    return who
+
+
+async def require_operator(request: HTTPConnection) -> Principal:
+    who = await require_principal(request)
+    if not who.operator:
+        raise Forbidden("this needs the operator's token")
+    return who
+
+
+async def require_principal_or_osgym_ip(request: HTTPConnection) -> Principal:
+    """OSGym's endpoints: a bearer token, or an address in the OSGym allow-list (principal ``ip:<address>``)."""
+    who = authenticate(request)
+    if who is not None:
+        return who
+    address = client_address(request)
+    if address and address in _config(request).osgym_allowed_ips:
+        return Principal(f"ip:{address}")
+    raise _unauthorized("send a bearer token, or call from an address in the OSGym allow-list")
+
+
+async def require_loopback_or_token(request: HTTPConnection) -> None:
+    try:
+        if ipaddress.ip_address(client_address(request)).is_loopback:
             return
     except ValueError:
         pass
-    require_token(request)
+    await require_operator(request)
 
 
-ON_BEHALF_OF = "X-Osfleet-Client"
-
-
-def caller(request: Request) -> str:
-    """Who is calling, for OSGym's per-caller replica ownership.
-
-    A caller with the token (the fleet gateway) may name the client it acts for; a client reached only
-    through the IP allow-list cannot.
-    """
-    if _bearer_ok(request):
-        client = request.headers.get(ON_BEHALF_OF)
-        return f"via:{client[:200]}" if client else f"token:{_client(request)}"
-    return f"ip:{_client(request)}"
+Caller = Annotated[Principal, Depends(require_principal)]
+Operator = Annotated[Principal, Depends(require_operator)]
+OsgymCaller = Annotated[Principal, Depends(require_principal_or_osgym_ip)]

@@ -12,7 +12,7 @@ import click
 
 from osfleet.cli_support import api_token
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import MODES, Mode, Settings
+from osfleet.config import DEFAULT_MAX_BODY_BYTES, MODES, Mode, Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,6 +35,25 @@ def host() -> None:
     type=click.Path(path_type=Path),
     default=None,
     help="bearer token file (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/api-token, made if missing)",
+)
+@click.option(
+    "--clients-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="the tenants: one 'NAME TOKEN' per line (TOKEN may be sha256:<hex>); each sees only its own replicas",
+)
+@click.option(
+    "--allow-agent-root/--no-allow-agent-root",
+    default=False,
+    show_default=True,
+    help="let clients' shell actions run as root in the guest (root can forge what verifiers read)",
+)
+@click.option(
+    "--max-body-mib",
+    default=DEFAULT_MAX_BODY_BYTES // 2**20,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="request bodies over this are refused (413) before they are read",
 )
 @click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
 @click.option(
@@ -79,6 +98,9 @@ def host_serve(
     warm: int,
     lease_seconds: float,
     token_file: Path | None,
+    clients_file: Path | None,
+    allow_agent_root: bool,
+    max_body_mib: int,
     osgym_allow: tuple[str, ...],
     max_replicas: int | None,
     park: bool,
@@ -93,6 +115,7 @@ def host_serve(
     import uvicorn
 
     from osfleet.api.app import create_app
+    from osfleet.api.auth import load_clients
     from osfleet.config import AgentConfig
     from osfleet.images import find_image
     from osfleet.replicas.manager import ReplicaHost
@@ -102,8 +125,9 @@ def host_serve(
         import dataclasses
 
         settings = dataclasses.replace(settings, replica_network=replica_network)  # checked as it is made
-    image = find_image(image_ref, settings)
     token = api_token(token_file, settings.token_file, say=lambda m: click.echo(m, err=True))
+    clients = load_clients(clients_file, token) if clients_file is not None else ()
+    image = find_image(image_ref, settings)
     from osfleet.config import RecordingConfig
 
     recording = (
@@ -124,6 +148,9 @@ def host_serve(
         lease_seconds=lease_seconds,
         osgym_allowed_ips=osgym_allow,
         recording=recording,
+        clients=clients,
+        allow_agent_root=allow_agent_root,
+        max_body_bytes=max_body_mib * 2**20,
     )
     app = create_app(
         config,
@@ -137,7 +164,10 @@ def host_serve(
             park=park,
         ),
     )
-    click.echo(f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm)", err=True)
+    tenants = f", {len(clients)} client(s)" if clients else ""
+    click.echo(
+        f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm{tenants})", err=True
+    )
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
     uvicorn.run(app, host=bind, port=port, log_level=level)
 

@@ -7,7 +7,7 @@ one of osfleet's own becomes an ``InternalError`` (503, kind infrastructure) ins
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
@@ -25,8 +25,8 @@ class ErrorBody(BaseModel):
 
     error: str = Field(description="what went wrong, in one line")
     kind: str = Field(
-        description="unauthorized | not_found | lease | busy | conflict | invalid_request | invalid_action | "
-        "invalid_task | capacity | infrastructure"
+        description="unauthorized | forbidden | not_found | too_large | lease | busy | conflict | invalid_request | "
+        "invalid_action | invalid_task | capacity | infrastructure"
     )
     detail: list[dict[str, Any]] | None = Field(None, description="for invalid_request: every problem found")
 
@@ -34,8 +34,11 @@ class ErrorBody(BaseModel):
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}}
 WHY = {
     401: "missing or wrong bearer token",
-    404: "unknown replica, task or vm id",
-    409: "the lease is expired, released or someone else's, or the replica is busy",
+    403: "the operator's token is needed: scale-up, /v1/host, replicas of the warm pool, or a shell as_root "
+    "(unless the host runs with --allow-agent-root)",
+    404: "unknown replica, task or vm id, or one that is another client's (not confirmed to exist)",
+    409: "the lease is expired, released or does not hold the replica, or the replica is busy",
+    413: "the request body is over the server's limit (refused before it is read)",
     422: "malformed request, action or task (the problem is named)",
     503: "no capacity right now, or the replica or guest failed (kind: infrastructure, never a reward of 0)",
 }
@@ -74,8 +77,9 @@ class BoundaryRoute(APIRoute):
 PROMETHEUS = "text/plain; version=0.0.4"
 
 
-def add_metrics_route(app: FastAPI, render: Callable[[], bytes]) -> None:
-    """``GET /metrics`` in Prometheus's text format: open to loopback, a bearer token elsewhere."""
+def add_metrics_route(app: FastAPI, render: Callable[[], Awaitable[bytes]]) -> None:
+    """``GET /metrics`` in Prometheus's text format: open to loopback, the operator's token elsewhere.
+    ``render`` is awaited on the event loop: it must hand any blocking work to a thread of its own."""
 
     @app.get(
         "/metrics",
@@ -84,9 +88,9 @@ def add_metrics_route(app: FastAPI, render: Callable[[], bytes]) -> None:
         response_class=Response,
         responses={
             200: {"content": {PROMETHEUS: {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
-            **errors(401),
+            **errors(401, 403),
         },
     )
-    def metrics() -> Response:
-        """Prometheus text format; open to loopback, a bearer token elsewhere."""
-        return Response(render(), media_type=PROMETHEUS)
+    async def metrics() -> Response:
+        """Prometheus text format; open to loopback, the operator's token elsewhere."""
+        return Response(await render(), media_type=PROMETHEUS)

@@ -53,7 +53,22 @@ class Conflict(OsfleetError):
     """The request does not fit the replica's episode (e.g. evaluate before a task was set)."""
 
 
-STATUS = [(NotFound, 404, "not_found"), (Conflict, 409, "conflict"), *STATUS]
+class Forbidden(OsfleetError):
+    """The caller is known but may not do this: an operator's operation (scale-up, ``/v1/host``, the warm
+    pool), or a root shell for a client on a host that does not allow it."""
+
+
+class PayloadTooLarge(OsfleetError):
+    """A request body over the server's limit (refused before it is read)."""
+
+
+STATUS = [
+    (NotFound, 404, "not_found"),
+    (Conflict, 409, "conflict"),
+    (Forbidden, 403, "forbidden"),
+    (PayloadTooLarge, 413, "too_large"),
+    *STATUS,
+]
 
 
 def classify(exc: Exception) -> tuple[int, str]:
@@ -79,7 +94,7 @@ def install(app: FastAPI, on_error: object = None) -> None:
             code = 422
         if code == 405:  # Starlette names only the first matching route's methods; a path may have several
             headers["Allow"] = ", ".join(sorted(_methods_of(app, request.url.path)))
-        kind = {401: "unauthorized", 404: "not_found"}.get(code, "invalid_request")
+        kind = {401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "too_large"}.get(code, "invalid_request")
         return JSONResponse(status_code=code, content={"error": str(exc.detail), "kind": kind}, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -148,11 +148,22 @@ class StepRequest(LeaseBody, ObserveOptions):
     )
 
 
+class StepResult(ActionResult):
+    """An action's result; a replayed step's long outputs may come back as digests (see ``digests``)."""
+
+    digests: dict[str, str] | None = Field(
+        None,
+        description="only in a replay: outputs that were over the host's cap on stored results (256 KiB a step, "
+        "1 MiB an episode) are null here and named with their digest, e.g. "
+        '{"content_base64": "sha256:<hex> (8388608 bytes)"}',
+    )
+
+
 class StepResponse(BaseModel):
     action_id: str
     replayed: bool = False
     done: bool
-    results: list[ActionResult]
+    results: list[StepResult]
     observation: Observation | None
 
 

@@ -1,7 +1,12 @@
 """The host agent's state: the replica host, and the episode of each lease (persisted, see episodes.py).
 
 Lives as long as the app (made in its lifespan). A restarted agent reloads the episodes of the leases its
-replicas still hold, so ``evaluate``, step replay and OSGym vm ids keep working across a restart.
+replicas still hold, so ``evaluate``, step replay and OSGym vm ids keep working across a restart; an episode
+whose files are damaged is set aside with a log line (the agent starts anyway).
+
+Who may touch an episode is decided here once per request (``episode``: 404 for another client's replica,
+409 for a lease that does not hold it) and again under the replica's lock by every host call, through the
+episode's ``LeasedHost``.
 """
 
 from __future__ import annotations
@@ -11,29 +16,68 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from osfleet.api.auth import Principal
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.metrics import Metrics
 from osfleet.config import AgentConfig
 from osfleet.recording import Recorder, TrajectoryStore, store_dir
 from osfleet.recording.store import EndReason
+from osfleet.replicas.actions import Action, ActionResult
 from osfleet.replicas.episodes import Episode, EpisodeStore
 from osfleet.replicas.errors import LeaseError, LeaseLostError, ReplicaBusyError, ReplicaNotFoundError
+from osfleet.replicas.leases import Claim
+from osfleet.replicas.lifecycle import Timed
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.replicas.records import State
+from osfleet.replicas.records import ReplicaRecord, State
+from osfleet.screen import ImageFormat
 from osfleet.tasks.model import Task
 
 log = logging.getLogger(__name__)
 
 
+class LeasedHost:
+    """The replica host as one episode may use it: every call carries the episode's claim (its lease, the
+    caller, the generation it is on), checked under the replica's lock, so a call that waited behind a release
+    or an expiry never acts on the replica's next holder. A reset moves the claim to the new generation."""
+
+    def __init__(self, host: ReplicaHost, claim: Claim) -> None:
+        self.host = host
+        self.claim = claim
+
+    def reset(self, replica_id: str, mode: Any = None, unless_pristine: bool = False) -> Timed:
+        timed = self.host.reset(replica_id, mode, unless_pristine, claim=self.claim)
+        self.claim = replace(self.claim, generation=timed.generation)
+        return timed
+
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        return self.host.shell(replica_id, command, timeout, as_root, claim=self.claim)
+
+    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
+        return self.host.read_file(replica_id, path, limit, claim=self.claim)
+
+    def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
+        return self.host.act(replica_id, actions, claim=self.claim)
+
+    def screenshot(self, replica_id: str, fmt: ImageFormat = "png", quality: int | None = None) -> bytes:
+        return self.host.screenshot(replica_id, fmt, quality, claim=self.claim)
+
+
 @dataclass
 class LiveEpisode:
-    """An episode and the lock that serialises its steps, resets and evaluations."""
+    """An episode and the lock that serialises its steps, resets, evaluations and its release."""
 
     data: Episode
     task: Task | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    started: bool = False  # its header is on disk (written before its first step is logged)
+
+    def on(self, host: ReplicaHost, who: Principal) -> LeasedHost:
+        """The host as ``who`` may use it for this episode."""
+        return LeasedHost(host, Claim(who.owner, self.data.lease_id, self.data.generation))
 
 
 class AgentState:
@@ -48,6 +92,8 @@ class AgentState:
         self._osgym: dict[int, str] = {}  # vm id -> replica
         self._next_vm = 0
         self._lock = threading.Lock()
+        # /v1/host's sample (disk walks, libvirt) runs here, never in the thread pool that steps can fill
+        self.sampler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-sample")
         self._reload()
         # --- recording (osfleet.recording) and a person's take-over from the dashboard (osfleet.ui) ---------
         self.recorder: Recorder | None = None
@@ -60,44 +106,89 @@ class AgentState:
         self.taken_over: dict[str, str] = {}
 
     def _reload(self) -> None:
-        """Episodes of leases that survived a restart; others (released, expired) are dropped."""
+        """Episodes of leases that survived a restart; others (released, expired) are dropped; damaged ones
+        are set aside (one bad file must not keep the agent from starting)."""
         for rec in self.host.replicas():
-            ep = self.store.load(rec.id)
-            if ep is None:
+            held = rec.lease.id if rec.state == State.LEASED and rec.lease is not None else None
+            try:
+                ep = self.store.load(rec.id, held) if held is not None else None
+                task = Task.model_validate(ep.task) if ep is not None and ep.task is not None else None
+                self.store.delete(rec.id)  # episodes of leases that ended, an older agent's file
+                if ep is None:
+                    continue
+                self.store.start(ep)  # written back whole: its log compacted, an older agent's file converted
+            except Exception as exc:  # damaged on disk: set aside with a line in the log, never a crash loop
+                moved = self.store.set_aside(rec.id)
+                log.error("replica %s: its episode is unreadable and was set aside (%s): %s", rec.id, moved, exc)
                 continue
-            if rec.state != State.LEASED or rec.lease is None or rec.lease.id != ep.lease_id:
-                self.store.delete(rec.id)
-                continue
-            live = LiveEpisode(ep, Task.model_validate(ep.task) if ep.task is not None else None)
-            self._episodes[rec.id] = live
+            self._episodes[rec.id] = LiveEpisode(ep, task, started=True)
             if ep.osgym is not None:
                 self._osgym[ep.osgym.vm_id] = rec.id
                 self._next_vm = max(self._next_vm, ep.osgym.vm_id + 1)
 
-    def episode(self, rid: str, lease_id: str) -> LiveEpisode:
-        """The episode of this lease (a new one for a new lease); 404/409 when the lease does not hold."""
-        self.host.check_lease(rid, lease_id)
+    # --- episodes ------------------------------------------------------------------------------------------------
+    def episode(self, rid: str, lease_id: str, who: Principal) -> LiveEpisode:
+        """The episode of this lease (a new one for a new lease): 404 when the replica is not ``who``'s, 409
+        when the lease does not hold it. A first check only: every host call checks again under the lock."""
+        rec = self.host.check_lease(rid, lease_id, who.owner)
         with self._lock:
             live = self._episodes.get(rid)
             if live is None or live.data.lease_id != lease_id:
-                live = LiveEpisode(Episode(replica_id=rid, lease_id=lease_id))
+                if live is not None:
+                    self._drop_vm(live)
+                owner = rec.lease.owner if rec.lease is not None else ""
+                live = LiveEpisode(Episode(replica_id=rid, lease_id=lease_id, owner=owner, generation=rec.generation))
                 self._episodes[rid] = live
             return live
 
-    def adopt_fork_child(self, rid: str, lease_id: str, parent: LiveEpisode) -> LiveEpisode:
-        """A fork's child goes on with its parent's episode: same task (so ``evaluate`` works), same applied
-        steps (a step retried by its action id is replayed, not applied again); no OSGym vm id."""
-        data = parent.data.model_copy(
-            deep=True, update={"replica_id": rid, "lease_id": lease_id, "pending": None, "osgym": None}
+    def started(self, live: LiveEpisode) -> None:
+        """Its header on disk before anything of it is logged (the caller holds its lock). Files that ended
+        leases left on the replica go (a late request of one may have written after its release)."""
+        if not live.started:
+            self.store.delete(live.data.replica_id, keep=live.data.lease_id)
+            self.store.start(live.data)
+            live.started = True
+
+    def set_task(self, live: LiveEpisode, task: Task | None, generation: int) -> None:
+        """The episode starts over on a task (a reset): no steps, the replica's new generation."""
+        live.task = task
+        live.data = Episode(
+            replica_id=live.data.replica_id,
+            lease_id=live.data.lease_id,
+            owner=live.data.owner,
+            generation=generation,
+            task=task.model_dump(mode="json") if task is not None else None,
+            osgym=live.data.osgym,
         )
-        live = LiveEpisode(data, parent.task)
-        self.save(live)
-        with self._lock:
-            self._episodes[rid] = live
-        return live
+        self.store.start(live.data)
+        live.started = True
+
+    def adopt_fork_children(
+        self, parent: LiveEpisode, fork_id: str, children: list[ReplicaRecord]
+    ) -> list[LiveEpisode]:
+        """A fork's children go on with their parent's episode: same task (so ``evaluate`` works), same applied
+        steps (a step retried by its action id is replayed, not applied again); no OSGym vm id. The parent's
+        steps are written once and linked into every child (see episodes.py)."""
+        base = self.store.fork_base(parent.data, fork_id) if parent.data.steps else None
+        made = []
+        try:
+            for rec in children:
+                assert rec.lease is not None  # a lease holder's fork leases every child
+                live = LiveEpisode(parent.data.child(rec.id, rec.lease.id, rec.generation), parent.task)
+                self.store.start(live.data, base)
+                live.started = True
+                with self._lock:
+                    self._episodes[rec.id] = live
+                made.append(live)
+        finally:
+            if base is not None:
+                base.unlink(missing_ok=True)  # each child holds its own link
+        return made
 
     def save(self, live: LiveEpisode) -> None:
+        """Write the episode's header (its task, OSGym vm): not per step (steps go to its log)."""
         self.store.save(live.data)
+        live.started = True
 
     def audit(self, rid: str, lease_id: str, action_id: str) -> None:
         """Append an applied step to the host's audit log (kept after the replica is gone, so a load test can
@@ -109,12 +200,23 @@ class AgentState:
         except OSError as exc:
             log.error("audit log of %s: %s", rid, exc)
 
-    def forget(self, rid: str) -> None:
+    def forget(self, rid: str, lease_id: str | None = None) -> None:
+        """Drop the episode of ``lease_id`` on ``rid`` (None: whatever episode the replica has: it is retired)."""
         with self._lock:
-            live = self._episodes.pop(rid, None)
-            if live is not None and live.data.osgym is not None:
-                self._osgym.pop(live.data.osgym.vm_id, None)
-        self.store.delete(rid)
+            live = self._episodes.get(rid)
+            if live is not None and lease_id in (None, live.data.lease_id):
+                del self._episodes[rid]
+                self._drop_vm(live)
+        self.store.delete(rid, lease_id)
+
+    def _drop_vm(self, live: LiveEpisode) -> None:
+        if live.data.osgym is not None and self._osgym.get(live.data.osgym.vm_id) == live.data.replica_id:
+            del self._osgym[live.data.osgym.vm_id]
+
+    # --- replicas a caller may see -----------------------------------------------------------------------------
+    def visible(self, who: Principal) -> list[ReplicaRecord]:
+        """Every replica for the operator; a client's own leased ones for a client (the warm pool is not theirs)."""
+        return [r for r in self.host.replicas() if who.operator or (r.lease is not None and r.lease.owner == who.name)]
 
     # --- OSGym vm ids ----------------------------------------------------------------------------------------
     def new_vm(self, rid: str) -> int:
@@ -124,24 +226,32 @@ class AgentState:
             self._osgym[vm_id] = rid
             return vm_id
 
-    def vm(self, vm_id: int, who: str) -> tuple[str, LiveEpisode]:
-        """The replica and episode of an OSGym vm id held by ``who``."""
+    def vm(self, vm_id: int, who: Principal) -> tuple[str, LiveEpisode]:
+        """The replica and episode of an OSGym vm id held by ``who`` (any, for the operator). A vm id whose
+        episode ended (its replica leased anew since) is pruned, never mapped to the newer episode."""
         with self._lock:
             rid = self._osgym.get(vm_id)
             live = self._episodes.get(rid) if rid is not None else None
-        if rid is None or live is None or live.data.osgym is None or live.data.osgym.owner != who:
+            if rid is not None and (live is None or live.data.osgym is None or live.data.osgym.vm_id != vm_id):
+                del self._osgym[vm_id]
+                live = None
+        if rid is None or live is None or live.data.osgym is None or not who.owns(live.data.osgym.owner):
             raise NotFound(f"vm {vm_id} is not allocated to this client")
         return rid, live
 
-    def vms_of(self, who: str) -> list[int]:
+    def vms_of(self, who: Principal) -> list[int]:
+        """The vm ids ``who`` holds (its own only, the operator's too), pruning those whose lease has ended."""
         with self._lock:
-            return [
-                vm
-                for vm, rid in self._osgym.items()
-                if (ep := self._episodes.get(rid)) is not None
-                and ep.data.osgym is not None
-                and ep.data.osgym.owner == who
-            ]
+            held = [(vm, self._episodes.get(rid)) for vm, rid in self._osgym.items()]
+        out = []
+        for vm, live in held:
+            if live is None or live.data.osgym is None or live.data.osgym.vm_id != vm:
+                with self._lock:
+                    self._osgym.pop(vm, None)
+                continue
+            if live.data.osgym.owner == who.name:
+                out.append(vm)
+        return out
 
     def task_of(self, live: LiveEpisode, rid: str) -> Task:
         if live.task is None:
@@ -169,3 +279,7 @@ class AgentState:
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
+        self.sampler.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["AgentState", "LeasedHost", "LiveEpisode"]

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from osfleet.api.models import Observation
+from osfleet.api.models import StepResult as ActionOutcome
 from osfleet.client.errors import InvalidActionError, InvalidTaskError
-from osfleet.replicas.actions import ACTIONS, Action, ActionResult
+from osfleet.replicas.actions import ACTIONS, Action
 from osfleet.tasks.model import Evaluation, Task
 from osfleet.tasks.osworld import OsworldTask
 
@@ -83,9 +84,9 @@ class StepResult:
     action_id: str
     replayed: bool
     done: bool
-    results: list[ActionResult]
+    results: list[ActionOutcome]  # one per action; a replay's long outputs may be digests (``digests``)
     screen: Screen | None
-    failed: list[ActionResult] = field(default_factory=list)  # results with ok false, for convenience
+    failed: list[ActionOutcome] = field(default_factory=list)  # results with ok false, for convenience
 
 
 def actions_of(actions: ActionLike | Sequence[ActionLike]) -> list[Action]:

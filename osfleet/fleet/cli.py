@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 
 from osfleet.cli_support import api_token
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import Settings
+from osfleet.config import DEFAULT_MAX_BODY_BYTES, Settings
 from osfleet.errors import OsfleetError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,7 +44,21 @@ def fleet() -> None:
     "--token-file",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="the gateway's own client token (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/gateway-token, made)",
+    help="the gateway's operator token, never a host's (default: $OSFLEET_API_TOKEN, else "
+    "$OSFLEET_HOME/gateway-token, made)",
+)
+@click.option(
+    "--clients-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="the tenants: one 'NAME TOKEN' per line (TOKEN may be sha256:<hex>); each sees only its own replicas",
+)
+@click.option(
+    "--max-body-mib",
+    default=DEFAULT_MAX_BODY_BYTES // 2**20,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="request bodies over this are refused (413) before they are read",
 )
 @click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
 @_friendly
@@ -54,12 +69,15 @@ def fleet_serve(
     host_specs: tuple[str, ...],
     hosts_token_file: Path | None,
     token_file: Path | None,
+    clients_file: Path | None,
+    max_body_mib: int,
     osgym_allow: tuple[str, ...],
 ) -> None:
     """Serve the host agent's contract for a fleet of host agents until interrupted."""
 
     import uvicorn
 
+    from osfleet.api.auth import load_clients
     from osfleet.fleet.app import create_gateway
     from osfleet.fleet.hosts import HostEntry, check_unique, load_hosts
 
@@ -81,7 +99,12 @@ def fleet_serve(
     check_unique(entries)
     settings = Settings.from_env()
     token = api_token(token_file, settings.home / "gateway-token")
-    app = create_gateway(token, entries, osgym_allowed_ips=osgym_allow)
+    clients = load_clients(clients_file, token) if clients_file is not None else ()
+    if any(hmac.compare_digest(e.token.encode(), token.encode()) for e in entries):
+        raise OsfleetError("the gateway's --token-file token is a host's token: give the gateway a token of its own")
+    app = create_gateway(
+        token, entries, osgym_allowed_ips=osgym_allow, clients=clients, max_body_bytes=max_body_mib * 2**20
+    )
     names = ", ".join(e.name for e in entries)
     click.echo(f"osfleet fleet gateway on http://{bind}:{port} over {len(entries)} host(s): {names}", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()

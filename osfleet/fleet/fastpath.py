@@ -2,11 +2,12 @@
 
 ``POST /v1/replicas/{rid}/step`` is the call an agent makes many times an episode, and on a busy 2-core host
 every fraction of a millisecond the gateway spends on it is latency. This middleware answers it when nothing
-about it is unusual: the token is right, the body parses and validates as ``StepRequest`` (the same pydantic
-model, validated the same way as the route does), and the ids name a host of this fleet and a lease on it.
-The body then goes to the host exactly as the route would send it, and the host's answer comes back as the
-route would return it. Anything else (no token, a malformed body, an unknown host, a foreign lease) is handed
-to the documented route with the body it came with, so every error is the route's own answer.
+about it is unusual, with the route's own parts: the caller is who ``osfleet.api.auth.authenticate`` says (the
+function behind the route's dependency), the body parses and validates as ``StepRequest`` (the same pydantic
+model, validated the same way as the route does), and the step goes to ``Gateway.step``, the function the route
+calls, whose errors the app's own handler answers. Anything else (no valid token, a body that is not JSON or
+not a valid step) is handed to the documented route with the body it came with, so every refusal is the
+route's own answer. Bodies are bounded before they get here (``BodyLimit``, outermost).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from osfleet.api import auth
+from osfleet.api.auth import Principal
 from osfleet.api.models import StepRequest
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.fleet import ids
 
 if TYPE_CHECKING:
-    from osfleet.fleet.app import Gateway
+    from osfleet.fleet.gateway import Gateway
 
 STEP_PATH = re.compile(r"^/v1/replicas/([^/]+)/step$")
 
@@ -44,39 +45,35 @@ class StepFastPath:
             await self.app(scope, receive, send)
             return
         body, extra = await _read_body(receive)
-        plain = None if extra else self._plain(scope, match.group(1), body)
+        plain = None if extra else self._plain(scope, body)
         if plain is None:
             await self.app(scope, _replay(body, extra, receive), send)
             return
-        rid, req = plain
+        who, req = plain
         try:
-            response = await self.gw().step(rid, req)
+            response = await self.gw().step(match.group(1), req, who)
         except OsfleetError as exc:
             response = await _error(scope, exc)
         except Exception as exc:  # the route's BoundaryRoute does the same: never a bare 500
             response = await _error(scope, as_osfleet(exc, f"POST {scope['path']}"))
         await response(scope, receive, send)
 
-    def _plain(self, scope: Scope, rid: str, body: bytes) -> tuple[str, StepRequest] | None:
-        """(rid, the validated request) when the route would accept it as it is; None otherwise."""
+    def _plain(self, scope: Scope, body: bytes) -> tuple[Principal, StepRequest] | None:
+        """(the caller, the validated request) when the route would accept them as they are; None otherwise."""
         request = Request(scope)
         try:
-            auth.require_token(request)
+            who = auth.authenticate(request)
         except HTTPException:
+            return None
+        if who is None:
             return None
         content_type = request.headers.get("content-type", "")
         if content_type.split(";", 1)[0].strip().lower() != "application/json":
             return None
         try:
-            req = StepRequest.model_validate(json.loads(body))
-            host, _ = ids.split(rid)
-            lease_host, _ = ids.split(req.lease_id, "lease")
-            self.gw().pool.get(host)
-        except (ValueError, RecursionError, ValidationError, OsfleetError):  # the route names what is wrong
+            return who, StepRequest.model_validate(json.loads(body))
+        except (ValueError, RecursionError, ValidationError):  # the route names what is wrong
             return None
-        if lease_host != host:
-            return None
-        return rid, req
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, list[Message]]:

@@ -34,8 +34,13 @@ class HostUnavailableError(OsfleetError):
     """The host that holds a replica is drained or did not answer: an infrastructure failure (503)."""
 
 
+class HostNotReachedError(HostUnavailableError):
+    """The call never reached the host (drained, or the connection was refused): another host may be tried."""
+
+
 class HostTimeoutError(OsfleetError):
-    """The host did not answer a proxied call within its deadline (503 infrastructure)."""
+    """The host did not answer a proxied call within its deadline (503 infrastructure). It may have done what
+    it was asked all the same: the call is not tried on another host."""
 
 
 class HostEntry(BaseModel):
@@ -165,10 +170,11 @@ class HostPool:
         timeout: float,
         client_id: str | None = None,
     ) -> HostResponse:
-        """Call a host with its own token and a deadline. A drained host, a refused connection or a timeout
-        is a 503 infrastructure error naming the host; a refused connection also drains it."""
+        """Call a host with its own token and a deadline, naming the client it is for (``client_id``). A
+        drained host, a refused connection or a timeout is a 503 infrastructure error naming the host; a
+        connection that failed also drains it. ``HostNotReachedError`` says that the host cannot have acted."""
         if not host.healthy:
-            raise HostUnavailableError(f"{host.reason}; lease again")
+            raise HostNotReachedError(f"{host.reason}; lease again")
         headers = {"Authorization": f"Bearer {host.entry.token}"}
         if client_id:
             headers[ON_BEHALF_OF] = client_id
@@ -180,7 +186,9 @@ class HostPool:
             raise HostTimeoutError(f"host {host.name} did not answer {method} {path} within {timeout:.0f} s") from None
         except HostCallError as exc:
             self.drain(host, f"host {host.name} is not answering ({_reason(exc)})")
-            raise HostUnavailableError(f"{host.reason}; lease again") from None
+            # hostclient raises its own error from the socket's; a refused connection carried no request
+            refused = isinstance(exc.__context__, ConnectionRefusedError)
+            raise (HostNotReachedError if refused else HostUnavailableError)(f"{host.reason}; lease again") from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -74,6 +74,7 @@ class Recorder:
         holder: str = "",
         task: dict[str, Any] | None = None,
         observation: bytes | None = None,
+        owner: str = "",
     ) -> str | None:
         """Start recording an episode on ``rid`` (ending the one before on this lease: the agent reset)."""
         current = self._get(rid)
@@ -88,6 +89,7 @@ class Recorder:
             replica_id=rid,
             lease_id=lease_id,
             holder=holder,
+            owner=owner,
             host=self.host_name,
             task=task,
             task_id=(task or {}).get("id"),
@@ -123,10 +125,11 @@ class Recorder:
         metadata: Any = None,
         observation: bytes | None = None,
         source: str = "agent",
+        owner: str = "",
     ) -> None:
         current = self._get(rid, lease_id)
         if current is None:  # stepping without a reset: an episode with no task
-            self.begin(rid, lease_id)
+            self.begin(rid, lease_id, owner=owner)
             current = self._get(rid, lease_id)
             if current is None:
                 return

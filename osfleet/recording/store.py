@@ -59,6 +59,7 @@ class TrajectoryMeta(BaseModel):
     replica_id: str
     lease_id: str
     holder: str = ""
+    owner: str = ""  # the client whose lease it was (osfleet.api.auth.Principal.name): only they see it
     host: str = ""
     task_id: str | None = None
     instruction: str | None = None

@@ -42,14 +42,18 @@ BRINGUP_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class Timed:
-    """How long a bring-up or reset took until the replica was ready, and in which mode."""
+    """How long a bring-up or reset took until the replica was ready, and in which mode (and the generation
+    it is on after it)."""
 
     replica: str
     mode: Mode
     seconds: float
+    generation: int = 0
 
 
 Grant = Callable[[ReplicaRecord], Lease]
+Check = Callable[[ReplicaRecord], None]
+"""Raises unless the caller may touch the replica now (its lease holds): run under the replica's lock."""
 # Children of one fork start as many at a time as the host has cores (at least two): most of a child's start
 # is QEMU and libvirt waiting on each other and on the disk, so two overlap even on two cores; more than the
 # cores only slow each other down under TCG.
@@ -179,19 +183,29 @@ class Lifecycle:
                     Path(rec.disk).unlink(missing_ok=True)
 
     # --- forks ---------------------------------------------------------------------------------------------
-    def fork(self, parent_id: str, children: int, lease_id: str | None = None, grant: Grant | None = None) -> Forked:
+    def fork(
+        self,
+        parent_id: str,
+        children: int,
+        lease_id: str | None = None,
+        grant: Grant | None = None,
+        check: Check | None = None,
+    ) -> Forked:
         """Save the running replica ``parent_id`` and bring up ``children`` replicas from that state.
 
         ``lease_id``: the parent's lease, checked under its lock (None: the parent must be unleased, e.g.
         from the command line). ``grant(record)`` leases each child to the caller while its lock is held,
-        so no one else can lease it first. All or nothing: if any child fails, the others are retired.
-        Children are exact copies of the parent (``osfleet.replicas.forks``: its hostname and machine id,
-        a new VM generation ID); their spares are made once all of them run.
+        so no one else can lease it first. ``check(parent)`` runs under the parent's lock first. All or nothing:
+        if any child fails, the others are retired. Children are exact copies of the parent
+        (``osfleet.replicas.forks``: its hostname and machine id, a new VM generation ID); their spares are made
+        once all of them run.
         """
         if self.forks is None:
             raise OsfleetError("forks are not available on this host")
         started = time.monotonic()
         with self.registry.locked(parent_id) as parent:
+            if check is not None:
+                check(parent)
             if parent.state not in RUNNING_STATES:
                 raise ReplicaBusyError(f"replica {parent_id} is {parent.state}; only a running replica forks")
             held = parent.lease.id if parent.lease is not None else None
@@ -287,17 +301,22 @@ class Lifecycle:
         return self.forks.collect(self.registry.all())
 
     # --- resets --------------------------------------------------------------------------------------------
-    def reset(self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False) -> Timed:
+    def reset(
+        self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False, check: Check | None = None
+    ) -> Timed:
         """Bring the replica back to its exact initial state (a new generation); keeps its lease.
 
         ``unless_pristine``: nothing to do when its generation is still as it was made (nothing acted on it
         since): a replica is reset when its lease ends, so the reset at the start of the next lease's first
-        task would only redo that one (and wait for the spare the first reset is still making)."""
+        task would only redo that one (and wait for the spare the first reset is still making). ``check(rec)``
+        runs under the replica's lock first."""
         with self.registry.locked(replica_id) as rec:
+            if check is not None:
+                check(rec)
             if rec.state not in RUNNING_STATES:
                 raise ReplicaBusyError(f"replica {replica_id} is {rec.state}; only ready or leased replicas reset")
             if unless_pristine and (mode is None or mode == rec.mode) and self.pristine(rec):
-                return Timed(rec.id, rec.mode, 0.0)
+                return Timed(rec.id, rec.mode, 0.0, rec.generation)
             return self.reset_locked(rec, mode)
 
     # --- pristine generations: made by a bring-up or reset, nothing acted on them since ------------------------
@@ -350,7 +369,7 @@ class Lifecycle:
         took = time.monotonic() - start
         self.gen.prepare_standby(rec)
         self._maybe_park(rec)
-        return Timed(rec.id, mode, took)
+        return Timed(rec.id, mode, took, rec.generation)
 
     # --- parking -------------------------------------------------------------------------------------------
     def park_locked(self, rec: ReplicaRecord) -> None:
@@ -450,8 +469,11 @@ class Lifecycle:
             return Timed(replica_id, mode, took)
 
     # --- retirement ----------------------------------------------------------------------------------------
-    def retire(self, replica_id: str) -> None:
+    def retire(self, replica_id: str, check: Check | None = None) -> None:
+        """Take the replica down for good; ``check(rec)`` runs under its lock first."""
         with self.registry.locked(replica_id) as rec:
+            if check is not None:
+                check(rec)
             rec.move(State.RETIRED)
             with contextlib.suppress(OsfleetError):  # the record is deleted below anyway
                 self.registry.save(rec)

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from osfleet.replicas.errors import (
 )
 from osfleet.replicas.forks import ForkInfo, Forks
 from osfleet.replicas.generations import Generations
-from osfleet.replicas.leases import DEFAULT_LEASE_SECONDS, LeaseBook
+from osfleet.replicas.leases import DEFAULT_LEASE_SECONDS, Claim, LeaseBook
 from osfleet.replicas.lifecycle import Forked, Lifecycle, Timed
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.monitor import Monitor
@@ -274,8 +275,10 @@ class ReplicaHost:
         except OsfleetError as exc:
             self.say(f"bring-up failed: {exc}")
 
-    def reset(self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False) -> Timed:
-        timed = self.lifecycle.reset(replica_id, mode, unless_pristine)
+    def reset(
+        self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False, claim: Claim | None = None
+    ) -> Timed:
+        timed = self.lifecycle.reset(replica_id, mode, unless_pristine, check=self._checker(claim))
         self._network_up(replica_id)  # a reset restores the saved state's NIC: give it this replica's address
         return timed
 
@@ -296,10 +299,16 @@ class ReplicaHost:
     def recover(self, replica_id: str) -> Timed:
         return self.lifecycle.recover(replica_id)
 
-    def retire(self, replica_id: str) -> None:
-        self.lifecycle.retire(replica_id)
+    def retire(self, replica_id: str, claim: Claim | None = None) -> None:
+        self.lifecycle.retire(replica_id, check=self._checker(claim))
         if self.addresses is not None:
             self.addresses.release(replica_id)
+
+    def _checker(self, claim: Claim | None) -> Callable[[ReplicaRecord], None] | None:
+        """``claim`` as a check that the lifecycle runs under the replica's lock."""
+        if claim is None:
+            return None
+        return lambda rec: self.leases.check_locked(rec, claim)
 
     def down(self, ids: list[str] | None = None) -> int:
         """Retire the given replicas (all when None) in parallel; returns how many."""
@@ -316,7 +325,12 @@ class ReplicaHost:
 
     # --- forks ---------------------------------------------------------------------------------------------
     def fork(
-        self, replica_id: str, children: int, lease_id: str | None = None, seconds: float = DEFAULT_LEASE_SECONDS
+        self,
+        replica_id: str,
+        children: int,
+        lease_id: str | None = None,
+        seconds: float = DEFAULT_LEASE_SECONDS,
+        claim: Claim | None = None,
     ) -> Forked:
         """Save a running replica mid-episode and bring up ``children`` replicas from it on this host.
 
@@ -324,59 +338,77 @@ class ReplicaHost:
         without it (the command line, an unleased replica) children are left ready."""
         grant = None
         if lease_id is not None:
-            holder = self.get(replica_id).lease
-            who = holder.holder if holder is not None else ""
-            grant = lambda rec: self.leases.grant(rec, who, seconds)  # noqa: E731
+            held = self.get(replica_id).lease
+            who, owner = (held.holder, held.owner) if held is not None else ("", "")
+            grant = lambda rec: self.leases.grant(rec, who, seconds, owner)  # noqa: E731
         with self.reserve(children):  # children counted from here until they are registered (or failed)
-            return self.lifecycle.fork(replica_id, children, lease_id, grant)
+            return self.lifecycle.fork(replica_id, children, lease_id, grant, check=self._checker(claim))
 
     def fork_states(self) -> list[ForkInfo]:
         """Saved forks with how many replicas use each (their reference count) and their disk and memory."""
         return self.forks.info(self.replicas())
 
     # --- leases --------------------------------------------------------------------------------------------
-    def lease(self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS) -> tuple[ReplicaRecord, Lease]:
-        rec, lease = self.leases.lease(holder, seconds)
+    def lease(
+        self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS, owner: str = ""
+    ) -> tuple[ReplicaRecord, Lease]:
+        rec, lease = self.leases.lease(holder, seconds, owner)
         self._network_up(rec.id)
         return rec, lease
 
-    def check_lease(self, replica_id: str, lease_id: str) -> ReplicaRecord:
-        return self.leases.check(replica_id, lease_id)
+    def check_lease(self, replica_id: str, lease_id: str, owner: str | None = None) -> ReplicaRecord:
+        return self.leases.check(replica_id, lease_id, owner)
 
-    def release(self, replica_id: str, lease_id: str) -> bool:
+    def release(self, replica_id: str, lease_id: str, owner: str | None = None) -> bool:
         """End a lease; the replica is reset before anyone else can lease it. True when it is ready again."""
-        return self.leases.release(replica_id, lease_id)
+        return self.leases.release(replica_id, lease_id, owner)
 
     # --- observe and act -----------------------------------------------------------------------------------
-    def _running(self, replica_id: str) -> ReplicaRecord:
-        rec = self.get(replica_id)
+    # With a claim, each call happens under the replica's lock once the claim is found to hold it (see
+    # ``LeaseBook.touching``); without one (the command line, the dashboard's thumbnails) it takes no lock.
+    def _running(self, replica_id: str, rec: ReplicaRecord | None = None) -> ReplicaRecord:
+        rec = rec if rec is not None else self.get(replica_id)
         if rec.state in (State.FAILED, State.RECOVERING):
             raise ReplicaFailedError(f"replica {replica_id} failed ({rec.error}); it is being rebuilt")
         if rec.state not in RUNNING_STATES:
             raise ReplicaBusyError(f"replica {replica_id} is {rec.state}")
         return rec
 
-    def screenshot(self, replica_id: str, fmt: screen.ImageFormat = "png", quality: int | None = None) -> bytes:
+    @contextmanager
+    def _touching(self, replica_id: str, claim: Claim | None) -> Iterator[ReplicaRecord]:
+        if claim is None:
+            yield self._running(replica_id)
+            return
+        with self.leases.touching(replica_id, claim) as rec:
+            yield self._running(replica_id, rec)
+
+    def screenshot(
+        self, replica_id: str, fmt: screen.ImageFormat = "png", quality: int | None = None, claim: Claim | None = None
+    ) -> bytes:
         """The replica's screen as PNG, JPEG or WebP (``quality`` 1..100 for the last two; default 85)."""
         if fmt not in screen.FORMATS:
             raise OsfleetError(f"unknown screenshot format {fmt!r} (png, jpeg or webp)")
-        rec = self._running(replica_id)
-        return screen.encode(self.capture.grab(rec.domain), fmt, quality)
+        with self._touching(replica_id, claim) as rec:
+            grabbed = self.capture.grab(rec.domain)
+        return screen.encode(grabbed, fmt, quality)
 
-    def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
-        rec = self._running(replica_id)
-        self.lifecycle.mark_used(rec.id, rec.generation)
-        with stage("act"):
-            return run_actions(self.virt, rec.domain, self.image.screen, actions)
+    def act(self, replica_id: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
+        with self._touching(replica_id, claim) as rec:
+            self.lifecycle.mark_used(rec.id, rec.generation)
+            with stage("act"):
+                return run_actions(self.virt, rec.domain, self.image.screen, actions)
 
-    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+    def shell(
+        self, replica_id: str, command: str, timeout: float, as_root: bool = False, claim: Claim | None = None
+    ) -> dict[str, Any]:
         """Run a shell command in the replica's guest (task set-up and verifiers)."""
-        rec = self._running(replica_id)
-        self.lifecycle.mark_used(rec.id, rec.generation)
-        return shell(self.virt, rec.domain, command, timeout, as_root)
+        with self._touching(replica_id, claim) as rec:
+            self.lifecycle.mark_used(rec.id, rec.generation)
+            return shell(self.virt, rec.domain, command, timeout, as_root)
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        return read_file(self.virt, self._running(replica_id).domain, path, limit)
+    def read_file(self, replica_id: str, path: str, limit: int, claim: Claim | None = None) -> bytes:
+        with self._touching(replica_id, claim) as rec:
+            return read_file(self.virt, rec.domain, path, limit)
 
     def rss_bytes(self, replica_id: str) -> int | None:
         return self.virt.rss_bytes(self.get(replica_id).domain)

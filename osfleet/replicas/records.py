@@ -50,8 +50,9 @@ class InvalidTransitionError(OsfleetError):
 
 class Lease(BaseModel):
     id: str
-    holder: str
+    holder: str  # free text the client chose (shown on the dashboard); not an identity
     expires_at: float
+    owner: str = ""  # the client the lease belongs to (osfleet.api.auth.Principal.name); "" before tenants
 
     def expired(self, now: float | None = None) -> bool:
         return (now or time.time()) >= self.expires_at

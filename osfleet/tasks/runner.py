@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from osfleet.errors import OsfleetError
 from osfleet.replicas import actions
-from osfleet.replicas.manager import ReplicaHost
+from osfleet.replicas.actions import Action, ActionResult
+from osfleet.replicas.lifecycle import Timed
 from osfleet.tasks import evaluators, getters, guest_query
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.guest_files import CACHE_DIR, put_file, put_text
@@ -41,6 +42,18 @@ from osfleet.tasks.model import (
 )
 
 T = TypeVar("T")
+
+
+class ReplicaHost(Protocol):
+    """What running a task needs of the replica host: ``osfleet.replicas.manager.ReplicaHost``, or the API's
+    view of it for one lease (every call then carries the lease, checked under the replica's lock)."""
+
+    def reset(self, replica_id: str, mode: Any = None, unless_pristine: bool = False) -> Timed: ...
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
+    def read_file(self, replica_id: str, path: str, limit: int) -> bytes: ...
+    def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]: ...
+
+
 CHECK_TIMEOUT_SECONDS = 30.0
 SETUP_BUDGET_SECONDS = 60.0  # all set-up steps of one reset together
 EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together

@@ -1,41 +1,47 @@
 """The dashboard: ``/ui`` pages (server-rendered with Jinja2, a little JS, no build step) over a ``Backend``.
 
-Same auth as the API: the login form takes the bearer token and keeps it in an HTTP-only, SameSite=Strict
-cookie scoped to ``/ui`` (never in a URL); every ``/ui`` route compares the cookie (or a bearer header, which
-the gateway uses to reach its hosts' ``/ui/api``) with the token in constant time. Nothing here is in the
-OpenAPI: the routes are the dashboard's, not the API's.
+Who may see and do what is the API's rule: the operator sees everything, a client only its own replicas and
+recorded episodes. Logging in (the operator's or a client's token) opens a server-side session (sessions.py:
+the cookie holds its id, never the token; every state change checks the origin and a CSRF token). The live
+view's socket is live.py. Nothing here is in the OpenAPI: the routes are the dashboard's, not the API's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
-import json
-import logging
+import secrets
 import time
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Annotated, Any
+from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, WebSocket, WebSocketDisconnect, status
+from fastapi import APIRouter, Depends, Query, Request, WebSocket, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
+from starlette.requests import HTTPConnection
 
-from osfleet.api.errors import Conflict, NotFound
-from osfleet.errors import OsfleetError
+from osfleet.api.auth import Principal, principal_of_token
+from osfleet.api.errors import NotFound
+from osfleet.api.limits import LOGIN_MAX_BYTES, read_limited
 from osfleet.ui.backend import Backend
+from osfleet.ui.live import LiveView
+from osfleet.ui.sessions import (
+    COOKIE,
+    COOKIE_PATH,
+    LOGIN_COOKIE,
+    SESSION_SECONDS,
+    Gate,
+    LoginNeeded,
+    Session,
+    Sessions,
+    csrf_ok,
+    same_origin,
+)
 
-log = logging.getLogger(__name__)
-
-COOKIE = "osfleet_ui"
-COOKIE_PATH = "/ui"
-COOKIE_MAX_AGE = 12 * 3600
-FRAME_SECONDS = 0.5  # the live view's refresh period (a frame is sent only when the screen changed)
 STATIC = {"ui.css": "text/css", "ui.js": "text/javascript"}
+LOGIN_FORM_SECONDS = 3600
 
 _env = Environment(loader=PackageLoader("osfleet.ui", "templates"), autoescape=select_autoescape(["j2", "html"]))
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
@@ -52,71 +58,85 @@ def _age(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
-def _token_ok(given: str | None, expected: str) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+# Who is asking, from the server's one ``Gate`` (installed on the app by ``install``).
+def _gate(conn: HTTPConnection) -> Gate:
+    gate: Gate = conn.app.state.ui_gate
+    return gate
 
 
-def _authorised(conn: Request | WebSocket) -> bool:
-    expected: str = conn.app.state.config.token
-    scheme, _, value = conn.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and _token_ok(value.strip(), expected):
-        return True
-    return _token_ok(conn.cookies.get(COOKIE), expected)
+async def _page(request: Request) -> Session:
+    return await _gate(request).page(request)
 
 
-class _LoginNeeded(Exception):
-    pass
+async def _reader(request: Request) -> Principal:
+    return await _gate(request).reader(request)
 
 
-def _page_auth(request: Request) -> None:
-    if not _authorised(request):
-        raise _LoginNeeded
+async def _changer(request: Request) -> Principal:
+    return await _gate(request).changer(request)
 
 
-def _api_auth(request: Request) -> None:
-    if not _authorised(request):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in at /ui/login", {"WWW-Authenticate": "Bearer"})
+Page = Annotated[Session, Depends(_page)]
+Reader = Annotated[Principal, Depends(_reader)]
+Changer = Annotated[Principal, Depends(_changer)]
 
 
 def _render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(_env.get_template(name).render(**context), status_code=status_code)
 
 
-def _same_origin(ws: WebSocket) -> bool:
-    """A browser's WebSocket must come from the dashboard's own origin (no cross-site socket hijacking)."""
-    origin = ws.headers.get("origin")
-    return origin is None or urlsplit(origin).netloc == ws.headers.get("host")
+def _cookie(resp: Response, request: Request, name: str, value: str, seconds: int) -> None:
+    resp.set_cookie(
+        name,
+        value,
+        max_age=seconds,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
 
 
-def ui_router(backend: Callable[[], Backend], title: str) -> APIRouter:
+# --- logging in and out ---------------------------------------------------------------------------------------
+def _login_router(title: str) -> APIRouter:
     r = APIRouter(prefix="/ui", include_in_schema=False)
 
-    # --- login --------------------------------------------------------------------------------------------------
+    def form(request: Request, status_code: int = 200, error: str | None = None) -> Response:
+        """The login form, with a fresh CSRF token in a field and in a cookie (they must match on submit)."""
+        csrf = secrets.token_urlsafe(32)
+        resp = _render("login.html.j2", status_code, title=title, error=error, csrf=csrf)
+        _cookie(resp, request, LOGIN_COOKIE, csrf, LOGIN_FORM_SECONDS)
+        return resp
+
     @r.get("/login")
     def login_form(request: Request) -> Response:
-        return _render("login.html.j2", title=title, error=None)
+        return form(request)
 
     @r.post("/login")
     async def login(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode(errors="replace"))
-        token = (form.get("token") or [""])[0].strip()
-        if not _token_ok(token, request.app.state.config.token):
-            return _render("login.html.j2", status.HTTP_401_UNAUTHORIZED, title=title, error="wrong token")
+        fields = parse_qs((await read_limited(request, LOGIN_MAX_BYTES)).decode(errors="replace"))
+        csrf = (fields.get("csrf") or [""])[0]
+        if not same_origin(request) or not csrf_ok(request.cookies.get(LOGIN_COOKIE), csrf):
+            return form(request, status.HTTP_403_FORBIDDEN, "the form expired or came from elsewhere: try again")
+        token = (fields.get("token") or [""])[0].strip()
+        who = principal_of_token(request.app.state.config, token) if token else None
+        if who is None:
+            return form(request, status.HTTP_401_UNAUTHORIZED, "wrong token")
+        session = _gate(request).sessions.create(who)
         resp = RedirectResponse("/ui", status_code=status.HTTP_303_SEE_OTHER)
-        resp.set_cookie(
-            COOKIE,
-            token,
-            max_age=COOKIE_MAX_AGE,
-            path=COOKIE_PATH,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
+        _cookie(resp, request, COOKIE, session.id, int(SESSION_SECONDS))
+        resp.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
         return resp
 
     @r.post("/logout")
-    def logout() -> Response:
+    async def logout(request: Request) -> Response:
+        gate = _gate(request)
+        session = gate.session(request)
         resp = RedirectResponse("/ui/login", status_code=status.HTTP_303_SEE_OTHER)
+        if session is not None:
+            fields = parse_qs((await read_limited(request, LOGIN_MAX_BYTES)).decode(errors="replace"))
+            gate.check_change(request, session, (fields.get("csrf") or [""])[0])
+            gate.sessions.end(session.id)
         resp.delete_cookie(COOKIE, path=COOKIE_PATH)
         return resp
 
@@ -127,162 +147,131 @@ def ui_router(backend: Callable[[], Backend], title: str) -> APIRouter:
         text = resources.files("osfleet.ui").joinpath("static", name).read_text()
         return Response(text, media_type=STATIC[name])
 
-    # --- pages ------------------------------------------------------------------------------------------------
-    pages = APIRouter(prefix="/ui", dependencies=[Depends(_page_auth)], include_in_schema=False)
+    return r
 
-    @pages.get("")
-    async def dashboard() -> Response:
-        b = backend()
-        replicas, figures = await asyncio.gather(b.replicas(), b.figures())
-        return _render(
-            "dashboard.html.j2", title=title, kind=b.kind, replicas=replicas, figures=figures, now=time.time()
-        )
 
-    @pages.get("/replicas/{rid}")
-    async def replica_page(rid: str) -> Response:
+# --- pages ------------------------------------------------------------------------------------------------------
+def _pages_router(backend: Callable[[], Backend], title: str) -> APIRouter:
+    r = APIRouter(prefix="/ui", include_in_schema=False)
+
+    def page(name: str, session: Session, status_code: int = 200, **context: Any) -> HTMLResponse:
+        who = session.who.name if not session.who.operator else "operator"
+        return _render(name, status_code, title=title, csrf=session.csrf, who=who, **context)
+
+    @r.get("")
+    async def dashboard(session: Page) -> Response:
         b = backend()
-        row = next((x for x in await b.replicas() if x.id == rid), None)
+        replicas, figures = await asyncio.gather(b.replicas(session.who), b.figures(session.who))
+        return page("dashboard.html.j2", session, kind=b.kind, replicas=replicas, figures=figures, now=time.time())
+
+    @r.get("/replicas/{rid}")
+    async def replica_page(rid: str, session: Page) -> Response:
+        row = next((x for x in await backend().replicas(session.who) if x.id == rid), None)
         if row is None:
-            return _render("error.html.j2", 404, title=title, error=f"no replica {rid}")
-        return _render("replica.html.j2", title=title, replica=row)
+            return page("error.html.j2", session, 404, error=f"no replica {rid}")
+        return page("replica.html.j2", session, replica=row)
 
-    @pages.get("/trajectories")
-    async def trajectories_page() -> Response:
-        return _render("trajectories.html.j2", title=title, episodes=await backend().trajectories())
+    @r.get("/trajectories")
+    async def trajectories_page(session: Page) -> Response:
+        return page("trajectories.html.j2", session, episodes=await backend().trajectories(session.who))
 
-    @pages.get("/trajectories/{tid}")
-    async def trajectory_page(tid: str) -> Response:
+    @r.get("/trajectories/{tid}")
+    async def trajectory_page(tid: str, session: Page) -> Response:
         try:
-            meta, steps = await backend().trajectory(tid)
+            meta, steps = await backend().trajectory(tid, session.who)
         except NotFound as exc:
-            return _render("error.html.j2", 404, title=title, error=str(exc))
-        return _render("trajectory.html.j2", title=title, meta=meta, steps=steps)
+            return page("error.html.j2", session, 404, error=str(exc))
+        return page("trajectory.html.j2", session, meta=meta, steps=steps)
 
-    # --- images and the live view (pages' parts) ---------------------------------------------------------------
-    parts = APIRouter(prefix="/ui", dependencies=[Depends(_api_auth)], include_in_schema=False)
+    return r
 
-    @parts.get("/replicas/{rid}/screen.jpg")
-    async def screen(rid: str, w: int | None = Query(None, ge=16, le=4096)) -> Response:
-        return Response(await backend().screen(rid, w), media_type="image/jpeg", headers={"Cache-Control": "no-store"})
 
-    @parts.get("/trajectories/{tid}/images/{name}")
-    async def step_image(tid: str, name: str) -> Response:
-        data, kind = await backend().image(tid, name)
+# --- images, JSON (the gateway's way to its hosts' dashboards) and the person's input ---------------------------
+def _api_router(backend: Callable[[], Backend]) -> APIRouter:
+    r = APIRouter(prefix="/ui", include_in_schema=False)
+    jpeg = {"Cache-Control": "no-store"}
+
+    @r.get("/replicas/{rid}/screen.jpg")
+    async def screen(rid: str, who: Reader, w: int | None = Query(None, ge=16, le=4096)) -> Response:
+        return Response(await backend().screen(rid, w, who), media_type="image/jpeg", headers=jpeg)
+
+    @r.get("/trajectories/{tid}/images/{name}")
+    async def step_image(tid: str, name: str, who: Reader) -> Response:
+        data, kind = await backend().image(tid, name, who)
         return Response(data, media_type=kind, headers={"Cache-Control": "private, max-age=3600"})
 
-    # --- JSON for the gateway's dashboard (and scripts) -------------------------------------------------------
-    @parts.get("/api/replicas")
-    async def api_replicas() -> list[dict[str, Any]]:
-        return [x.model_dump(mode="json") for x in await backend().replicas()]
+    @r.get("/api/replicas")
+    async def api_replicas(who: Reader) -> list[dict[str, Any]]:
+        return [x.model_dump(mode="json") for x in await backend().replicas(who)]
 
-    @parts.get("/api/replicas/{rid}/screen")
-    async def api_screen(rid: str, w: int | None = Query(None, ge=16, le=4096)) -> Response:
-        return Response(await backend().screen(rid, w), media_type="image/jpeg", headers={"Cache-Control": "no-store"})
+    @r.get("/api/replicas/{rid}/screen")
+    async def api_screen(rid: str, who: Reader, w: int | None = Query(None, ge=16, le=4096)) -> Response:
+        return Response(await backend().screen(rid, w, who), media_type="image/jpeg", headers=jpeg)
 
-    @parts.post("/api/replicas/{rid}/take-over")
-    async def api_take(rid: str) -> dict[str, Any]:
-        await backend().take_over(rid)
+    @r.post("/api/replicas/{rid}/take-over")
+    async def api_take(rid: str, who: Changer) -> dict[str, Any]:
+        await backend().take_over(rid, who)
         return {"replica_id": rid, "taken_over": True}
 
-    @parts.post("/api/replicas/{rid}/hand-back")
-    async def api_give(rid: str) -> dict[str, Any]:
-        await backend().hand_back(rid)
+    @r.post("/api/replicas/{rid}/hand-back")
+    async def api_give(rid: str, who: Changer) -> dict[str, Any]:
+        await backend().hand_back(rid, who)
         return {"replica_id": rid, "taken_over": False}
 
-    @parts.post("/api/replicas/{rid}/act")
-    async def api_act(rid: str, request: Request) -> Response:
+    @r.post("/api/replicas/{rid}/act")
+    async def api_act(rid: str, request: Request, who: Changer) -> Response:
         try:
             actions = await request.json()
-            results = await backend().act(rid, actions)
+            results = await backend().act(rid, actions, who)
         except (ValueError, ValidationError) as exc:
             return JSONResponse({"error": str(exc).splitlines()[0], "kind": "invalid_action"}, status_code=422)
         return JSONResponse(results)
 
-    @parts.get("/api/trajectories")
-    async def api_trajectories() -> list[dict[str, Any]]:
-        return await backend().trajectories()
+    @r.get("/api/trajectories")
+    async def api_trajectories(who: Reader) -> list[dict[str, Any]]:
+        return await backend().trajectories(who)
 
-    @parts.get("/api/trajectories/{tid}")
-    async def api_trajectory(tid: str) -> dict[str, Any]:
-        meta, steps = await backend().trajectory(tid)
+    @r.get("/api/trajectories/{tid}")
+    async def api_trajectory(tid: str, who: Reader) -> dict[str, Any]:
+        meta, steps = await backend().trajectory(tid, who)
         return {"meta": meta, "steps": steps}
 
-    @parts.get("/api/trajectories/{tid}/images/{name}")
-    async def api_image(tid: str, name: str) -> Response:
-        data, kind = await backend().image(tid, name)
+    @r.get("/api/trajectories/{tid}/images/{name}")
+    async def api_image(tid: str, name: str, who: Reader) -> Response:
+        data, kind = await backend().image(tid, name, who)
         return Response(data, media_type=kind)
 
-    # --- the live view's socket -------------------------------------------------------------------------------
+    return r
+
+
+def _live_router(backend: Callable[[], Backend]) -> APIRouter:
+    r = APIRouter(prefix="/ui", include_in_schema=False)
+
     @r.websocket("/ws/replicas/{rid}")
     async def live(ws: WebSocket, rid: str) -> None:
-        if not _authorised(ws) or not _same_origin(ws):
+        session = _gate(ws).socket(ws)
+        if session is None:
             await ws.close(code=status.WS_1008_POLICY_VIOLATION)
             return
         await ws.accept()
-        b = backend()
-        holding = False
+        await LiveView(ws, backend(), rid, session.who).run()
 
-        async def say(**body: Any) -> None:
-            await ws.send_text(json.dumps(body))
+    return r
 
-        async def frames() -> None:
-            last = b""
-            while True:
-                try:
-                    frame = await b.screen(rid, None)
-                except OsfleetError as exc:
-                    await say(type="error", error=str(exc))
-                    frame = b""
-                digest = hashlib.sha1(frame).digest()
-                if frame and digest != last:
-                    await ws.send_bytes(frame)
-                    last = digest
-                await asyncio.sleep(FRAME_SECONDS)
 
-        sender = asyncio.create_task(frames())
-        try:
-            while True:
-                msg = json.loads(await ws.receive_text())
-                op = msg.get("op") if isinstance(msg, dict) else None
-                try:
-                    if op == "take":
-                        await b.take_over(rid)
-                        holding = True
-                        await say(type="status", taken_over=True)
-                    elif op == "give":
-                        await b.hand_back(rid)
-                        holding = False
-                        await say(type="status", taken_over=False)
-                    elif op == "act":
-                        if not holding:
-                            raise Conflict("take over before sending input")
-                        results = await b.act(rid, msg.get("actions") or [])
-                        await say(type="acted", results=results)
-                    else:
-                        await say(type="error", error=f"unknown op {op!r}")
-                except (OsfleetError, ValidationError, ValueError) as exc:
-                    await say(type="error", error=str(exc).splitlines()[0])
-        except (WebSocketDisconnect, json.JSONDecodeError, KeyError):  # gone, or not JSON text
-            pass
-        finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await sender
-            if holding:  # a closed tab hands the replica back
-                with contextlib.suppress(OsfleetError):
-                    await b.hand_back(rid)
-
+def ui_router(backend: Callable[[], Backend], title: str) -> APIRouter:
     outer = APIRouter()
-    for router in (r, pages, parts):
+    for router in (_login_router(title), _pages_router(backend, title), _api_router(backend), _live_router(backend)):
         outer.include_router(router)
     return outer
 
 
 def install(app: Any, backend: Callable[[], Backend], title: str) -> None:
-    """Add the dashboard to ``app``: its routes, and a redirect to the login form for pages."""
+    """Add the dashboard to ``app``: its routes, its sessions, and a redirect to the login form for pages."""
+    app.state.ui_gate = Gate(Sessions())
 
-    @app.exception_handler(_LoginNeeded)
-    async def _to_login(request: Request, exc: _LoginNeeded) -> Response:
+    @app.exception_handler(LoginNeeded)
+    async def _to_login(request: Request, exc: LoginNeeded) -> Response:
         return RedirectResponse("/ui/login", status_code=status.HTTP_303_SEE_OTHER)
 
     app.include_router(ui_router(backend, title))

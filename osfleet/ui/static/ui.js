@@ -25,7 +25,9 @@ osfleet.liveView = function (rid) {
   const take = document.getElementById("take"), give = document.getElementById("give");
   const mode = document.getElementById("mode"), status = document.getElementById("live-status");
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const ws = new WebSocket(`${scheme}//${location.host}/ui/ws/replicas/${encodeURIComponent(rid)}`);
+  const csrf = document.querySelector('meta[name="csrf"]').content;  // the session's: the socket changes state
+  const ws = new WebSocket(
+    `${scheme}//${location.host}/ui/ws/replicas/${encodeURIComponent(rid)}?csrf=${encodeURIComponent(csrf)}`);
   ws.binaryType = "blob";
   let taking = false, frames = 0;
   const send = (body) => ws.send(JSON.stringify(body));

@@ -1,0 +1,175 @@
+"""What a lease holder does with its replica: reset (to a task), observe, step, fork, evaluate.
+
+Each request finds its episode (404 for another client's replica, 409 for a lease that does not hold it) and
+goes through the episode's ``LeasedHost``: every host call checks the lease again under the replica's lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from osfleet.api import recorded, steps
+from osfleet.api.auth import Caller
+from osfleet.api.contract import BoundaryRoute
+from osfleet.api.contract import errors as documented
+from osfleet.api.errors import Conflict, NotFound
+from osfleet.api.models import (
+    FORMAT_DOC,
+    QUALITY_DOC,
+    ForkChild,
+    ForkRequest,
+    ForkResponse,
+    LeaseBody,
+    Observation,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+)
+from osfleet.api.observe import observe
+from osfleet.api.policy import refuse_root_task
+from osfleet.api.state import AgentState
+from osfleet.screen import ImageFormat
+from osfleet.tasks import runner
+from osfleet.tasks.model import Evaluation, Task, TaskError, find_task
+from osfleet.tasks.osworld import OsworldTask, from_osworld
+from osfleet.timing import Stages, collecting, stage
+
+
+def _timed(response: Response, stages: Stages) -> None:
+    """Where the request's time went, for clients and ``osfleet bench step`` (``Server-Timing``, ms)."""
+    response.headers["Server-Timing"] = stages.header()
+
+
+def task_from(req: ResetRequest) -> Task | None:
+    if req.task_id and req.task:
+        raise Conflict("give task_id or task, not both")
+    if req.task_id:
+        try:
+            return find_task(req.task_id)
+        except TaskError as exc:
+            raise NotFound(str(exc)) from None
+    if isinstance(req.task, OsworldTask):
+        return from_osworld(req.task)
+    return req.task
+
+
+def router(state: Callable[[], AgentState]) -> APIRouter:
+    r = APIRouter(route_class=BoundaryRoute)
+
+    @r.post("/replicas/{rid}/reset", responses=documented(403, 404, 409, 503))
+    def reset(rid: str, req: ResetRequest, response: Response, who: Caller) -> ResetResponse:
+        """Reset the replica to its initial state, then to the task's (``task_id``: built in; ``task``: inline,
+        osfleet's format or OSWorld's). 403 for a client's inline task that asks for root in the guest."""
+        s = state()
+        task = task_from(req)
+        refuse_root_task(task, req.task is not None, who, s.config)
+        live = s.episode(rid, req.lease_id, who)
+        with collecting() as stages, live.lock:
+            leased = live.on(s.host, who)
+            start = time.monotonic()
+            try:
+                if task is None:
+                    leased.reset(rid)
+                else:
+                    runner.reset_to_task(leased, rid, task)
+            except BaseException:  # the replica moved on even if the task's set-up failed: so does the episode
+                if leased.claim.generation != live.data.generation:
+                    s.set_task(live, None, leased.claim.generation or 0)
+                raise
+            took = time.monotonic() - start
+            s.metrics.reset.observe(took)
+            s.set_task(live, task, leased.claim.generation or 0)
+            seen = observe(leased, rid, req.observation_format, req.observation_quality) if req.observe else None
+            with stage("record"):
+                recorded.begin(s, leased, live, seen)
+        _timed(response, stages)
+        return ResetResponse(
+            replica_id=rid,
+            generation=live.data.generation or 0,
+            task_id=task.id if task else None,
+            instruction=task.instruction if task else None,
+            seconds=took,
+            observation=seen,
+        )
+
+    @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503))
+    def observation(
+        rid: str,
+        response: Response,
+        who: Caller,
+        lease_id: str = Query(min_length=1, max_length=200),
+        format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
+        quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
+    ) -> Observation:
+        s = state()
+        live = s.episode(rid, lease_id, who)
+        with collecting() as stages:
+            seen = observe(live.on(s.host, who), rid, format, quality)
+        _timed(response, stages)
+        return seen
+
+    @r.post("/replicas/{rid}/step", responses=documented(403, 404, 409, 503))
+    def step(rid: str, req: StepRequest, response: Response, who: Caller) -> StepResponse:
+        """Apply a batch of actions once per ``action_id``: a retry (even after an agent restart) gets the
+        stored results back with ``replayed: true`` and a fresh observation. The ``Server-Timing`` header
+        says where the time went (act, persist, capture, encode, record, total). 403 for a client's ``shell``
+        with ``as_root`` (unless the host runs with ``--allow-agent-root``)."""
+        with collecting() as stages:
+            answer = steps.step(state(), rid, req, who)
+        _timed(response, stages)
+        return answer
+
+    @r.post("/replicas/{rid}/fork", status_code=201, responses=documented(404, 409, 503))
+    def fork(rid: str, req: ForkRequest, who: Caller) -> ForkResponse:
+        """Fork the leased replica mid-episode: ``children`` replicas start from its current state (screen,
+        memory, disk), each with its own identity, leased to the caller, with the parent's task and applied
+        steps (``evaluate`` works on each). The parent pauses only while it is saved, then goes on. 503
+        capacity when this host cannot hold that many more replicas."""
+        s = state()
+        live = s.episode(rid, req.lease_id, who)
+        with live.lock:  # no step of the parent is half-applied in the saved state
+            s.check_not_taken_over(rid, req.lease_id)
+            claim = live.on(s.host, who).claim
+            forked = s.host.fork(rid, req.children, req.lease_id, s.config.lease_seconds, claim=claim)
+            kids = s.adopt_fork_children(live, forked.fork_id, [c.record for c in forked.children])
+            children = []
+            for child, child_live in zip(forked.children, kids, strict=True):
+                assert child.lease is not None  # a lease holder's fork leases every child
+                recorded.begin(s, child_live.on(s.host, who), child_live, None)
+                children.append(
+                    ForkChild(
+                        replica_id=child.record.id,
+                        lease_id=child.lease.id,
+                        expires_at=child.lease.expires_at,
+                        seconds=child.seconds,
+                    )
+                )
+        return ForkResponse(
+            parent_id=rid,
+            fork_id=forked.fork_id,
+            memory_mode="template" if forked.memory_mode == "template" else "stream",
+            save_seconds=forked.save_seconds,
+            total_seconds=forked.total_seconds,
+            children=children,
+        )
+
+    @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503))
+    def evaluate(rid: str, req: LeaseBody, who: Caller) -> Evaluation:
+        s = state()
+        live = s.episode(rid, req.lease_id, who)
+        with live.lock:
+            task = s.task_of(live, rid)
+            start = time.monotonic()
+            result = runner.evaluate(live.on(s.host, who), rid, task, live.data.declared_infeasible())
+            s.metrics.evaluate.observe(time.monotonic() - start)
+            if s.recorder is not None:
+                s.recorder.evaluated(rid, req.lease_id, result.reward, result.success)
+            return result
+
+    return r
