@@ -13,6 +13,7 @@ import click
 from osfleet.cli_support import api_token
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import MODES, Mode, Settings
+from osfleet.tls import Listener, listener_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,6 +65,7 @@ def host() -> None:
 )
 @click.option("--record-max-episodes", default=None, type=click.IntRange(1), help="keep at most this many episodes")
 @_friendly
+@listener_options
 def host_serve(
     bind: str,
     port: int,
@@ -80,6 +82,7 @@ def host_serve(
     record_quality: int,
     record_max_mib: int,
     record_max_episodes: int | None,
+    listener: Listener,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
     import uvicorn
@@ -125,9 +128,10 @@ def host_serve(
             park=park,
         ),
     )
-    click.echo(f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm)", err=True)
+    where = listener.url(bind, port)
+    click.echo(f"osfleet host agent on {where} ({image.name}, {mode} resets, {warm} warm)", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
-    uvicorn.run(app, host=bind, port=port, log_level=level)
+    uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
 
 
 @host.command("tune")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from osfleet.api.auth import ON_BEHALF_OF
 from osfleet.api.errors import NotFound
@@ -39,15 +39,23 @@ class HostTimeoutError(OsfleetError):
 
 
 class HostEntry(BaseModel):
-    """One host agent behind the gateway: its name in fleet ids, its URL and the token it expects."""
+    """One host agent behind the gateway: its name in fleet ids, its URL, the token it expects and, for an
+    ``https`` URL, the CA its certificate is verified against (default: the system's CAs)."""
 
     name: str = Field(pattern=HOST_NAME.pattern)
     url: str = Field(pattern=r"^https?://[^/\s]+$")
     token: str = Field(min_length=1)
+    ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _ca_only_for_https(self) -> HostEntry:
+        if self.ca_file is not None and not self.url.startswith("https://"):
+            raise ValueError(f"ca_file is for https URLs; {self.url} is plain HTTP")
+        return self
 
 
 def load_hosts(path: Path) -> list[HostEntry]:
-    """A hosts file: YAML or JSON list of {name, url, token | token_file}."""
+    """A hosts file: YAML or JSON list of {name, url, token | token_file, ca_file (https only, optional)}."""
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -100,6 +108,8 @@ class HostPool:
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
         self._by_name = {h.name: h for h in self.hosts}
         self.client = client
+        for e in entries:
+            client.verify_with(e.url, e.ca_file)
 
     def get(self, name: str) -> HostState:
         host = self._by_name.get(name)
