@@ -166,9 +166,14 @@ def listener_options(fn: F) -> F:
 
 
 # --- clients -------------------------------------------------------------------------------------------------
-def client_context(ca_file: Path | str | None = None) -> ssl.SSLContext:
-    """A context that verifies servers (certificate chain and host name): against ``ca_file`` alone when given,
-    else the system's CAs."""
+def client_context(ca_file: Path | str | None = None, *, ca_pem: str | None = None) -> ssl.SSLContext:
+    """A context that verifies servers (certificate chain and host name): against ``ca_file`` (or the PEM text
+    ``ca_pem``) alone when given, else the system's CAs."""
+    if ca_pem is not None:
+        try:
+            return ssl.create_default_context(cadata=ca_pem)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"not a PEM CA certificate ({_ssl_reason(exc)})") from None
     if ca_file is None:
         return ssl.create_default_context()
     path = Path(ca_file)
