@@ -150,7 +150,9 @@ class HostClient:
             path = Path(ca_file)
             self._context(path)
             self._ca_files[key] = path
-        self._origins.pop(key, None)
+        stale = self._origins.pop(key, None)  # connections made under the old trust are not reused
+        while stale is not None and stale.idle:
+            stale.idle.popleft().close()
 
     async def aclose(self) -> None:
         self._closed = True
