@@ -339,3 +339,25 @@ def test_a_forged_x_forwarded_for_from_an_untrusted_peer_changes_nothing(tmp_pat
     with Served(host_app(tmp_path / "b", allowed), listener(None, None, ["127.0.0.1"])) as s:
         status, _ = _get(f"{s.url}/screenshot?vmId=1", FORGED)
         assert status != 401  # through a trusted proxy the client's address counts
+
+
+def test_host_cas_are_checked_when_the_gateway_starts(pki: Pki, tmp_path: Path) -> None:
+    from osfleet.fleet.hosts import load_hosts
+
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"[{{name: h1, url: 'http://10.0.0.5:8080', token: t, ca_file: {pki.ca}}}]")
+    with pytest.raises(ConfigError, match="host 1: .*ca_file is for https URLs; http://10.0.0.5:8080 is plain HTTP"):
+        load_hosts(hosts)
+    hosts.write_text(f"[{{name: h1, url: 'https://10.0.0.5:8080', token: t, ca_file: {pki.ca}}}]")
+    assert load_hosts(hosts)[0].ca_file == pki.ca
+    (tmp_path / "token").write_text("t")
+    base = ["fleet", "serve", "--hosts-token-file", str(tmp_path / "token")]
+    for argv, message in [
+        ([*base, "--host", "h1=http://10.0.0.5:8080", "--hosts-ca-file", str(pki.ca)], "every host here is plain HTTP"),
+        ([*base, "--host", "h1=https://10.0.0.5:8080", "--hosts-ca-file", str(tmp_path / "token")],
+         f"host h1: CA file {tmp_path}/token: not a PEM certificate"),
+        ([*base, "--host", "h1=https://10.0.0.5:8080", "--hosts-ca-file", str(tmp_path / "no.pem")],
+         f"host h1: CA file {tmp_path}/no.pem: no such file"),
+    ]:  # fmt: skip
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 1 and message in result.output and result.output.count("\n") == 1, result.output
