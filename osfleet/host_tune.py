@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from osfleet.config import Settings
+from osfleet.config import Settings, Tenancy
 from osfleet.errors import OsfleetError
 
 KSM_DIR = Path("/sys/kernel/mm/ksm")
@@ -63,7 +63,12 @@ def ksm_status(ksm_dir: Path = KSM_DIR) -> dict[str, Any]:
 
 def wanted_ksm(settings: Settings, enable: bool | None = None) -> tuple[KsmSettings, str]:
     """What KSM should be on this host, and why. ``enable`` None: on unless the host is multi-tenant."""
-    if settings.tenancy == "multi":
+    return ksm_for_tenancy(settings.tenancy, enable)
+
+
+def ksm_for_tenancy(tenancy: Tenancy, enable: bool | None = None) -> tuple[KsmSettings, str]:
+    """The rule itself, for this host (``tune``) and for hosts prepared from elsewhere (the infra stacks)."""
+    if tenancy == "multi":
         if enable:
             raise OsfleetError(
                 "KSM stays off when replicas belong to different users (OSFLEET_TENANCY=multi): merged pages "
@@ -78,15 +83,19 @@ def wanted_ksm(settings: Settings, enable: bool | None = None) -> tuple[KsmSetti
     )
 
 
+def ksm_writes(wanted: KsmSettings) -> list[tuple[str, int]]:
+    """(file under the KSM folder, value) in the order they are written: scan rates before switching it on."""
+    rates = [("pages_to_scan", wanted.pages_to_scan), ("sleep_millisecs", wanted.sleep_millisecs)]
+    return [*(rates if wanted.run == 1 else []), ("run", wanted.run)]
+
+
 def apply_ksm(wanted: KsmSettings, ksm_dir: Path = KSM_DIR) -> dict[str, Any]:
     """Write KSM's settings (root); returns the status afterwards."""
     if not (ksm_dir / "run").exists():
         raise OsfleetError(f"this kernel has no KSM ({ksm_dir} is missing)")
     try:
-        if wanted.run == 1:
-            (ksm_dir / "pages_to_scan").write_text(f"{wanted.pages_to_scan}\n")
-            (ksm_dir / "sleep_millisecs").write_text(f"{wanted.sleep_millisecs}\n")
-        (ksm_dir / "run").write_text(f"{wanted.run}\n")
+        for name, value in ksm_writes(wanted):
+            (ksm_dir / name).write_text(f"{value}\n")
     except OSError as exc:
         raise OsfleetError(f"cannot set KSM in {ksm_dir}: {exc.strerror} (run as root)") from None
     return ksm_status(ksm_dir)

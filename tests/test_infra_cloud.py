@@ -1,6 +1,8 @@
 """The ``aws`` and ``k8s`` stacks under ``pulumi.runtime.set_mocks``: their provider plugins cannot be
 fetched here, so these check resource counts and the properties that matter (.metal only, no world-open
-port, cloud-init = KvmHost's steps; privileged DaemonSet with /dev/kvm, probes, Secret, Locust)."""
+port, cloud-init = KvmHost's steps, KSM only as tenancy allows; privileged DaemonSet with /dev/kvm, probes,
+Secret, Locust; TLS everywhere with the stack's own CA). The mocks make the CA and certificates with the
+stack's real dynamic providers (``CaProvider``, ``CertProvider``), so the certificates checked here are real."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "infra"))
 
+from osfleet_infra.providers import CaProvider, CertProvider, prep_steps  # noqa: E402
 from osfleet_infra.settings import ConfigError  # noqa: E402
 
 # The generated AWS SDK warns about its own deprecated resources when its package is imported.
@@ -28,6 +31,7 @@ class Mocks(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.resources: list[pulumi.runtime.MockResourceArgs] = []
+        self.outputs: dict[str, dict[str, Any]] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.resources.append(args)
@@ -37,7 +41,13 @@ class Mocks(pulumi.runtime.Mocks):
         if args.typ == "aws:ec2/keyPair:KeyPair":
             outs["keyName"] = args.name
         if args.typ == "pulumi-python:dynamic:Resource" and "agent_port" in args.inputs:
-            outs["url"] = f"http://{args.inputs['url_host']}:{int(args.inputs['agent_port'])}"
+            scheme = "https" if args.inputs.get("tls_cert") else "http"
+            outs["url"] = f"{scheme}://{args.inputs['url_host']}:{int(args.inputs['agent_port'])}"
+        if args.typ == "pulumi-python:dynamic:Resource" and "common_name" in args.inputs:
+            outs = CaProvider().create(_plain(args.inputs)).outs  # the stack's CA, made as the provider makes it
+        if args.typ == "pulumi-python:dynamic:Resource" and "ca_key_pem" in args.inputs:
+            outs = CertProvider().create(_plain(args.inputs)).outs
+        self.outputs[args.name] = outs
         return f"{args.name}-id", outs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
@@ -47,6 +57,11 @@ class Mocks(pulumi.runtime.Mocks):
 
     def of(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]
+
+
+def _plain(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Inputs as a dynamic provider receives them: secrets unwrapped."""
+    return {k: v["value"] if isinstance(v, dict) and SECRET_SIG in v else v for k, v in inputs.items()}
 
 
 @pytest.fixture
@@ -112,15 +127,102 @@ def test_aws_stack_declares_metal_hosts_behind_a_closed_security_group(mocks: Mo
         assert user_data.startswith("#cloud-config\n")
         for step in ("libvirtd -d", "sysctl -q -p /etc/sysctl.d/90-osfleet.conf", "/dev/kvm", "pip install"):
             assert step in user_data
-    # Then the same components as on bare metal, one of each per host and one image build.
+        assert "echo 2 > /sys/kernel/mm/ksm/run" in user_data and "pages_to_scan" not in user_data  # multi-tenant
+    # Then the same components as on bare metal, one of each per host, one image build, one CA.
     dynamic = mocks.of("pulumi-python:dynamic:Resource")
     names = sorted(r.name for r in dynamic)
     assert names == sorted(
-        ["golden-build", "ec2-1-prep", "ec2-2-prep", "golden-ec2-1", "golden-ec2-2", "ec2-1-agent", "ec2-2-agent"]
-    )
+        ["golden-build", "ec2-1-prep", "ec2-2-prep", "golden-ec2-1", "golden-ec2-2", "ec2-1-agent", "ec2-2-agent",
+         "tls-key", "ec2-1-tls", "ec2-2-tls"]
+    )  # fmt: skip
     agents = [r for r in dynamic if r.name.endswith("-agent")]
     assert sorted(a.inputs["url_host"] for a in agents) == ["203.0.113.1", "203.0.113.2"]
     assert all(a.inputs["bind"] == "0.0.0.0" for a in agents)
+    (ca,) = [r for r in dynamic if r.name == "tls-key"]
+    for a in agents:
+        assert a.inputs["tenancy"] == "multi"
+        assert a.inputs["ca_cert"] == ca_pem(mocks)
+        assert_serves(a.inputs["tls_cert"], ca_pem(mocks), a.inputs["url_host"])
+        assert is_secret(a.inputs["tls_key"]) and is_secret(a.inputs["token"])
+    for cert in (r for r in dynamic if r.name.endswith("-tls")):
+        assert is_secret(cert.inputs["ca_key_pem"])  # the CA's key travels only as a secret
+
+
+def ca_pem(m: Mocks) -> str:
+    """The certificate the mocked stack's CA resource made."""
+    (ca,) = [r for r in m.of("pulumi-python:dynamic:Resource") if "common_name" in r.inputs]
+    return str(m.outputs[ca.name]["cert_pem"])
+
+
+def is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(SECRET_SIG) == SECRET_VALUE
+
+
+def assert_serves(cert_pem: str, ca_cert_pem: str, name: str) -> None:
+    """``cert_pem`` is signed by ``ca_cert_pem`` and names ``name`` (an IP or DNS name): a TLS client that
+    trusts the CA alone accepts it for ``name``."""
+    import ipaddress
+
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_cert_pem.encode()))
+    alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    try:
+        assert ipaddress.ip_address(name) in alt.get_values_for_type(x509.IPAddress)
+    except ValueError:
+        assert name in alt.get_values_for_type(x509.DNSName)
+
+
+SECRET_SIG, SECRET_VALUE = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
+
+
+def test_single_tenant_aws_hosts_get_ksm_and_bad_tenancy_names_the_key(mocks: Mocks, ssh_key: str) -> None:
+    _stack(mocks, "aws", _aws_config(ssh_key, tenancy="single"))
+    _run_program()
+    for inst in mocks.of("aws:ec2/instance:Instance"):
+        user_data = inst.inputs["userData"]
+        assert "echo 1000 > /sys/kernel/mm/ksm/pages_to_scan" in user_data
+        assert "echo 1 > /sys/kernel/mm/ksm/run" in user_data
+    from osfleet_infra.program import run
+
+    _stack(Mocks(), "aws", _aws_config(ssh_key, tenancy="shared"))
+    with pytest.raises(ConfigError) as err:
+        run()
+    assert str(err.value) == "osfleet:tenancy: 'shared' is not one of single, multi"
+
+
+def test_host_preparation_sets_ksm_by_the_host_tune_rule() -> None:
+    def ksm(tenancy: str) -> str:
+        steps = dict(prep_steps(["qemu-utils"], True, "/var/lib/osfleet", tenancy))
+        (what,) = [w for w in steps if "KSM" in w]
+        return what + " | " + steps[what].split("; ", 1)[1]
+
+    multi, single = ksm("multi"), ksm("single")
+    assert multi.startswith("applying the fleet sysctls; KSM off and unmerged |")
+    assert "echo 2 > /sys/kernel/mm/ksm/run" in multi and "echo 1 >" not in multi and "pages_to_scan" not in multi
+    assert single.startswith("applying the fleet sysctls; KSM on, 1000 pages every 20 ms |")
+    rates, on = single.index("pages_to_scan"), single.index("echo 1 > /sys/kernel/mm/ksm/run")
+    assert rates < on  # the scan rate is set before KSM starts
+    assert not any("KSM" in w for w, _ in prep_steps(["qemu-utils"], False, "/var/lib/osfleet", "single"))
+
+
+def test_certificates_are_renewed_by_an_up_near_their_end_and_not_before() -> None:
+    from osfleet.tls import issue, make_ca
+
+    ca = CaProvider().create({"common_name": "t"}).outs
+    made = CertProvider().create({"names": ["10.0.0.5"], "ca_cert_pem": ca["cert_pem"], "ca_key_pem": ca["key_pem"]})
+    news = {"names": ["10.0.0.5"], "ca_cert_pem": ca["cert_pem"], "ca_key_pem": ca["key_pem"]}
+    assert "ca_key_pem" not in made.outs  # the CA's key is not copied into each certificate's state
+    assert CertProvider().diff("id", made.outs, news).changes is False  # a second up changes nothing
+    assert CaProvider().diff("id", ca, {"common_name": "t"}).changes is False
+    assert CertProvider().diff("id", made.outs, {**news, "names": ["10.0.0.6"]}).changes is True
+    pair = make_ca("t2")
+    short = issue(pair, ["10.0.0.5"], days=10)  # inside the renewal window
+    assert CertProvider().diff("id", {**made.outs, "cert_pem": short.cert_pem}, news).changes is True
+    renewed = CertProvider().update("id", made.outs, news).outs
+    assert renewed["cert_pem"] != made.outs["cert_pem"]
+    assert_serves(renewed["cert_pem"], ca["cert_pem"], "10.0.0.5")
 
 
 @pytest.mark.parametrize(
@@ -150,7 +252,9 @@ def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: 
     _run_program()
     (ns,) = mocks.of("kubernetes:core/v1:Namespace")
     assert ns.inputs["metadata"]["name"] == "osfleet"
-    (secret,) = mocks.of("kubernetes:core/v1:Secret")
+    secrets = {x.inputs["metadata"]["name"]: x for x in mocks.of("kubernetes:core/v1:Secret")}
+    assert set(secrets) == {"osfleet-agent-token", "osfleet-agent-tls", "osfleet-ca"}
+    secret = secrets["osfleet-agent-token"]
     # The token travels as a secret (Pulumi's secret envelope), never as plain state.
     assert secret.inputs["stringData"] == {
         "4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270",
@@ -162,11 +266,21 @@ def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: 
     (c,) = pod["containers"]
     assert c["securityContext"] == {"privileged": True}
     assert c["command"][:3] == ["osfleet", "host", "serve"] and "--warm" in c["command"]
+    assert c["command"][-4:] == ["--tls-cert", "/run/osfleet-tls/tls.crt", "--tls-key", "/run/osfleet-tls/tls.key"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/health" == c["readinessProbe"]["httpGet"]["path"]
+    assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # TLS: the agents' certificate, signed by the stack's CA, for the Service's names; its key only as a secret.
+    tls = secrets["osfleet-agent-tls"].inputs
+    assert tls["type"] == "kubernetes.io/tls" and is_secret(tls["stringData"])
+    assert secrets["osfleet-ca"].inputs["stringData"]["value"] == {"ca.crt": ca_pem(mocks)}  # its certificate alone
+    for name in ("osfleet-agent", "osfleet-agent.osfleet.svc", "osfleet-agent.osfleet.svc.cluster.local"):
+        assert_serves(tls["stringData"]["value"]["tls.crt"], ca_pem(mocks), name)
+    assert {"name": "OSFLEET_TENANCY", "value": "multi"} in c["env"]
     assert c["resources"]["requests"] == {"memory": f"{512 + 4 * 350}Mi", "cpu": "1500m"}
-    assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]} == {
+    assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
         "kvm": "/dev/kvm", "store": "/var/lib/osfleet", "libvirt": "/var/run/libvirt",
     }  # fmt: skip
+    assert {"name": "tls", "secret": {"secretName": "osfleet-agent-tls"}} in pod["volumes"]
     token_env = next(e for e in c["env"] if e["name"] == "OSFLEET_API_TOKEN")
     assert token_env["valueFrom"]["secretKeyRef"] == {"name": "osfleet-agent-token", "key": "token"}
     (cm,) = mocks.of("kubernetes:core/v1:ConfigMap")
@@ -189,32 +303,41 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
     (c,) = gw["containers"]
     assert c["command"] == [
         "osfleet", "fleet", "serve", "--bind", "0.0.0.0", "--port", "8090",
-        "--host", "kvm-a=http://10.0.0.11:8080", "--host", "kvm-b=http://10.0.0.12:8080",
+        "--host", "kvm-a=https://10.0.0.11:8080", "--host", "kvm-b=https://10.0.0.12:8080",
         "--hosts-token-file", "/run/osfleet/token",
+        "--hosts-ca-file", "/run/osfleet-ca/ca.crt",
+        "--tls-cert", "/run/osfleet-tls/tls.crt", "--tls-key", "/run/osfleet-tls/tls.key",
     ]  # fmt: skip
-    assert gw["volumes"] == [{"name": "token", "secret": {"secretName": "osfleet-agent-token"}}]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8090}
+    assert gw["volumes"] == [
+        {"name": "token", "secret": {"secretName": "osfleet-agent-token"}},
+        {"name": "tls", "secret": {"secretName": "osfleet-gateway-tls"}},
+        {"name": "ca", "secret": {"secretName": "osfleet-ca"}},  # the CA's certificate, never the agents' key
+    ]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8090, "scheme": "HTTPS"}
+    # The agents' certificate names the KVM nodes' addresses the gateway calls them at; the gateway's its Service.
+    secrets = {x.inputs["metadata"]["name"]: x.inputs["stringData"] for x in mocks.of("kubernetes:core/v1:Secret")}
+    for addr in ("10.0.0.11", "10.0.0.12"):
+        assert_serves(secrets["osfleet-agent-tls"]["value"]["tls.crt"], ca_pem(mocks), addr)
+    assert_serves(secrets["osfleet-gateway-tls"]["value"]["tls.crt"], ca_pem(mocks), "osfleet-gateway.osfleet.svc")
     # The gateway's clients get the gateway's own token (a secret of its own, not the agents'): only the gateway
     # holds the agents' token, so a gateway client cannot call an agent as its operator.
     from osfleet_infra.k8s import derived_token
 
-    made = mocks.of("kubernetes:core/v1:Secret")
-    secrets = {x.inputs["metadata"]["name"]: x.inputs["stringData"]["value"] for x in made}
-    assert secrets["osfleet-gateway-token"] == {"token": derived_token("s3cret-token")}
-    assert secrets["osfleet-gateway-token"]["token"] != secrets["osfleet-agent-token"]["token"]
+    assert secrets["osfleet-gateway-token"]["value"] == {"token": derived_token("s3cret-token")}
+    assert secrets["osfleet-gateway-token"]["value"]["token"] != secrets["osfleet-agent-token"]["value"]["token"]
     gateway_env = next(e for e in c["env"] if e["name"] == "OSFLEET_API_TOKEN")
     assert gateway_env["valueFrom"]["secretKeyRef"] == {"name": "osfleet-gateway-token", "key": "token"}
     for role in ("master", "worker"):
         locust = deployments[f"osfleet-locust-{role}"].inputs["spec"]["template"]["spec"]
         (env,) = locust["containers"][0]["env"]
         assert env["valueFrom"]["secretKeyRef"]["name"] == "osfleet-gateway-token"
-        assert "volumes" not in locust or all(v.get("secret") is None for v in locust["volumes"])
+        assert all(v.get("secret", {}).get("secretName") != "osfleet-agent-token" for v in locust.get("volumes", []))
     (ds,) = mocks.of("kubernetes:apps/v1:DaemonSet")
     assert ds.inputs["spec"]["template"]["spec"]["hostNetwork"] is True  # agents answer on the nodes' addresses
     services = {s.inputs["metadata"]["name"] for s in mocks.of("kubernetes:core/v1:Service")}
     assert services == {"osfleet-agent", "osfleet-gateway", "osfleet-locust-master"}
     master = deployments["osfleet-locust-master"].inputs["spec"]["template"]["spec"]["containers"][0]
-    assert master["command"][-1] == "http://osfleet-gateway:8090"
+    assert master["command"][-3:] == ["https://osfleet-gateway:8090", "--ca-file", "/run/osfleet-ca/ca.crt"]
 
 
 def test_k8s_needs_a_container_image(mocks: Mocks) -> None:

@@ -21,6 +21,7 @@ from osfleet.errors import MissingToolError
 from osfleet.lab import lab as lab_ops
 from osfleet.lab.engine import EngineError, call, engine_root, engine_version, purge_stack_files, stack
 from osfleet.lab.state import LabState, load
+from osfleet.tls import client_context
 
 REPO = Path(__file__).resolve().parent.parent
 OSFLEET = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "osfleet")
@@ -94,20 +95,23 @@ def test_missing_secret_fails_at_preview(lab_stack: Any) -> None:
     )
 
 
-def _get(url: str, token: str | None = None, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+def _get(
+    url: str, token: str | None = None, method: str = "GET", body: dict[str, Any] | None = None, ca: str = ""
+) -> Any:
+    """One call to an agent of the stack, verified against the stack's CA (PEM text ``ca``)."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data else {}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
-    with urllib.request.urlopen(req, timeout=30) as resp:
+    with urllib.request.urlopen(req, timeout=30, context=client_context(ca_pem=ca)) as resp:
         return json.load(resp)
 
 
-def _ready(url: str, token: str, timeout: float) -> None:
+def _ready(url: str, token: str, timeout: float, ca: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(r["state"] == "ready" for r in _get(f"{url}/v1/replicas", token)):
+        if any(r["state"] == "ready" for r in _get(f"{url}/v1/replicas", token, ca=ca)):
             return
         time.sleep(2)
     raise AssertionError(f"no ready replica at {url} after {timeout:.0f} s")
@@ -128,7 +132,7 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
     lab_stack.set_config("osfleet:footprintRun", auto.ConfigValue(str(run_dir)))
     lab_stack.set_config("osfleet:usdPerHostHour", auto.ConfigValue("0.5"))
     up = call(lab_stack.up)
-    assert up.summary.resource_changes == {"create": 13}
+    assert up.summary.resource_changes == {"create": 17}  # 13 + the CA (component and key) + a certificate per agent
     # Capacity from the measured footprint and this machine's size (the lab hosts share it).
     mem_gib = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 2)
     cost = load_run(run_dir).cost
@@ -140,30 +144,33 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
         assert up.outputs["usdPerReplicaDay"].value == {"lab1": round(12 / n, 4), "lab2": round(12 / n, 4)}
     urls: dict[str, str] = up.outputs["agentUrls"].value
     token: str = up.outputs["agentToken"].value
-    assert sorted(urls) == ["lab1", "lab2"]
+    ca: str = up.outputs["caCert"].value
+    assert sorted(urls) == ["lab1", "lab2"] and all(u.startswith("https://") for u in urls.values())
     for url in urls.values():
-        assert _get(f"{url}/health")["status"] == "ok"
-        _ready(url, token, timeout=600)
-        lease = _get(f"{url}/v1/leases", token, "POST", {"holder": "test"})
-        obs = _get(f"{url}/v1/replicas/{lease['replica_id']}/observation?lease_id={lease['lease_id']}", token)
+        assert _get(f"{url}/health", ca=ca)["status"] == "ok"
+        _ready(url, token, timeout=600, ca=ca)
+        lease = _get(f"{url}/v1/leases", token, "POST", {"holder": "test"}, ca=ca)
+        obs = _get(f"{url}/v1/replicas/{lease['replica_id']}/observation?lease_id={lease['lease_id']}", token, ca=ca)
         assert base64.b64decode(obs["screenshot"])[:8] == b"\x89PNG\r\n\x1a\n"
         with pytest.raises(urllib.error.HTTPError) as denied:
-            _get(f"{url}/v1/host", "wrong-token")
+            _get(f"{url}/v1/host", "wrong-token", ca=ca)
         assert denied.value.code == 401
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # the system's CAs: no
+            urllib.request.urlopen(f"{url}/health", timeout=10)
 
     again = call(lab_stack.up)
-    assert again.summary.resource_changes == {"same": 13}
+    assert again.summary.resource_changes == {"same": 17}
 
     lab_stack.set_config("osfleet:warm", auto.ConfigValue("0"))
     changed = call(lab_stack.up)
-    assert changed.summary.resource_changes == {"same": 11, "update": 2}  # the two agents, nothing else
+    assert changed.summary.resource_changes == {"same": 15, "update": 2}  # the two agents, nothing else
 
     # A new recipe replaces only the image (its build and each host's copy) and restarts the agents onto it.
     recipe = tmp_path / "desktop-1024.yaml"
     recipe.write_text((REPO / "golden_images/recipes/desktop.yaml").read_text().replace("width: 1280", "width: 1024"))
     lab_stack.set_config("osfleet:recipe", auto.ConfigValue(str(recipe)))
     preview = call(lab_stack.preview)
-    assert preview.change_summary == {"same": 8, "replace": 3, "update": 2}
+    assert preview.change_summary == {"same": 12, "replace": 3, "update": 2}
     lab_stack.remove_config("osfleet:recipe")
 
     call(lab_stack.destroy)
@@ -199,7 +206,7 @@ def test_onprem_stack_prepares_a_host_given_as_user_at_host(lab: LabState, tmp_p
         st.set_config("osfleet:agentToken", auto.ConfigValue("t0k3n", secret=True))
         up = call(st.up)
         assert up.outputs["hosts"].value == {"host1": h.addr}
-        assert _get(f"{up.outputs['agentUrls'].value['host1']}/health")["status"] == "ok"
+        assert _get(f"{up.outputs['agentUrls'].value['host1']}/health", ca=up.outputs["caCert"].value)["status"] == "ok"
         assert (Path(h.home) / "images" / f"{up.outputs['goldenImage'].value}.qcow2").exists()
         call(st.destroy)
         assert not (Path(h.home) / "agent").exists()

@@ -79,9 +79,10 @@ def read_aws(cfg: pulumi.Config) -> AwsConfig:
     )  # fmt: skip
 
 
-def cloud_init(spec: str) -> str:
-    """cloud-config running KvmHost's preparation steps, then osfleet into /opt/osfleet."""
-    steps = [["sh", "-c", f"( {cmd} )"] for _, cmd in prep_steps(list(DEFAULT_PACKAGES), True, HOME)]
+def cloud_init(spec: str, tenancy: str = "multi") -> str:
+    """cloud-config running KvmHost's preparation steps (KSM as ``tenancy`` allows), then osfleet into
+    /opt/osfleet."""
+    steps = [["sh", "-c", f"( {cmd} )"] for _, cmd in prep_steps(list(DEFAULT_PACKAGES), True, HOME, tenancy)]
     steps.append(["sh", "-c", f"python3 -m venv /opt/osfleet && /opt/osfleet/bin/pip install -q {shlex.quote(spec)}"])
     # Root by key (the key pair's): KvmHost, GoldenImage and HostAgent then reach it as on any other host.
     return "#cloud-config\n" + yaml.safe_dump({"disable_root": False, "runcmd": steps}, sort_keys=False)
@@ -90,7 +91,9 @@ def cloud_init(spec: str) -> str:
 class Ec2KvmHosts(pulumi.ComponentResource):
     """``count`` EC2 .metal instances behind one security group, with a key pair and cloud-init."""
 
-    def __init__(self, name: str, a: AwsConfig, agent_port: int, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self, name: str, a: AwsConfig, agent_port: int, tenancy: str, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
         import pulumi_aws as aws
 
         super().__init__("osfleet:infra:Ec2KvmHosts", name, None, opts)
@@ -122,7 +125,7 @@ class Ec2KvmHosts(pulumi.ComponentResource):
                 ami=ami.id,
                 key_name=self.key_pair.key_name,
                 vpc_security_group_ids=[self.security_group.id],
-                user_data=cloud_init(a.osfleet_pip_spec),
+                user_data=cloud_init(a.osfleet_pip_spec, tenancy),
                 root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(volume_size=a.disk_gib, volume_type="gp3"),
                 tags={"Name": f"osfleet-{name}-{i}", "osfleet": "kvm-host"},
                 opts=child,
@@ -137,7 +140,7 @@ def deploy_aws(cfg: pulumi.Config, common: Common) -> None:
     from osfleet_infra.program import deploy_bare_metal
 
     a = read_aws(cfg)
-    hosts = Ec2KvmHosts("ec2", a, common.agent_port)
+    hosts = Ec2KvmHosts("ec2", a, common.agent_port, common.tenancy)
     targets = [
         HostTarget(name=f"ec2-{i}", addr=ip, user="root", key_file=a.ssh_key, home=HOME,
                    osfleet_bin=DEFAULT_OSFLEET_BIN, bind="0.0.0.0")

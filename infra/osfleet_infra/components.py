@@ -1,4 +1,5 @@
-"""One ComponentResource per concept: a KVM host, a golden image on every host, a host agent.
+"""One ComponentResource per concept: a KVM host, a golden image on every host, the stack's certificate
+authority, a host agent.
 
 Each has a small Args class, a type token ``osfleet:infra:<Name>``, children created with ``parent=self``
 and ``register_outputs`` at the end. The children are dynamic resources (``providers.py``) that act on the
@@ -12,7 +13,14 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi.dynamic import Resource
 
-from osfleet_infra.providers import AgentProvider, HostPrepProvider, ImageBuildProvider, ImagePublishProvider
+from osfleet_infra.providers import (
+    AgentProvider,
+    CaProvider,
+    CertProvider,
+    HostPrepProvider,
+    ImageBuildProvider,
+    ImagePublishProvider,
+)
 from osfleet_infra.remote import conn_inputs
 
 DEFAULT_PACKAGES = [
@@ -66,6 +74,24 @@ class _ImagePublish(Resource):
         super().__init__(ImagePublishProvider(), name, {**props, "disk": None}, opts)
 
 
+class _Ca(Resource):
+    cert_pem: pulumi.Output[str]
+    key_pem: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
+        super().__init__(CaProvider(), name, {**props, "cert_pem": None, "key_pem": None}, opts)
+
+
+class _Cert(Resource):
+    cert_pem: pulumi.Output[str]
+    key_pem: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
+        super().__init__(CertProvider(), name, {**props, "cert_pem": None, "key_pem": None}, opts)
+
+
 class _Agent(Resource):
     url: pulumi.Output[str]
 
@@ -78,6 +104,7 @@ class KvmHostArgs:
     target: HostTarget
     packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
     tune_kernel: bool = True  # sysctls + KSM; off in the lab, whose hosts share this machine's kernel
+    tenancy: str = "multi"  # KSM on only for "single" (osfleet.host_tune's rule)
 
 
 class KvmHost(pulumi.ComponentResource):
@@ -91,7 +118,7 @@ class KvmHost(pulumi.ComponentResource):
         self.prep = _HostPrep(
             f"{name}-prep",
             {**t.conn(), "packages": args.packages, "home": t.home, "osfleet_bin": t.osfleet_bin,
-             "osfleet_pip_spec": t.osfleet_pip_spec, "tune_kernel": args.tune_kernel},
+             "osfleet_pip_spec": t.osfleet_pip_spec, "tune_kernel": args.tune_kernel, "tenancy": args.tenancy},
             pulumi.ResourceOptions(parent=self),
         )  # fmt: skip
         self.address = pulumi.Output.from_input(t.addr)
@@ -139,29 +166,61 @@ class GoldenImage(pulumi.ComponentResource):
         self.register_outputs({"image_name": self.image_name, "disk_sha256": self.build.disk_sha256})
 
 
+class CertificateAuthority(pulumi.ComponentResource):
+    """The stack's own CA: it signs a server certificate for each agent (``certificate``), and its certificate
+    (``cert_pem``, public: the ``caCert`` output) is what the gateway and clients verify the agents against.
+    Its key is a secret in the stack's state and nowhere else."""
+
+    def __init__(self, name: str, common_name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("osfleet:infra:CertificateAuthority", name, None, opts)
+        self.ca = _Ca(f"{name}-key", {"common_name": common_name}, pulumi.ResourceOptions(parent=self))
+        self.cert_pem: pulumi.Output[str] = self.ca.cert_pem
+        self.register_outputs({"cert_pem": self.cert_pem})
+
+    def certificate(self, name: str, names: pulumi.Input[list[str]], parent: pulumi.Resource) -> _Cert:
+        """A server certificate for ``names`` (addresses or DNS names), a child of ``parent``."""
+        return _Cert(
+            name,
+            {"names": names, "ca_cert_pem": self.ca.cert_pem, "ca_key_pem": pulumi.Output.secret(self.ca.key_pem)},
+            pulumi.ResourceOptions(parent=parent),
+        )
+
+
 @dataclass
 class HostAgentArgs:
     host: KvmHost
     image: GoldenImage
     token: pulumi.Input[str]  # from Pulumi secrets
+    ca: CertificateAuthority  # signs the agent's certificate: the agent serves HTTPS only
     port: int = 8080
     warm: int = 1
     mode: str = "snapshot"
+    tenancy: str = "multi"
 
 
 class HostAgent(pulumi.ComponentResource):
-    """``osfleet host serve`` on a host as a supervised service, healthy before it counts as created."""
+    """``osfleet host serve`` on a host as a supervised service, over HTTPS with a certificate for the host's
+    address signed by the stack's CA, healthy (and verified) before it counts as created."""
 
     def __init__(self, name: str, args: HostAgentArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("osfleet:infra:HostAgent", name, None, opts)
         t = args.host.target
+        self.certificate = args.ca.certificate(f"{name}-tls", pulumi.Output.from_input(t.addr).apply(_names), self)
         self.agent = _Agent(
             f"{name}-agent",
             {**t.conn(), "home": t.home, "name_prefix": t.name_prefix, "osfleet_bin": t.osfleet_bin,
              "bind": t.bind or t.addr, "url_host": t.addr, "agent_port": args.port, "warm": args.warm,
-             "mode": args.mode, "image": args.image.image_name, "token": pulumi.Output.secret(args.token)},
+             "mode": args.mode, "image": args.image.image_name, "token": pulumi.Output.secret(args.token),
+             "tls_cert": self.certificate.cert_pem, "tls_key": pulumi.Output.secret(self.certificate.key_pem),
+             "ca_cert": args.ca.cert_pem,
+             "tenancy": args.tenancy},
             pulumi.ResourceOptions(parent=self, depends_on=[args.image.published[t.name]],
-                                   additional_secret_outputs=["token"]),
+                                   additional_secret_outputs=["token", "tls_key"]),
         )  # fmt: skip
         self.url = self.agent.url
         self.register_outputs({"url": self.url})
+
+
+def _names(addr: str) -> list[str]:
+    """What an agent's certificate names: the address it is reached at (an IP or a DNS name)."""
+    return [str(addr)]

@@ -6,6 +6,11 @@ With ``kvmNodes``, a fleet gateway in front of the agents. The gateway has a tok
 included — use; only the gateway holds the agents' token (a mounted file), so a gateway client cannot call an
 agent as its operator.
 
+Every listener speaks HTTPS with certificates the stack makes (``CertificateAuthority``, as on bare metal): the
+agents' for their Service names and the KVM nodes' addresses (Secret ``osfleet-agent-tls``), the gateway's for its
+Service names (``osfleet-gateway-tls``); the CA's certificate alone (``osfleet-ca``) is what the gateway and
+Locust mount to verify them. Probes use HTTPS (the kubelet does not verify probe certificates).
+
 Nodes are expected to run libvirtd themselves (prepared like any KvmHost); the agent reaches it through the
 node's libvirt socket and keeps images and records in a hostPath store. The agent's requests reserve what
 its warm replicas use on the node (the QEMU processes run under the node's libvirtd, outside the pod).
@@ -20,6 +25,7 @@ from typing import Any
 
 import pulumi
 
+from osfleet_infra.components import CertificateAuthority
 from osfleet_infra.settings import REPO, Common, ConfigError, list_value
 
 DEFAULT_NAMESPACE = "osfleet"
@@ -35,6 +41,13 @@ LOCUSTFILE = REPO / "loadtest" / "trajectories.py"
 
 
 GATEWAY_PORT = 8090
+TLS_DIR = "/run/osfleet-tls"  # a pod's own certificate and key (tls.crt, tls.key)
+CA_DIR = "/run/osfleet-ca"  # the stack CA's certificate (ca.crt), to verify others
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    """The names a Service is reached by inside the cluster (what its pods' certificate must name)."""
+    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,10 @@ def _host_path(core: Any, name: str, path: str, kind: str) -> Any:
     return core.VolumeArgs(name=name, host_path=core.HostPathVolumeSourceArgs(path=path, type=kind))
 
 
+def _secret_volume(core: Any, name: str, secret: str) -> Any:
+    return core.VolumeArgs(name=name, secret=core.SecretVolumeSourceArgs(secret_name=secret))
+
+
 class K8sFleet(pulumi.ComponentResource):
     """Namespace, token Secret, host-agent DaemonSet + Service, Locust ConfigMap, master and workers."""
 
@@ -112,6 +129,18 @@ class K8sFleet(pulumi.ComponentResource):
         port = self.agent_port = common.agent_port
         self.namespace = core.Namespace(name, metadata=meta(name=k.namespace), opts=child)
         ns = self.namespace.metadata.name
+        self.ca = CertificateAuthority(f"{name}-tls", f"osfleet {pulumi.get_stack()} k8s CA", opts=child)
+        agent_names = service_names("osfleet-agent", k.namespace) + [addr for _, addr in k.kvm_nodes]
+        self.agent_cert = self.ca.certificate(f"{name}-agent-tls", agent_names, self)
+        self.tls_secret = core.Secret(
+            f"{name}-agent-tls", metadata=meta(name="osfleet-agent-tls", namespace=ns), type="kubernetes.io/tls",
+            string_data={"tls.crt": self.agent_cert.cert_pem, "tls.key": pulumi.Output.secret(self.agent_cert.key_pem)},
+            opts=child,
+        )  # fmt: skip
+        self.ca_secret = core.Secret(
+            f"{name}-ca", metadata=meta(name="osfleet-ca", namespace=ns),
+            string_data={"ca.crt": self.ca.cert_pem}, opts=child,
+        )  # fmt: skip
         self.secret = core.Secret(
             f"{name}-token", metadata=meta(name="osfleet-agent-token", namespace=ns),
             string_data={"token": common.token}, opts=child,
@@ -123,7 +152,9 @@ class K8sFleet(pulumi.ComponentResource):
             ),
         )
         agent_labels = {"app.kubernetes.io/name": "osfleet-agent"}
-        probe = core.ProbeArgs(http_get=core.HTTPGetActionArgs(path="/health", port=port), period_seconds=10)
+        probe = core.ProbeArgs(
+            http_get=core.HTTPGetActionArgs(path="/health", port=port, scheme="HTTPS"), period_seconds=10
+        )
         self.daemonset = apps.DaemonSet(
             f"{name}-agent",
             metadata=meta(name="osfleet-agent", namespace=ns),
@@ -141,14 +172,17 @@ class K8sFleet(pulumi.ComponentResource):
                                 name="agent",
                                 image=k.container_image,
                                 command=["osfleet", "host", "serve", "--bind", "0.0.0.0", "--port", str(port),
-                                         "--warm", str(common.warm), "--mode", common.mode],
-                                env=[token_env, core.EnvVarArgs(name="OSFLEET_HOME", value=k.store)],
+                                         "--warm", str(common.warm), "--mode", common.mode,
+                                         "--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"],
+                                env=[token_env, core.EnvVarArgs(name="OSFLEET_HOME", value=k.store),
+                                     core.EnvVarArgs(name="OSFLEET_TENANCY", value=common.tenancy)],
                                 ports=[core.ContainerPortArgs(container_port=port, name="api")],
                                 security_context=core.SecurityContextArgs(privileged=True),
                                 volume_mounts=[
                                     core.VolumeMountArgs(name="kvm", mount_path="/dev/kvm"),
                                     core.VolumeMountArgs(name="store", mount_path=k.store),
                                     core.VolumeMountArgs(name="libvirt", mount_path="/var/run/libvirt"),
+                                    core.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True),
                                 ],
                                 liveness_probe=probe,
                                 readiness_probe=probe,
@@ -162,6 +196,7 @@ class K8sFleet(pulumi.ComponentResource):
                             _host_path(core, "kvm", "/dev/kvm", "CharDevice"),
                             _host_path(core, "store", k.store, "DirectoryOrCreate"),
                             _host_path(core, "libvirt", "/var/run/libvirt", "Directory"),
+                            _secret_volume(core, "tls", "osfleet-agent-tls"),
                         ],
                     ),
                 ),
@@ -174,7 +209,7 @@ class K8sFleet(pulumi.ComponentResource):
             spec=core.ServiceSpecArgs(selector=agent_labels, ports=[core.ServicePortArgs(port=port, target_port=port)]),
             opts=child,
         )
-        self.agent_url = pulumi.Output.concat("http://osfleet-agent.", ns, f".svc:{port}")
+        self.agent_url = pulumi.Output.concat("https://osfleet-agent.", ns, f".svc:{port}")
         self.fleet_url: pulumi.Output[str] | None = None
         self.gateway_token: pulumi.Output[str] | None = None
         client_env = token_env  # what Locust calls with: the agents' token without a gateway, else the gateway's
@@ -205,8 +240,23 @@ class K8sFleet(pulumi.ComponentResource):
 
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
         labels = {"app.kubernetes.io/name": "osfleet-gateway"}
-        hosts = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=http://{addr}:{self.agent_port}")]
-        probe = core.ProbeArgs(http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT), period_seconds=10)
+        hosts = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")]
+        probe = core.ProbeArgs(
+            http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT, scheme="HTTPS"), period_seconds=10
+        )
+        gateway_cert = self.ca.certificate(f"{name}-gateway-tls", service_names("osfleet-gateway", k.namespace), self)
+        core.Secret(
+            f"{name}-gateway-tls", metadata=meta(name="osfleet-gateway-tls", namespace=ns), type="kubernetes.io/tls",
+            string_data={"tls.crt": gateway_cert.cert_pem, "tls.key": pulumi.Output.secret(gateway_cert.key_pem)},
+            opts=child,
+        )  # fmt: skip
+        tls_args = ["--hosts-ca-file", f"{CA_DIR}/ca.crt", "--tls-cert", f"{TLS_DIR}/tls.crt",
+                    "--tls-key", f"{TLS_DIR}/tls.key"]  # fmt: skip
+        tls_mounts = [
+            core.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True),
+            core.VolumeMountArgs(name="ca", mount_path=CA_DIR, read_only=True),
+        ]
+        tls_volumes = [_secret_volume(core, "tls", "osfleet-gateway-tls"), _secret_volume(core, "ca", "osfleet-ca")]
         token_volume = core.VolumeArgs(
             name="token", secret=core.SecretVolumeSourceArgs(secret_name="osfleet-agent-token")
         )
@@ -223,13 +273,13 @@ class K8sFleet(pulumi.ComponentResource):
                         containers=[core.ContainerArgs(
                             name="gateway", image=k.container_image,
                             command=["osfleet", "fleet", "serve", "--bind", "0.0.0.0", "--port", str(GATEWAY_PORT),
-                                     *hosts, "--hosts-token-file", "/run/osfleet/token"],
+                                     *hosts, "--hosts-token-file", "/run/osfleet/token", *tls_args],
                             env=[token_env],
                             ports=[core.ContainerPortArgs(container_port=GATEWAY_PORT, name="api")],
-                            volume_mounts=[token_mount],
+                            volume_mounts=[token_mount, *tls_mounts],
                             liveness_probe=probe, readiness_probe=probe,
                         )],
-                        volumes=[token_volume],
+                        volumes=[token_volume, *tls_volumes],
                     ),
                 ),
             ),
@@ -241,7 +291,7 @@ class K8sFleet(pulumi.ComponentResource):
             spec=core.ServiceSpecArgs(selector=labels, ports=[core.ServicePortArgs(port=GATEWAY_PORT)]),
             opts=child,
         )
-        self.fleet_url = pulumi.Output.concat("http://osfleet-gateway.", ns, f".svc:{GATEWAY_PORT}")
+        self.fleet_url = pulumi.Output.concat("https://osfleet-gateway.", ns, f".svc:{GATEWAY_PORT}")
 
     def _locust(
         self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
@@ -253,9 +303,13 @@ class K8sFleet(pulumi.ComponentResource):
             f"{name}-locustfile", metadata=meta(name="osfleet-locustfile", namespace=ns),
             data={"trajectories.py": LOCUSTFILE.read_text()}, opts=child,
         )  # fmt: skip
-        mount = [core.VolumeMountArgs(name="locustfile", mount_path="/locust")]
+        mount = [
+            core.VolumeMountArgs(name="locustfile", mount_path="/locust"),
+            core.VolumeMountArgs(name="ca", mount_path=CA_DIR, read_only=True),
+        ]
         volume = [
-            core.VolumeArgs(name="locustfile", config_map=core.ConfigMapVolumeSourceArgs(name="osfleet-locustfile"))
+            core.VolumeArgs(name="locustfile", config_map=core.ConfigMapVolumeSourceArgs(name="osfleet-locustfile")),
+            _secret_volume(core, "ca", "osfleet-ca"),
         ]
 
         def deployment(role: str, replicas: int, args: list[str]) -> object:
@@ -271,7 +325,8 @@ class K8sFleet(pulumi.ComponentResource):
                         spec=core.PodSpecArgs(
                             containers=[core.ContainerArgs(
                                 name="locust", image=k.container_image,
-                                command=["locust", "-f", "/locust/trajectories.py", *args],
+                                command=["locust", "-f", "/locust/trajectories.py", *args,
+                                         "--ca-file", f"{CA_DIR}/ca.crt"],
                                 env=[token_env], volume_mounts=mount,
                             )],
                             volumes=volume,
@@ -283,7 +338,8 @@ class K8sFleet(pulumi.ComponentResource):
 
         # Locust drives the gateway; without one (no kvmNodes) the agents' Service, which only holds for one KVM
         # node (a lease's calls must reach the agent that granted it).
-        target = f"http://osfleet-gateway:{GATEWAY_PORT}" if k.kvm_nodes else f"http://osfleet-agent:{self.agent_port}"
+        gw, agent = f"https://osfleet-gateway:{GATEWAY_PORT}", f"https://osfleet-agent:{self.agent_port}"
+        target = gw if k.kvm_nodes else agent
         master = deployment("master", 1, ["--master", "--host", target])
         svc = core.Service(
             f"{name}-locust-master-svc",
@@ -308,6 +364,7 @@ def deploy_k8s(cfg: pulumi.Config, common: Common) -> None:
     fleet = K8sFleet("osfleet", k, common, gateway_token=cfg.get_secret("gatewayToken"))
     pulumi.export("namespace", fleet.namespace.metadata.name)
     pulumi.export("agentUrl", fleet.agent_url)
+    pulumi.export("caCert", fleet.ca.cert_pem)
     pulumi.export("agentToken", common.token)
     if fleet.fleet_url is not None:
         pulumi.export("fleetUrl", fleet.fleet_url)

@@ -13,6 +13,7 @@ from typing import Any
 import pulumi
 
 from osfleet_infra.components import (
+    CertificateAuthority,
     GoldenImage,
     GoldenImageArgs,
     HostAgent,
@@ -108,7 +109,8 @@ def onprem_targets(cfg: pulumi.Config) -> list[HostTarget]:
 
 
 def deploy_bare_metal(targets: list[HostTarget], common: Common, tune_kernel: bool) -> None:
-    hosts = [KvmHost(t.name, KvmHostArgs(target=t, tune_kernel=tune_kernel)) for t in targets]
+    hosts = [KvmHost(t.name, KvmHostArgs(target=t, tune_kernel=tune_kernel, tenancy=common.tenancy)) for t in targets]
+    ca = CertificateAuthority("tls", f"osfleet {pulumi.get_project()}/{pulumi.get_stack()} CA")
     image = GoldenImage(
         "golden", GoldenImageArgs(recipe=str(common.recipe), recipe_hash=common.recipe_hash, hosts=hosts)
     )
@@ -116,15 +118,24 @@ def deploy_bare_metal(targets: list[HostTarget], common: Common, tune_kernel: bo
         HostAgent(
             h.target.name,
             HostAgentArgs(
-                host=h, image=image, token=common.token, port=common.agent_port, warm=common.warm, mode=common.mode
+                host=h,
+                image=image,
+                token=common.token,
+                ca=ca,
+                port=common.agent_port,
+                warm=common.warm,
+                mode=common.mode,
+                tenancy=common.tenancy,
             ),
-        )  # fmt: skip
+        )
         for h in hosts
     ]
     pulumi.export("hosts", {h.target.name: h.address for h in hosts})
     pulumi.export("agentUrls", {a_h.target.name: a.url for a, a_h in zip(agents, hosts, strict=True)})
+    pulumi.export("caCert", ca.cert_pem)  # what clients verify the agents' certificates against
     pulumi.export("goldenImage", image.image_name)
     pulumi.export("agentToken", common.token)
+    pulumi.export("tenancy", common.tenancy)
     if common.footprint is not None:
         capacity = {h.target.name: _capacity(h, common) for h in hosts}
         pulumi.export("replicaCapacity", {n: c.apply(lambda x: x[0]) for n, c in capacity.items()})

@@ -18,17 +18,14 @@ from typing import Any
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from osfleet.errors import CommandFailedError, ImageInUseError
-from osfleet.host_tune import KSM_PAGES_TO_SCAN, KSM_SLEEP_MILLISECONDS
+from osfleet.host_tune import ksm_for_tenancy, ksm_writes
 from osfleet.imaging.host import Host
 from osfleet_infra.remote import CONN_KEYS, host_of
 
 q = shlex.quote
 SYSCTL_FILE = "/etc/sysctl.d/90-osfleet.conf"
-# What a large fleet needs from the kernel: many QEMU processes and their mappings, and KSM merging the
-# nearly identical memory of clones.
+# What a large fleet needs from the kernel: many QEMU processes and their mappings.
 FLEET_SYSCTLS = {"vm.max_map_count": "1048576", "kernel.pid_max": "4194304", "fs.inotify.max_user_instances": "8192"}
-# KSM at the rates ``osfleet host tune`` sets (one place for them: osfleet.host_tune).
-KSM = {"run": "1", "pages_to_scan": str(KSM_PAGES_TO_SCAN), "sleep_millisecs": str(KSM_SLEEP_MILLISECONDS)}
 AGENT_START_SECONDS = 300.0
 
 
@@ -45,7 +42,7 @@ def _diff(olds: dict[str, Any], news: dict[str, Any], keys: list[str], replace_k
 class HostPrepProvider(ResourceProvider):
     """Packages, daemons, /dev/kvm, kernel settings, image store and the osfleet command on one host."""
 
-    KEYS = [*CONN_KEYS, "packages", "home", "osfleet_bin", "osfleet_pip_spec", "tune_kernel"]
+    KEYS = [*CONN_KEYS, "packages", "home", "osfleet_bin", "osfleet_pip_spec", "tune_kernel", "tenancy"]
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         with host_of(props) as host:
@@ -79,9 +76,10 @@ class HostPrepProvider(ResourceProvider):
                 host.probe(f"rmdir {q(home)} 2>/dev/null")
 
 
-def prep_steps(packages: list[str], tune_kernel: bool, home: str) -> list[tuple[str, str]]:
+def prep_steps(packages: list[str], tune_kernel: bool, home: str, tenancy: str = "multi") -> list[tuple[str, str]]:
     """The host preparation as (what, shell command) steps, each idempotent: run over SSH by ``KvmHost`` and
-    as cloud-init ``runcmd`` on EC2, so both prepare a host the same way."""
+    as cloud-init ``runcmd`` on EC2, so both prepare a host the same way. KSM as ``osfleet host tune`` would
+    set it for ``tenancy`` (``osfleet.host_tune``'s rule: on only when every replica serves one user)."""
     pk = " ".join(q(p) for p in packages)
     steps = [
         (
@@ -105,10 +103,13 @@ def prep_steps(packages: list[str], tune_kernel: bool, home: str) -> list[tuple[
     ]
     if tune_kernel:
         body = "".join(f"{k} = {v}\\n" for k, v in FLEET_SYSCTLS.items())
-        ksm = "; ".join(f"[ -w /sys/kernel/mm/ksm/{k} ] && echo {v} > /sys/kernel/mm/ksm/{k}" for k, v in KSM.items())
+        wanted, why = ksm_for_tenancy("single" if tenancy == "single" else "multi")
+        ksm = "; ".join(
+            f"[ -w /sys/kernel/mm/ksm/{k} ] && echo {v} > /sys/kernel/mm/ksm/{k}" for k, v in ksm_writes(wanted)
+        )
         steps.append(
             (
-                "applying the fleet sysctls and KSM settings",
+                f"applying the fleet sysctls; KSM {why.split(':')[0]}",
                 f"printf '# written by osfleet (KvmHost)\\n{body}' > {SYSCTL_FILE} "
                 f"&& sysctl -q -p {SYSCTL_FILE}; {ksm}; true",
             )
@@ -123,7 +124,8 @@ def _prepare(host: Host, props: dict[str, Any]) -> dict[str, Any]:
     made_sysctl = bool(props["tune_kernel"]) and not host.exists(SYSCTL_FILE)
     # A fresh cloud host may still be running its own preparation (cloud-init holds the apt lock).
     host.run("if command -v cloud-init >/dev/null; then cloud-init status --wait >/dev/null || true; fi", timeout=1800)
-    for what, command in prep_steps(list(props["packages"]), bool(props["tune_kernel"]), home):
+    steps = prep_steps(list(props["packages"]), bool(props["tune_kernel"]), home, str(props.get("tenancy") or "multi"))
+    for what, command in steps:
         host.run(command, timeout=1800, what=what)
     bin_ = str(props["osfleet_bin"])
     spec = str(props.get("osfleet_pip_spec") or "")
@@ -221,12 +223,75 @@ class ImagePublishProvider(ResourceProvider):
             )
 
 
+# --- TLS between the gateway (or any client) and the agents: a CA per stack, a certificate per agent -----------
+
+
+class CaProvider(ResourceProvider):
+    """A small CA made by the stack (``osfleet.tls.make_ca``): its key lives only in the stack's state, encrypted
+    as a secret (``additional_secret_outputs``). Nothing outside the state: delete has nothing to undo. Renewed
+    (replaced, and every certificate with it) by an ``up`` within ``RENEW_DAYS`` of its end."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        from osfleet.tls import make_ca
+
+        ca = make_ca(str(props["common_name"]))
+        return CreateResult(
+            id_=_fingerprint(ca.cert_pem), outs={**props, "cert_pem": ca.cert_pem, "key_pem": ca.key_pem}
+        )
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        from osfleet.tls import needs_renewal
+
+        renew = needs_renewal(str(olds.get("cert_pem", "")))
+        changed = olds.get("common_name") != news.get("common_name") or renew
+        return DiffResult(changes=changed, replaces=["cert_pem"] if changed else [], delete_before_replace=False)
+
+
+class CertProvider(ResourceProvider):
+    """A server certificate for an agent's addresses, signed by the stack's CA (``osfleet.tls.issue``). Issued
+    again (an update, which restarts the agent onto it) when the addresses or the CA change, or by an ``up``
+    within ``RENEW_DAYS`` of its end."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        outs = self._issue(props)
+        return CreateResult(id_=_fingerprint(outs["cert_pem"]), outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        from osfleet.tls import needs_renewal
+
+        changed = (
+            list(olds.get("names") or []) != list(news.get("names") or [])
+            or olds.get("ca_cert_pem") != news.get("ca_cert_pem")
+            or needs_renewal(str(olds.get("cert_pem", "")))
+        )
+        return DiffResult(changes=changed, replaces=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs=self._issue(news))
+
+    @staticmethod
+    def _issue(props: dict[str, Any]) -> dict[str, Any]:
+        from osfleet.tls import KeyPair, issue
+
+        names = [str(n) for n in props["names"]]
+        leaf = issue(KeyPair(str(props["ca_cert_pem"]), str(props["ca_key_pem"])), names)
+        # The CA's key is an input only: it is not kept in this resource's outputs.
+        return {"names": names, "ca_cert_pem": props["ca_cert_pem"], "cert_pem": leaf.cert_pem, "key_pem": leaf.key_pem}
+
+
+def _fingerprint(cert_pem: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(cert_pem.encode()).hexdigest()[:32]
+
+
 # --- HostAgent: `osfleet host serve` as a supervised service ------------------------------------------------
 
 
 class AgentProvider(ResourceProvider):
     """The host agent under a small restart-loop supervisor (setsid + pid file), or a systemd unit's
-    equivalent where none runs; healthy on ``/health`` before create or update returns."""
+    equivalent where none runs; over HTTPS with the certificate the stack made for it (files 0600 in the agent's
+    folder); healthy on ``/health``, verified against the stack's CA, before create or update returns."""
 
     KEYS = [
         *CONN_KEYS,
@@ -240,6 +305,10 @@ class AgentProvider(ResourceProvider):
         "mode",
         "image",
         "token",
+        "tls_cert",
+        "tls_key",
+        "ca_cert",
+        "tenancy",
     ]
     REPLACE = (*CONN_KEYS, "home", "name_prefix")
 
@@ -288,12 +357,21 @@ def _agent_dir(props: dict[str, Any]) -> str:
     return f"{props['home']}/agent"
 
 
+def _tls(props: dict[str, Any]) -> bool:
+    return bool(props.get("tls_cert"))
+
+
 def _url(props: dict[str, Any]) -> str:
-    return f"http://{props.get('url_host') or props['bind']}:{props['agent_port']}"
+    host = str(props.get("url_host") or props["bind"])
+    host = f"[{host}]" if ":" in host else host
+    return f"{'https' if _tls(props) else 'http'}://{host}:{props['agent_port']}"
 
 
 def _env(props: dict[str, Any]) -> str:
-    return f"OSFLEET_HOME={q(str(props['home']))} OSFLEET_NAME_PREFIX={q(str(props['name_prefix']))}"
+    return (
+        f"OSFLEET_HOME={q(str(props['home']))} OSFLEET_NAME_PREFIX={q(str(props['name_prefix']))} "
+        f"OSFLEET_TENANCY={q(str(props.get('tenancy') or 'multi'))}"
+    )
 
 
 def _supervisor(props: dict[str, Any]) -> str:
@@ -305,11 +383,12 @@ def _supervisor(props: dict[str, Any]) -> str:
             props["osfleet_bin"], "host", "serve", "--bind", props["bind"], "--port", props["agent_port"],
             "--warm", props["warm"], "--mode", props["mode"], "--image", props["image"],
             "--token-file", f"{d}/token",
+            *(["--tls-cert", f"{d}/tls.crt", "--tls-key", f"{d}/tls.key"] if _tls(props) else []),
         ]
     )  # fmt: skip
     return f"""#!/bin/sh
 # osfleet host agent supervisor (written by Pulumi HostAgent); stop it with SIGTERM to its pid.
-export OSFLEET_HOME={q(str(props["home"]))} OSFLEET_NAME_PREFIX={q(str(props["name_prefix"]))}
+export {_env(props)}
 echo $$ > {q(d)}/supervisor.pid
 child=
 trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child"; rm -f {q(d)}/supervisor.pid; exit 0' TERM INT
@@ -327,6 +406,9 @@ def _start_agent(host: Host, props: dict[str, Any]) -> None:
     d = _agent_dir(props)
     host.run(f"mkdir -p {q(d)} && chmod 0700 {q(d)}", what="creating the agent folder")
     host.write_file(f"{d}/token", str(props["token"]) + "\n", 0o600)
+    if _tls(props):
+        host.write_file(f"{d}/tls.crt", str(props["tls_cert"]), 0o600)
+        host.write_file(f"{d}/tls.key", str(props["tls_key"]), 0o600)
     host.write_file(f"{d}/supervise.sh", _supervisor(props), 0o700)
     host.run(
         f"setsid sh {q(d)}/supervise.sh >> {q(d)}/agent.log 2>&1 < /dev/null &",
@@ -336,13 +418,17 @@ def _start_agent(host: Host, props: dict[str, Any]) -> None:
 
 
 def _wait_healthy(host: Host, props: dict[str, Any]) -> None:
-    """Poll ``/health`` from this machine (the caller's side) until it answers 200."""
+    """Poll ``/health`` from this machine (the caller's side) until it answers 200, verifying the agent's
+    certificate against the stack's CA (what a gateway will do)."""
+    from osfleet.tls import client_context
+
     url = _url(props) + "/health"
+    ctx = client_context(ca_pem=str(props["ca_cert"])) if _tls(props) else None
     deadline = time.monotonic() + AGENT_START_SECONDS
     last = "no answer"
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
                 if resp.status == 200:
                     json.load(resp)
                     return

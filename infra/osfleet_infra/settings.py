@@ -16,6 +16,12 @@ from osfleet.errors import OsfleetError
 NS = "osfleet"
 PLATFORMS = ("lab", "onprem", "aws", "k8s")
 MODES = ("snapshot", "cold")
+TENANCIES = ("single", "multi")
+# Who the replicas of a stack's hosts serve, and so whether KSM may merge their memory (osfleet.host_tune's rule):
+# "multi" unless said otherwise, because a fleet with client tokens serves tenants that must not learn what each
+# other's desktops hold (KSM's merge timing is such a channel). A stack whose every client is one team's RL run
+# sets "single" to get KSM's density.
+DEFAULT_TENANCY = "multi"
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_RECIPE = "golden_images/recipes/desktop.yaml"
 DEFAULT_AGENT_PORT = 8080
@@ -47,6 +53,7 @@ class Common:
     warm: int
     mode: str
     token: pulumi.Output[str]
+    tenancy: str = DEFAULT_TENANCY
 
 
 def _int(cfg: pulumi.Config, key: str, default: int, low: int, high: int) -> int:
@@ -108,6 +115,7 @@ def read_common(cfg: pulumi.Config, stack: str) -> Common:
         warm=_int(cfg, "warm", DEFAULT_WARM, 0, 4096),
         mode=_choice(cfg, "mode", DEFAULT_MODE, MODES),
         token=token,
+        tenancy=_choice(cfg, "tenancy", DEFAULT_TENANCY, TENANCIES),
     )
 
 

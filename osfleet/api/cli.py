@@ -13,6 +13,7 @@ import click
 from osfleet.cli_support import api_token
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, MODES, Mode, Settings
+from osfleet.tls import Listener, listener_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,6 +91,7 @@ def host() -> None:
     "http://IP:PORT; never to each other or this host (OSFLEET_REPLICA_NETWORK)",
 )
 @_friendly
+@listener_options
 def host_serve(
     bind: str,
     port: int,
@@ -110,6 +112,7 @@ def host_serve(
     record_max_mib: int,
     record_max_episodes: int | None,
     replica_network: str | None,
+    listener: Listener,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
     import uvicorn
@@ -165,11 +168,10 @@ def host_serve(
         ),
     )
     tenants = f", {len(clients)} client(s)" if clients else ""
-    click.echo(
-        f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm{tenants})", err=True
-    )
+    where = listener.url(bind, port)
+    click.echo(f"osfleet host agent on {where} ({image.name}, {mode} resets, {warm} warm{tenants})", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
-    uvicorn.run(app, host=bind, port=port, log_level=level)
+    uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
 
 
 @host.command("tune")

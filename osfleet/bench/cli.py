@@ -279,6 +279,20 @@ def _fail_if_failed(result: dict[str, Any]) -> None:
         raise OsfleetError(f"the benchmark failed: {result['failure']}")
 
 
+@bench.command("hostclient")
+@click.option("--rounds", default=300, show_default=True, type=click.IntRange(10, 100000), help="counted rounds")
+@click.option("--warmup", default=20, show_default=True, type=click.IntRange(0, 10000), help="uncounted rounds")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_hostclient(rounds: int, warmup: int, as_json: bool, out: Path | None) -> None:
+    """The gateway's own HTTP client against aiohttp on the same calls to a stand-in host (HTTP and TLS):
+    CPU and wall time per call, per-round differences, order swapped every round."""
+    from osfleet.bench import hostclient
+
+    emit(hostclient.run(rounds, warmup), as_json, out, hostclient.summary)
+
+
 def _seconds(text: str) -> int:
     units = {"s": 1, "m": 60, "h": 3600}
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import ssl
 import tempfile
 import time
 import urllib.error
@@ -28,10 +29,10 @@ STACK = "bench"
 HEALTH_TIMEOUT = 10.0
 
 
-def _get(url: str, token: str | None = None) -> int:
+def _get(url: str, token: str | None = None, context: ssl.SSLContext | None = None) -> int:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(req, timeout=HEALTH_TIMEOUT) as resp:
+        with urllib.request.urlopen(req, timeout=HEALTH_TIMEOUT, context=context) as resp:
             json.load(resp)
             return int(resp.status)
     except urllib.error.HTTPError as exc:
@@ -105,12 +106,17 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
         result["up_seconds"] = round(time.monotonic() - t, 2)
         result["up_changes"] = _changes(up.summary)
 
-        say("[3/7] health of every host agent (GET /health; GET /v1/host with the token from the outputs)")
+        say("[3/7] health of every host agent over https, verified against the stack's CA (caCert output)")
+        from osfleet.tls import client_context
+
         urls: dict[str, str] = up.outputs["agentUrls"].value
         token: str = up.outputs["agentToken"].value
+        ctx = client_context(ca_pem=up.outputs["caCert"].value)
         health = {
-            name: {"health": _get(f"{u}/health"), "authorized": _get(f"{u}/v1/host", token)} for name, u in urls.items()
+            name: {"health": _get(f"{u}/health", context=ctx), "authorized": _get(f"{u}/v1/host", token, ctx)}
+            for name, u in urls.items()
         }
+        result["https"] = sum(1 for u in urls.values() if u.startswith("https://"))
         result["health"] = health
         result["hosts_healthy"] = sum(1 for h in health.values() if h["health"] == 200 and h["authorized"] == 200)
         result["golden_image"] = up.outputs["goldenImage"].value

@@ -26,7 +26,7 @@ from typing import Any, overload
 
 from osfleet.api.models import ForkResponse, LeaseResponse, Observation, ReplicaView, ResetResponse, StepResponse
 from osfleet.client.errors import FleetError, InvalidRequestError, LeaseError, NotFoundError
-from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Transport
+from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Transport, Verify
 from osfleet.client.types import (
     ActionLike,
     ResetResult,
@@ -272,7 +272,8 @@ class AsyncGroup(Sequence[AsyncSession]):
 
 class AsyncFleet:
     """A host agent's or a gateway's API. ``url`` e.g. ``http://127.0.0.1:8080``; the token from ``token``,
-    ``token_file`` or ``$OSFLEET_API_TOKEN``."""
+    ``token_file`` or ``$OSFLEET_API_TOKEN``; ``https`` servers verified as ``verify`` says (``transport.Verify``:
+    a CA file, or ``$OSFLEET_CA_FILE``, or the system's CAs)."""
 
     def __init__(
         self,
@@ -285,7 +286,7 @@ class AsyncFleet:
         max_connections: int = 256,
         observation_format: ImageFormat = "png",
         observation_quality: int | None = None,
-        verify: bool | str = True,
+        verify: Verify = True,
     ) -> None:
         self._t = Transport(
             url,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 from osfleet.api.models import ReplicaView
 from osfleet.client.fleet import DEFAULT_LEASE_WAIT, AsyncFleet, AsyncGroup, AsyncSession
-from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy
+from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Verify
 from osfleet.client.types import ActionLike, ResetResult, Screen, StepResult, TaskLike
 from osfleet.screen import ImageFormat
 from osfleet.tasks.model import Evaluation
@@ -139,7 +139,7 @@ class Fleet:
         max_connections: int = 64,
         observation_format: ImageFormat = "png",
         observation_quality: int | None = None,
-        verify: bool | str = True,
+        verify: Verify = True,
     ) -> None:
         self._loop = _Loop()
         try:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
+import ssl
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx2 as httpx
@@ -31,6 +34,11 @@ answer was 503 capacity; ``idempotent``: again on any connection failure or 503.
 DEFAULT_TIMEOUT = 180.0  # seconds for one call; a step's actions alone may take the server 90 s
 CONNECT_TIMEOUT = 10.0
 MAX_RETRY_AFTER = 30.0
+CA_FILE_ENV = "OSFLEET_CA_FILE"
+
+Verify = bool | str | Path | ssl.SSLContext
+"""``True``: the system's CAs, or the CA file in ``$OSFLEET_CA_FILE``; a path: that CA file (PEM) alone, e.g. the
+CA an osfleet infra stack made (``pulumi stack output caCert``); a context: as given; ``False``: no verification."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class Transport:
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = 256,
         retry: RetryPolicy | None = None,
-        verify: bool | str = True,
+        verify: Verify = True,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"fleet URL {url!r}: expected http://host:port or https://host:port")
@@ -62,7 +70,7 @@ class Transport:
             headers={"Authorization": f"Bearer {token}", "User-Agent": "osfleet-client"},
             timeout=httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT, timeout)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            verify=verify,
+            verify=verify_context(verify),
         )
 
     async def aclose(self) -> None:
@@ -101,6 +109,9 @@ class Transport:
                     timeout=httpx.Timeout(per_try, connect=min(CONNECT_TIMEOUT, per_try)),
                 )
             except httpx.ConnectError as exc:  # nothing reached the server
+                untrusted = _tls_refusal(exc)
+                if untrusted:  # a setting to fix, not a passing failure: never retried
+                    raise FleetError(f"{what}: {self.url}: {untrusted}", kind="tls") from None
                 last = InfrastructureError(f"{what}: cannot connect to {self.url} ({exc})", kind="connection")
                 again = retry != "never"
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -136,6 +147,31 @@ class Transport:
             log.debug("%s: attempt %d failed (%s); again in %.1f s", what, attempt, last, delay)
             await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
             delay = min(delay * 2, MAX_RETRY_AFTER)
+
+
+def verify_context(verify: Verify) -> ssl.SSLContext | bool:
+    """What httpx gets for ``verify`` (a CA file becomes a context that trusts that CA alone)."""
+    from osfleet.errors import OsfleetError
+    from osfleet.tls import client_context
+
+    if verify is True and os.environ.get(CA_FILE_ENV):
+        verify = os.environ[CA_FILE_ENV]
+    if isinstance(verify, str | Path):
+        try:
+            return client_context(verify)
+        except OsfleetError as exc:
+            raise ValueError(str(exc)) from None
+    return verify
+
+
+def _tls_refusal(exc: BaseException) -> str | None:
+    """Why TLS refused the server, when it did (a certificate not trusted or not for this address)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"TLS: the server's certificate is not trusted ({seen.verify_message})"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _retry_after(resp: httpx.Response, default: float) -> float:

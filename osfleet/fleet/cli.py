@@ -6,7 +6,7 @@ import hmac
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -14,6 +14,10 @@ from osfleet.cli_support import api_token
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, Settings
 from osfleet.errors import OsfleetError
+from osfleet.tls import Listener, client_context, listener_options
+
+if TYPE_CHECKING:
+    from osfleet.fleet.hosts import HostEntry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,7 +65,15 @@ def fleet() -> None:
     help="request bodies over this are refused (413) before they are read",
 )
 @click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
+@click.option(
+    "--hosts-ca-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="verify https hosts against this CA (PEM) unless their hosts-file entry names its own ca_file "
+    "(default: the system's CAs)",
+)
 @_friendly
+@listener_options
 def fleet_serve(
     bind: str,
     port: int,
@@ -72,6 +84,8 @@ def fleet_serve(
     clients_file: Path | None,
     max_body_mib: int,
     osgym_allow: tuple[str, ...],
+    hosts_ca_file: Path | None,
+    listener: Listener,
 ) -> None:
     """Serve the host agent's contract for a fleet of host agents until interrupted."""
 
@@ -97,6 +111,7 @@ def fleet_serve(
     if not entries:
         raise OsfleetError("name the host agents: --hosts-file F, or --host NAME=URL with --hosts-token-file")
     check_unique(entries)
+    entries = with_host_cas(entries, hosts_ca_file)
     settings = Settings.from_env()
     token = api_token(token_file, settings.home / "gateway-token")
     clients = load_clients(clients_file, token) if clients_file is not None else ()
@@ -106,6 +121,25 @@ def fleet_serve(
         token, entries, osgym_allowed_ips=osgym_allow, clients=clients, max_body_bytes=max_body_mib * 2**20
     )
     names = ", ".join(e.name for e in entries)
-    click.echo(f"osfleet fleet gateway on http://{bind}:{port} over {len(entries)} host(s): {names}", err=True)
+    where = listener.url(bind, port)
+    click.echo(f"osfleet fleet gateway on {where} over {len(entries)} host(s): {names}", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-    uvicorn.run(app, host=bind, port=port, log_level=level)
+    uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
+
+
+def with_host_cas(entries: list[HostEntry], hosts_ca_file: Path | None) -> list[HostEntry]:
+    """``--hosts-ca-file`` given to every https host without a ``ca_file`` of its own; every CA file checked
+    now (readable, PEM), so a wrong one is a line at start-up rather than hosts drained later."""
+    if hosts_ca_file is not None and not any(e.url.startswith("https://") for e in entries):
+        raise OsfleetError("--hosts-ca-file is for https hosts; every host here is plain HTTP")
+    out = []
+    for e in entries:
+        if e.url.startswith("https://") and e.ca_file is None and hosts_ca_file is not None:
+            e = e.model_copy(update={"ca_file": hosts_ca_file})
+        if e.ca_file is not None:
+            try:
+                client_context(e.ca_file)
+            except OsfleetError as exc:
+                raise OsfleetError(f"host {e.name}: {exc}") from None
+        out.append(e)
+    return out

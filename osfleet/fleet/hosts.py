@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from osfleet.api.auth import ON_BEHALF_OF
 from osfleet.api.errors import NotFound
 from osfleet.errors import ConfigError, OsfleetError, first_problem
-from osfleet.fleet.hostclient import HostCallError, HostCallTimeout, HostClient, HostResponse
+from osfleet.fleet.hostclient import HostCallError, HostCallTimeout, HostClient, HostConnectError, HostResponse
 from osfleet.fleet.ids import HOST_NAME
 
 log = logging.getLogger(__name__)
@@ -44,15 +44,23 @@ class HostTimeoutError(OsfleetError):
 
 
 class HostEntry(BaseModel):
-    """One host agent behind the gateway: its name in fleet ids, its URL and the token it expects."""
+    """One host agent behind the gateway: its name in fleet ids, its URL, the token it expects and, for an
+    ``https`` URL, the CA its certificate is verified against (default: the system's CAs)."""
 
     name: str = Field(pattern=HOST_NAME.pattern)
     url: str = Field(pattern=r"^https?://[^/\s]+$")
     token: str = Field(min_length=1)
+    ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _ca_only_for_https(self) -> HostEntry:
+        if self.ca_file is not None and not self.url.startswith("https://"):
+            raise ValueError(f"ca_file is for https URLs; {self.url} is plain HTTP")
+        return self
 
 
 def load_hosts(path: Path) -> list[HostEntry]:
-    """A hosts file: YAML or JSON list of {name, url, token | token_file}."""
+    """A hosts file: YAML or JSON list of {name, url, token | token_file, ca_file (https only, optional)}."""
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -105,6 +113,8 @@ class HostPool:
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
         self._by_name = {h.name: h for h in self.hosts}
         self.client = client
+        for e in entries:
+            client.verify_with(e.url, e.ca_file)
 
     def get(self, name: str) -> HostState:
         host = self._by_name.get(name)
@@ -186,9 +196,9 @@ class HostPool:
             raise HostTimeoutError(f"host {host.name} did not answer {method} {path} within {timeout:.0f} s") from None
         except HostCallError as exc:
             self.drain(host, f"host {host.name} is not answering ({_reason(exc)})")
-            # hostclient raises its own error from the socket's; a refused connection carried no request
-            refused = isinstance(exc.__context__, ConnectionRefusedError)
-            raise (HostNotReachedError if refused else HostUnavailableError)(f"{host.reason}; lease again") from None
+            # no connection made (refused, unreachable, TLS refused): the host never saw the request
+            unseen = isinstance(exc, HostConnectError)
+            raise (HostNotReachedError if unseen else HostUnavailableError)(f"{host.reason}; lease again") from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -32,6 +32,9 @@ class Bringup(HttpUser):
     wait_time = constant(1)
     fixed_count = 1
 
+    def on_start(self) -> None:
+        support.setup_user(self)
+
     @task
     def bring_up(self) -> None:
         opts = self.environment.parsed_options

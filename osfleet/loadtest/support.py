@@ -34,6 +34,12 @@ def _add_options(parser: Any) -> None:
     parser.add_argument(
         "--sample-seconds", type=float, default=2.0, env_var="OSFLEET_SAMPLE_SECONDS", help="host sampling interval"
     )
+    parser.add_argument(
+        "--ca-file",
+        default="",
+        env_var="OSFLEET_CA_FILE",
+        help="for an https --host: verify it against this CA (PEM) instead of the system's CAs",
+    )
 
 
 def _options(env: Environment) -> Any:
@@ -53,6 +59,27 @@ def headers(env: Environment) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def verify(env: Environment) -> str | bool:
+    """What ``requests`` verifies an https host against: ``--ca-file`` alone when given, else the system's CAs
+    (never nothing)."""
+    ca_file = _options(env).ca_file
+    if ca_file and not Path(ca_file).is_file():
+        raise ValueError(f"--ca-file {ca_file}: no such file")
+    return str(ca_file) if ca_file else True
+
+
+def setup_user(user: Any) -> None:
+    """What every scenario's user does first: verify an https host as ``verify`` says."""
+    user.client.verify = verify(user.environment)
+
+
+def why(response: Any, limit: int) -> str:
+    """What a failed response says: its body, or the connection's error when there was no answer (status 0: a
+    refused connection, a certificate not trusted)."""
+    text = response.text or ""
+    return (text or repr(response.error or "no answer"))[:limit]
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """One line per record, flushed at once: a crash loses at most the line being written."""
     line = json.dumps(record) + "\n"
@@ -67,13 +94,14 @@ def _start_sampler(environment: Environment, **_: Any) -> None:
         return
     out = run_dir(environment) / "samples.jsonl"
     client_headers = headers(environment)
+    trust = verify(environment)
 
     def loop() -> None:
         import requests
 
         while True:
             try:
-                r = requests.get(f"{environment.host}/v1/host", headers=client_headers, timeout=10)
+                r = requests.get(f"{environment.host}/v1/host", headers=client_headers, timeout=10, verify=trust)
                 append_jsonl(out, r.json() if r.ok else {"time": time.time(), "error": f"HTTP {r.status_code}"})
             except requests.RequestException as exc:
                 append_jsonl(out, {"time": time.time(), "error": str(exc)[:200]})

@@ -53,6 +53,7 @@ class Agent(HttpUser):
     wait_time = constant(0)
 
     def on_start(self) -> None:
+        support.setup_user(self)
         opts = self.environment.parsed_options
         self.headers = support.headers(self.environment)
         self.task_ids = [t for t in opts.tasks.split(",") if t] or sorted(TASKS)
@@ -66,7 +67,7 @@ class Agent(HttpUser):
         with self.client.post(path, json=body, headers=self.headers, name=name, catch_response=True) as r:
             if r.status_code == 200 or r.status_code == 201:
                 return r.json()  # type: ignore[no-any-return]
-            reason = r.text[:300]
+            reason = support.why(r, 300)
             r.failure(f"{r.status_code}: {reason}")
             if r.status_code == 503 and '"infrastructure"' in r.text:
                 raise Infrastructure(reason)
@@ -99,7 +100,7 @@ class Agent(HttpUser):
                 time.sleep(1.0)
                 return
             if r.status_code != 201:
-                r.failure(f"{r.status_code}: {r.text[:200]}")
+                r.failure(f"{r.status_code}: {support.why(r, 200)}")
                 return
             rid, lid = r.json()["replica_id"], r.json()["lease_id"]
         task_id = self.rng.choice(self.task_ids)

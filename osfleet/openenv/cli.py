@@ -9,6 +9,7 @@ import click
 
 from osfleet.cli_support import friendly
 from osfleet.errors import OsfleetError
+from osfleet.tls import Listener, listener_options
 
 
 @click.group("openenv")
@@ -33,6 +34,7 @@ def openenv() -> None:
 @click.option("--lease-seconds", default=None, type=click.FloatRange(1, 86400), help="lease length (server default)")
 @click.option("--allow-remote", is_flag=True, help="listen beyond loopback (OpenEnv clients send no credentials)")
 @friendly
+@listener_options
 def serve(
     url: str,
     token_file: Path | None,
@@ -44,6 +46,7 @@ def serve(
     max_sessions: int,
     lease_seconds: float | None,
     allow_remote: bool,
+    listener: Listener,
 ) -> None:
     """Serve OpenEnv's protocol (/reset, /step, /state, /health, /schema, /ws) over osfleet desktops."""
     import uvicorn
@@ -70,11 +73,11 @@ def serve(
             lease_seconds=lease_seconds,
         )
         click.echo(
-            f"osfleet OpenEnv server on http://{bind}:{port} over {url} ({health.get('image', 'fleet')}); "
+            f"osfleet OpenEnv server on {listener.url(bind, port)} over {url} ({health.get('image', 'fleet')}); "
             f"default task {task or 'none'}",
             err=True,
         )
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-        uvicorn.run(app, host=bind, port=port, log_level=level)
+        uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
     finally:
         fleet.close()
