@@ -198,5 +198,5 @@ class FakeHost:
     def rss_bytes(self, rid: str) -> int | None:
         return self.rss
 
-    def read_file(self, rid: str, path: str, limit: int) -> bytes:
+    def read_file(self, rid: str, path: str, limit: int, timeout: float = 60.0) -> bytes:
         raise OsfleetError("no files in the fake guest")

@@ -21,7 +21,7 @@ from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.replicas import adoption, saved_state, template_memory
-from osfleet.replicas.actions import Action, ActionResult, read_file, run_actions, shell
+from osfleet.replicas.actions import READ_FILE_SECONDS, Action, ActionResult, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
 from osfleet.replicas.capture import ScreenCapture
 from osfleet.replicas.errors import (
@@ -319,8 +319,10 @@ class ReplicaHost:
         self.lifecycle.mark_used(rec.id, rec.generation)
         return shell(self.virt, rec.domain, command, timeout, as_root)
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        return read_file(self.virt, self._running(replica_id).domain, path, limit)
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = READ_FILE_SECONDS) -> bytes:
+        """The whole guest file (task checks and getters), within ``timeout`` seconds; a file larger than
+        ``limit`` raises ``GuestFileTooLargeError`` (scored 0 by the runner), never comes back cut short."""
+        return read_file(self.virt, self._running(replica_id).domain, path, limit, timeout, whole=True)
 
     def rss_bytes(self, replica_id: str) -> int | None:
         return self.virt.rss_bytes(self.get(replica_id).domain)

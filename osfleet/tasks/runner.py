@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from osfleet.errors import OsfleetError
+from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetError
 from osfleet.replicas import actions
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.tasks import evaluators, getters
+from osfleet.tasks import evaluators, getters, sandbox
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.guest_files import put_file
 from osfleet.tasks.model import (
@@ -105,6 +105,8 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
     """Reset the replica to its initial state (unless it is still there: a lease starts on a freshly reset
     replica), then apply the task's set-up; returns seconds taken."""
     start = time.monotonic()
+    if any(isinstance(c.check, OsworldCheck) for c in task.criteria):
+        sandbox.default().start_soon()  # its metric modules load while the replica resets, not at evaluation
     host.reset(rid, unless_pristine=True)
     apply_setup(host, rid, task)
     return time.monotonic() - start
@@ -144,10 +146,12 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
                 )
                 detail = out["stdout"][-200:]
             elif isinstance(check, OsworldCheck):
-                met, detail = _check_osworld(host, rid, check, workdir, min(CHECK_TIMEOUT_SECONDS, left))
+                met, detail = _check_osworld(host, rid, check, workdir, deadline)
             else:
                 assert isinstance(check, FileContent)
                 met, detail = _check_file(host, rid, check)
+        except GuestFileTooLargeError as exc:  # the guest's doing: unmet, never scored on a cut-off copy
+            met, detail = False, str(exc)
         except OsfleetError as exc:
             raise VerifierError(f"task {task.id}: criterion {c.name!r} could not be checked: {exc}") from None
         results.append(CriterionResult(name=c.name, met=met, weight=c.weight, required=c.required, detail=detail))
@@ -168,13 +172,42 @@ def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, 
     return check.match.check(text), text[-200:]
 
 
-def _check_osworld(host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, timeout: float) -> tuple[bool, str]:
-    """An OSWorld metric on the host; met when it scores 1 (OSWorld's metrics here are all-or-nothing)."""
+def _check_osworld(
+    host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, deadline: float
+) -> tuple[bool, str]:
+    """An OSWorld metric in the evaluation sandbox on what the getters fetched; met when it scores 1 (OSWorld's
+    metrics here are all-or-nothing). Every guest call of the getters ends by ``deadline``."""
     store = AssetStore.from_settings()
-    result = getters.get(host, rid, check.result, workdir, store, timeout)
-    expected = getters.get(host, rid, check.expected, workdir, store, timeout) if check.expected else None
-    value, detail = evaluators.run_metric(check.func, result, expected, check.options)
+    guest = Deadlined(host, deadline)
+    timeout = min(CHECK_TIMEOUT_SECONDS, guest.left())
+    result = getters.get(guest, rid, check.result, workdir, store, timeout)
+    expected = getters.get(guest, rid, check.expected, workdir, store, timeout) if check.expected else None
+    value, detail = evaluators.run_metric(check.func, result, expected, check.options, wall=guest.left())
     return value >= 1.0, detail[-200:]
+
+
+class Deadlined:
+    """A replica host whose guest calls all end by ``deadline`` (the getters' view of it): whatever a getter
+    does, a guest agent that answers slowly or never costs the evaluation its budget, never a hung thread."""
+
+    def __init__(self, host: ReplicaHost, deadline: float) -> None:
+        self._host = host
+        self._deadline = deadline
+
+    def left(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise GuestTimeoutError(f"the evaluation's {EVALUATE_BUDGET_SECONDS:.0f} s budget ran out")
+        return left
+
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        return self._host.shell(replica_id, command, min(timeout, self.left()), as_root)
+
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = actions.READ_FILE_SECONDS) -> bytes:
+        return self._host.read_file(replica_id, path, limit, timeout=min(timeout, self.left()))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
 
 
 def run_oracle(host: ReplicaHost, rid: str, task: Task) -> None:

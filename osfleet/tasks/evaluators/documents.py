@@ -26,10 +26,18 @@ def _file(value: Any, what: str) -> Path:
     return value
 
 
+MAX_GRID_SPAN = 64  # Word's tables have at most 63 columns
+
+
 def docx_paragraphs(path: Path) -> list[str]:
     import docx
+    from docx.oxml.ns import qn
 
     document = docx.Document(str(path))
+    for span in document.element.body.iter(qn("w:gridSpan")):  # python-docx makes a list that long per cell
+        val = span.get(qn("w:val"), "1")
+        if not (val.isdigit() and len(val) <= 3 and int(val) <= MAX_GRID_SPAN):
+            span.set(qn("w:val"), str(MAX_GRID_SPAN))
     texts = [p.text for p in document.paragraphs]
     for table in document.tables:
         for row in table.rows:

@@ -56,8 +56,28 @@ def _trimmed(rows: list[list[Any]]) -> list[list[Any]]:
     return out
 
 
+MAX_CELLS = 10_000_000
+_NO_CELL = type("NoCell", (), {"value": None, "number_format": "General"})()
+
+
+def _rows(ws: Any) -> list[list[Any]]:
+    """The sheet's rows, each up to its last real cell: ``iter_rows`` walks (and creates) every cell of the
+    sheet's dimension, 17 billion for one value in XFD1048576; a sheet whose rows span more than
+    ``MAX_CELLS`` is refused (no application would show such a sheet either)."""
+    by_row: dict[int, dict[int, Any]] = {}
+    for (r, c), cell in ws._cells.items():
+        by_row.setdefault(r, {})[c] = cell
+    span = sum(max(cols) for cols in by_row.values()) + max(by_row, default=0)
+    if span > MAX_CELLS:
+        raise ValueError(f"sheet {ws.title!r} spans {span} cells (over {MAX_CELLS}): too large to compare")
+    return [
+        [by_row.get(r, {}).get(c, _NO_CELL) for c in range(1, max(by_row.get(r, {0: None})) + 1)]
+        for r in range(1, max(by_row, default=0) + 1)
+    ]
+
+
 def sheet_values(ws: Any) -> list[list[Any]]:
-    return _trimmed([[c.value for c in row] for row in ws.iter_rows()])
+    return _trimmed([[c.value for c in row] for row in _rows(ws)])
 
 
 def _general(value: float) -> str:
@@ -93,7 +113,7 @@ def display(value: Any, number_format: str) -> str:
 
 
 def sheet_printed(ws: Any) -> list[list[str]]:
-    return _trimmed([[display(c.value, c.number_format) for c in row] for row in ws.iter_rows()])
+    return _trimmed([[display(c.value, c.number_format) for c in row] for row in _rows(ws)])
 
 
 def _rule(rule: dict[str, Any], books: dict[str, tuple[Any, Any]]) -> tuple[bool, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,13 @@ def _rules(expected: Any) -> dict[str, Any]:
     raise TypeError(f"expected rules (a dict), got {type(expected).__name__}")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 117, 117
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    """At most ~120 characters, whatever ``value`` is: a plain ``repr`` of a YAML alias bomb is exponential."""
+    text = _REPR.repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -41,7 +47,9 @@ def _as_text(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, Path):
-        return value.read_bytes()[:MAX_TEXT_BYTES].decode(errors="replace")
+        if value.stat().st_size > MAX_TEXT_BYTES:
+            raise ValueError(f"file over {MAX_TEXT_BYTES >> 20} MiB")
+        return value.read_bytes().decode(errors="replace")
     return str(value)
 
 
