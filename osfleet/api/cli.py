@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token
+from osfleet.cli_support import api_token, serve
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import MODES, Mode, Settings
 
@@ -82,8 +82,6 @@ def host_serve(
     record_max_episodes: int | None,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
-    import uvicorn
-
     from osfleet.api.app import create_app
     from osfleet.config import AgentConfig
     from osfleet.images import find_image
@@ -127,7 +125,7 @@ def host_serve(
     )
     click.echo(f"osfleet host agent on http://{bind}:{port} ({image.name}, {mode} resets, {warm} warm)", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
-    uvicorn.run(app, host=bind, port=port, log_level=level)
+    serve(app, bind, port, level)  # graceful shutdown on SIGHUP too
 
 
 @host.command("tune")

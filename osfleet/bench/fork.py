@@ -46,13 +46,11 @@ def run(image: GoldenImage, children: int, settings: Settings | None = None, say
         raise OsfleetError("--children must be at least 2 (two children are needed to show that they diverge)")
     settings = settings or Settings.from_env()
     host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
-    mine: list[str] = []  # to tear down at the end
     made: list[str] = []  # every replica this run made, to check for leaks
     try:
         host.saved()
         say("[1/5] a parent replica, mid-task: a file written, text typed into its terminal")
         parent = host.create().replica
-        mine.append(parent)
         made.append(parent)
         marker = secrets.token_hex(8)
         _shell(host, parent, f"echo {marker} > {MARKER_PATH}")
@@ -61,7 +59,6 @@ def run(image: GoldenImage, children: int, settings: Settings | None = None, say
         say(f"[2/5] forking it {children} ways")
         forked = host.fork(parent, children)
         kids = [c.record.id for c in forked.children]
-        mine += kids
         made += kids
         with Image.open(settings.forks_dir / forked.fork_id / SCREEN) as img:
             at_fork = img.convert("RGB")
@@ -96,13 +93,11 @@ def run(image: GoldenImage, children: int, settings: Settings | None = None, say
         )
         nested = host.fork(b, 1)
         grandchild = nested.children[0].record.id
-        mine.append(grandchild)
         made.append(grandchild)
         nested_ok = _read(host, grandchild, MARKER_PATH) == marker and _read(host, grandchild, BRANCH_PATH) == "B"
 
         say("[5/5] retiring the children: every saved fork must go with its last child")
         host.down([grandchild, *kids])
-        mine = [parent]
         forks_left = len(host.fork_states())
         seconds = [c.seconds for c in forked.children]
         result: dict[str, Any] = {
@@ -131,8 +126,10 @@ def run(image: GoldenImage, children: int, settings: Settings | None = None, say
             "machine": describe(),
         }
     finally:
-        host.down(mine)
-        host.close()
+        try:  # everything it made, a child an interrupt caught halfway included
+            host.down(host.made_here())
+        finally:
+            host.close()
     result["leaks"] = _leaks(settings, made)
     return result
 

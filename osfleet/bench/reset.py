@@ -116,6 +116,7 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
 def _hold(host: ReplicaHost, hold_max: int, say: Say) -> dict[str, Any]:
     """Bring up snapshot replicas until memory (with a reserve) or --hold-max runs out; all must answer."""
     before = _mem_available()
+    before_hold = set(host.made_here())
     made: list[str] = []
     times: list[float] = []
     stop_reason = f"reached --hold-max {hold_max}"
@@ -152,7 +153,7 @@ def _hold(host: ReplicaHost, hold_max: int, say: Say) -> dict[str, Any]:
         }
     finally:
         say(f"  hold: tearing down {len(made)} replicas in parallel")
-        host.down(made)
+        host.down([r for r in host.made_here() if r not in before_hold])
 
 
 def run(
@@ -170,7 +171,6 @@ def run(
     settings = settings or Settings.from_env()
     host = ReplicaHost(image, settings, ReplicaShape(), mode="snapshot", auto_recover=False, say=say)
     stream_host: ReplicaHost | None = None
-    mine: list[str] = []
     try:
         started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         state = host.saved()
@@ -187,7 +187,6 @@ def run(
         for mode in MODES:
             say(f"{mode} mode: {replicas} replicas, {resets} resets each ({state.memory_mode} memory)")
             result[mode], made = _mode_run(host, mode, replicas, resets, say)
-            mine += made
             if mode == "snapshot":
                 result["latency"] = _latencies(host, made[0])
             host.down(made)
@@ -207,7 +206,6 @@ def run(
             )
             stream_host.saved()
             result["snapshot_stream"], made = _mode_run(stream_host, "snapshot", replicas, resets, say)
-            mine += made
             stream_host.down(made)
         if hold:
             say(f"hold: as many snapshot replicas as fit (at most {hold_max})")
@@ -215,11 +213,11 @@ def run(
         result["machine"] = describe(host.accel)
         return result
     finally:
-        for h in (host, stream_host):
-            if h is not None:
-                leftover = [r.id for r in h.replicas() if r.id in mine]
-                if leftover:
-                    h.down(leftover)
-        if stream_host is not None:
-            stream_host.close()
-        host.close()
+        try:
+            for h in (host, stream_host):
+                if h is not None and h.made_here():  # all of them, a half-made one an interrupt caught included
+                    h.down(h.made_here())
+        finally:
+            if stream_host is not None:
+                stream_host.close()
+            host.close()

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token
+from osfleet.cli_support import api_token, serve
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
@@ -58,8 +58,6 @@ def fleet_serve(
 ) -> None:
     """Serve the host agent's contract for a fleet of host agents until interrupted."""
 
-    import uvicorn
-
     from osfleet.fleet.app import create_gateway
     from osfleet.fleet.hosts import HostEntry, check_unique, load_hosts
 
@@ -85,4 +83,4 @@ def fleet_serve(
     names = ", ".join(e.name for e in entries)
     click.echo(f"osfleet fleet gateway on http://{bind}:{port} over {len(entries)} host(s): {names}", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-    uvicorn.run(app, host=bind, port=port, log_level=level)
+    serve(app, bind, port, level)  # graceful shutdown on SIGHUP too

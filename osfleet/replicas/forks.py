@@ -41,6 +41,7 @@ from osfleet.config import ReplicaShape, Settings
 from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
+from osfleet.private import private_dir, shared_layer
 from osfleet.replicas import saved_state, template_memory
 from osfleet.replicas.records import ReplicaRecord
 from osfleet.replicas.saved_state import IGNORE_SHARED, SavedState
@@ -101,7 +102,7 @@ class Forks:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             directory.mkdir()
-            directory.chmod(0o755)
+            private_dir(directory, self.virt.qemu_ids())  # a tenant's disk and memory
             started = time.monotonic()
             mapped = self._ram_file(parent.domain)
             self._freeze(parent, directory)
@@ -170,7 +171,7 @@ class Forks:
             saved_state.wait_migration(self.virt, parent.domain)
             # The stream's end flushed and inactivated the parent's disks: its overlay is consistent now.
             _copy_file(Path(parent.disk), directory / PARENT_DISK)
-            (directory / PARENT_DISK).chmod(0o444)
+            shared_layer(directory / PARENT_DISK, self.virt.qemu_ids())
         finally:
             self.virt.resume(parent.domain)  # QEMU takes its disks back ("cont" after an outgoing stream)
 
@@ -205,7 +206,7 @@ class Forks:
         finally:
             self.virt.destroy(name)  # the RAM file is final from here on
         template_memory.seal(ram, self.virt.qemu_ids())
-        overlay.chmod(0o444)
+        shared_layer(overlay, self.virt.qemu_ids())
 
     def _ram_file(self, domain: str) -> Path | None:
         """The file the domain's guest RAM is mapped from, or None (anonymous RAM: a cold-booted replica)."""

@@ -141,6 +141,7 @@ class ReplicaHost:
         self.pool = WarmPool(warm, self._coming, self.create)
         self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="osfleet-provision")
         self._background = False
+        self._adopted: set[str] = set()
 
     # --- lifecycle of the host object ----------------------------------------------------------------------
     def close(self) -> None:
@@ -254,7 +255,14 @@ class ReplicaHost:
     def adopt(self) -> AdoptReport:
         report = adoption.adopt(self.registry, self.generations)
         self.lifecycle.collect_forks()  # forks whose children did not survive the restart
+        self._adopted.update(r.id for r in self.replicas())
         return report
+
+    def made_here(self) -> list[str]:
+        """Every replica this object brought up, or was bringing up, and has not retired (not those it adopted):
+        what a command tears down on its way out, interrupted or not: a list of ids a caller appends to after
+        each ``create`` misses the one an interrupt caught halfway."""
+        return [r.id for r in self.replicas() if r.id not in self._adopted]
 
     # --- forks ---------------------------------------------------------------------------------------------
     def fork(
