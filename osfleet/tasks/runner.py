@@ -149,7 +149,7 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
                 met, detail = _check_osworld(host, rid, check, workdir, deadline)
             else:
                 assert isinstance(check, FileContent)
-                met, detail = _check_file(host, rid, check)
+                met, detail = _check_file(Deadlined(host, deadline), rid, check)
         except GuestFileTooLargeError as exc:  # the guest's doing: unmet, never scored on a cut-off copy
             met, detail = False, str(exc)
         except OsfleetError as exc:
@@ -158,7 +158,7 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
     return score(results)
 
 
-def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, str]:
+def _check_file(host: Deadlined, rid: str, check: FileContent) -> tuple[bool, str]:
     q = shlex.quote(check.path)
     out = host.shell(rid, f"test -e {q} && echo present || echo absent", CHECK_TIMEOUT_SECONDS, True)
     exists = out["stdout"].strip() == "present"
