@@ -230,6 +230,20 @@ def bench_soak(
         click.echo(f"{key:>20}: {result.get(key)}")
 
 
+@bench.command("sandbox")
+@click.option("--rounds", default=20, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--fresh-rounds", default=5, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_sandbox(rounds: int, fresh_rounds: int, as_json: bool, out: Path | None) -> None:
+    """What the evaluation sandbox costs per evaluation: in-process vs the warm zygote vs a fresh interpreter."""
+    from osfleet.bench import sandbox
+
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    emit(sandbox.run(rounds, fresh_rounds, say), as_json, out, sandbox.summary)
+
+
 def _seconds(text: str) -> int:
     units = {"s": 1, "m": 60, "h": 3600}
     try:
