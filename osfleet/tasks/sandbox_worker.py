@@ -39,8 +39,10 @@ from typing import Any
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
-# Modules imported once in the zygote so that no child pays for them; those not installed are skipped.
-PRELOAD = ("osfleet.tasks.evaluators", "openpyxl", "docx", "pptx", "yaml", "lxml.etree", "pandas", "numpy")
+# Modules imported once in the zygote so that no child pays for them. The metric registry must import (a zygote
+# without it would score everything 0: it does not start instead); the libraries not installed are skipped.
+REGISTRY = "osfleet.tasks.evaluators"
+PRELOAD = ("openpyxl", "docx", "pptx", "yaml", "lxml.etree", "pandas", "numpy")
 REQUEST_MAX_BYTES = 256 * 2**20  # a job (what getters fetched) is at most a few 8 MiB files and outputs
 DETAIL_MAX_CHARS = 500
 
@@ -63,8 +65,9 @@ def _vm_size() -> int:
 
 
 def _preload() -> list[str]:
-    loaded = []
     warnings.simplefilter("ignore")
+    importlib.import_module(REGISTRY)
+    loaded = [REGISTRY]
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -248,7 +251,11 @@ class Zygote:
 def main(argv: list[str]) -> int:
     control = socket.socket(fileno=int(argv[1]))
     isolated = _isolate_network()
-    loaded = _preload()
+    try:
+        loaded = _preload()
+    except Exception as exc:  # noqa: BLE001 - the host says why the sandbox did not start
+        _send_line(control, {"ready": False, "error": f"importing the metrics failed: {type(exc).__name__}: {exc}"})
+        return 1
     _send_line(control, {"ready": True, "network_isolated": isolated, "preloaded": loaded, "vm_size": _vm_size()})
     Zygote(control).serve()
     return 0
