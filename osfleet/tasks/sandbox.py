@@ -57,7 +57,9 @@ METRIC_CPU_SECONDS = 30
 METRIC_WALL_SECONDS = 45.0
 METRIC_FILE_BYTES = 64 * 2**20
 METRIC_OPEN_FILES = 256
-MAX_JOBS = 2  # children at once (2 cores here); more evaluations wait for a slot, within their wall time
+# Children at once: one per core, 2 to 8 (the sandbox's memory is at most this many times METRIC_MEMORY_BYTES);
+# more evaluations wait for a slot, within their wall time.
+MAX_JOBS = min(8, max(2, os.cpu_count() or 2))
 START_SECONDS = 60.0  # the zygote imports every metric module before it is ready
 REPLY_MAX_BYTES = 64 * 1024  # a child's answer; more is refused (the metric's reason is clipped to 500 chars)
 ALARM_GRACE_SECONDS = 2.0  # a child's own alarm ends it at its wall time; the host kills it this much later
