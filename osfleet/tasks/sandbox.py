@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import pickle
 import signal
@@ -322,7 +323,7 @@ def _verdict(
     """The child's answer, or why it has none, as a score and a reason."""
     if reply is not None and "score" in reply:
         score = reply["score"]
-        if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
+        if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
             return float(score), str(reply.get("detail", ""))[:500]
         return 0.0, f"{func}: the metric's answer was not a score"
     if reply is not None and "error" in reply:
