@@ -136,9 +136,7 @@ def host(golden: GoldenImage, settings: Settings) -> Iterator[ReplicaHost]:
 
 CASES = [
     ("xlsx-far-cell", xlsx({"A1": "x", "XFD1048576": "y"}), xlsx({"A1": "x"}), "xlsx", "compare_table",
-     {"rules": [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]}, "row 1048576"),
-    ("xlsx-wide", xlsx({f"XFD{r}": "y" for r in range(1, 1001)}), xlsx({"A1": "x"}), "xlsx", "compare_table",
-     {}, "too large to compare"),
+     {"rules": [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]}, "too many to read"),
     ("docx-gridspan", docx(2_000_000_000), docx(None), "docx", "compare_docx_files", {}, "paragraphs vs"),
 ]  # fmt: skip
 

@@ -112,11 +112,8 @@ def test_the_far_cell_workbook_scores_zero_at_once(sandbox: Sandbox, files: Path
     assert far.stat().st_size < 6000
     before, t = own_rss(), time.monotonic()
     score, detail = sandbox.run("compare_table", far, files / "e.xlsx", ALL_SHEET)
-    assert score == 0.0 and "row 1048576" in detail, detail  # compared by its real cells: a plain mismatch
+    assert score == 0.0 and "spans 1048576 x 16384 cells, too many to read" in detail, detail
     assert time.monotonic() - t < 10 and own_rss() - before < 50 * 2**20
-    wide = xlsx(files / "wide.xlsx", {f"XFD{r}": "y" for r in range(1, 1001)})  # 16 million cells' worth of rows
-    score, detail = sandbox.run("compare_table", wide, files / "e.xlsx", ALL_SHEET)
-    assert score == 0.0 and "too large to compare" in detail, detail
 
 
 def test_a_huge_grid_span_scores_zero_with_the_reason(sandbox: Sandbox, files: Path) -> None:
@@ -307,5 +304,5 @@ def test_run_metric_goes_through_the_sandbox(files: Path) -> None:
     """The metric never runs in this process: a far-cell workbook leaves no openpyxl cells here."""
     far = xlsx(files / "far2.xlsx", {"A1": "x", "XFD1048576": "y"})
     score, detail = evaluators.run_metric("compare_table", far, files / "e.xlsx", ALL_SHEET)
-    assert score == 0.0 and "row 1048576" in detail
+    assert score == 0.0 and "too many to read" in detail
     assert evaluators.run_metric("exact_match", "x", "not rules", {})[0] == 0.0

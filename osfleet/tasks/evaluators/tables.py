@@ -62,14 +62,13 @@ _NO_CELL = type("NoCell", (), {"value": None, "number_format": "General"})()
 
 def _rows(ws: Any) -> list[list[Any]]:
     """The sheet's rows, each up to its last real cell: ``iter_rows`` walks (and creates) every cell of the
-    sheet's dimension, 17 billion for one value in XFD1048576; a sheet whose rows span more than
-    ``MAX_CELLS`` is refused (no application would show such a sheet either)."""
+    sheet's extent, 17 billion for one value in XFD1048576; an extent over ``MAX_CELLS`` is refused (pandas,
+    which OSWorld reads sheets with, would walk it all too)."""
+    if ws.max_row * ws.max_column > MAX_CELLS:
+        raise ValueError(f"sheet {ws.title!r} spans {ws.max_row} x {ws.max_column} cells, too many to read")
     by_row: dict[int, dict[int, Any]] = {}
     for (r, c), cell in ws._cells.items():
         by_row.setdefault(r, {})[c] = cell
-    span = sum(max(cols) for cols in by_row.values()) + max(by_row, default=0)
-    if span > MAX_CELLS:
-        raise ValueError(f"sheet {ws.title!r} spans {span} cells (over {MAX_CELLS}): too large to compare")
     return [
         [by_row.get(r, {}).get(c, _NO_CELL) for c in range(1, max(by_row.get(r, {0: None})) + 1)]
         for r in range(1, max(by_row, default=0) + 1)
