@@ -116,9 +116,17 @@ def test_the_far_cell_workbook_scores_zero_at_once(sandbox: Sandbox, files: Path
     assert time.monotonic() - t < 10 and own_rss() - before < 50 * 2**20
 
 
-def test_a_huge_grid_span_scores_zero_with_the_reason(sandbox: Sandbox, files: Path) -> None:
-    score, detail = sandbox.run("compare_docx_files", docx(files / "span.docx", 2**31), files / "e.docx", {})
-    assert score == 0.0 and "paragraphs vs" in detail, detail
+@pytest.mark.parametrize("func", ["compare_docx_files", "compare_docx_tables"])
+def test_a_huge_grid_span_is_scored_at_once(sandbox: Sandbox, files: Path, func: str) -> None:
+    """python-docx expands a cell's gridSpan into a list that long; clamped, the file is scored like any other
+    (which score depends on the metric: OSWorld's compare_docx_files does not read tables at all)."""
+    if func not in evaluators.METRICS:
+        pytest.skip(f"{func} is not one of this tree's metrics")
+    t = time.monotonic()
+    score, detail = sandbox.run(func, docx(files / "span.docx", 2**31), files / "e.docx", {})
+    used = sandbox.recent[-1].peak_rss_bytes
+    assert time.monotonic() - t < 10 and "limit" not in detail, detail
+    assert used is not None and used < 300 * 2**20, used  # not the 2^31-long list a metric may not build
 
 
 def test_a_zip_bomb_hits_the_memory_limit_not_the_host(sandbox: Sandbox, files: Path) -> None:
@@ -126,7 +134,9 @@ def test_a_zip_bomb_hits_the_memory_limit_not_the_host(sandbox: Sandbox, files: 
     assert bomb.stat().st_size < 8 * 2**20  # within the read cap
     before = own_rss()
     score, detail = sandbox.run("compare_table", bomb, files / "e.xlsx", ALL_SHEET)
-    assert score == 0.0 and "512 MiB a metric may use" in detail, detail
+    used = sandbox.recent[-1].peak_rss_bytes
+    assert score == 0.0 and detail, detail  # the reason is the metric's ("MemoryError", "not a workbook ...")
+    assert used is not None and used < sandbox.info["vm_size"] + 512 * 2**20, used  # it never held the 700 MB
     assert own_rss() - before < 50 * 2**20
 
 
@@ -140,17 +150,17 @@ def test_a_yaml_alias_bomb_is_bounded_in_the_detail(sandbox: Sandbox, files: Pat
     rules = {"expect": [{"key": ["i"], "method": "eq", "ref": 1}]}
     t = time.monotonic()
     score, detail = sandbox.run("check_json", bomb, rules, {"is_yaml": True})
-    assert score == 0.0 and "got [[[" in detail and len(detail) < 400, detail
+    assert score == 0.0 and "[[[" in detail and len(detail) < 400, detail
     assert time.monotonic() - t < 5
 
 
 @pytest.mark.parametrize(
     "kind,words",
-    [
-        ("bad-xml", "cannot compare"),
-        ("zlib", "cannot compare"),
-        ("encrypted", "encrypted"),
-        ("not-a-zip", "not a spreadsheet"),
+    [  # the library's own reason is in the detail, whatever the metric's wording around it
+        ("bad-xml", "no element found"),
+        ("zlib", "Error -3 while decompressing"),
+        ("encrypted", "is encrypted"),
+        ("not-a-zip", "File is not a zip file"),
     ],
 )
 def test_corrupt_workbooks_score_zero_with_the_reason(sandbox: Sandbox, files: Path, kind: str, words: str) -> None:
@@ -179,7 +189,7 @@ def test_corrupt_workbooks_score_zero_with_the_reason(sandbox: Sandbox, files: P
     else:
         path.write_bytes(b"PK\x03\x04" + os.urandom(4000))
     score, detail = sandbox.run("compare_table", path, good, ALL_SHEET)
-    assert score == 0.0 and words in detail.lower(), detail
+    assert score == 0.0 and words in detail, detail
 
 
 def test_deep_nesting_is_a_zero_not_a_crash(sandbox: Sandbox, files: Path) -> None:
@@ -205,7 +215,7 @@ def test_zlib_errors_are_zero(sandbox: Sandbox, files: Path) -> None:
     with pytest.raises(zlib.error):
         zipfile.ZipFile(io.BytesIO(bytes(data))).read("word/document.xml")
     score, detail = sandbox.run("compare_docx_files", path, src, {})
-    assert score == 0.0 and "error" in detail.lower(), detail
+    assert score == 0.0 and detail, detail  # python-docx's reason, or the metric's "not a document ... can read"
 
 
 def test_the_cpu_limit_ends_a_runaway_metric(files: Path) -> None:

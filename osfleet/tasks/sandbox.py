@@ -29,6 +29,7 @@ run at once (``max_jobs``), so the sandbox's memory is at most ``max_jobs x memo
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import logging
@@ -65,6 +66,7 @@ START_SECONDS = 60.0  # the zygote imports every metric module before it is read
 REPLY_MAX_BYTES = 64 * 1024  # a child's answer; more is refused (the metric's reason is clipped to 500 chars)
 ALARM_GRACE_SECONDS = 2.0  # a child's own alarm ends it at its wall time; the host kills it this much later
 KILL_GRACE_SECONDS = 5.0  # after a kill, how long to wait for the zygote to say how a child ended
+RECENT_JOBS = 64  # evaluations whose peak memory and CPU time are kept (``Sandbox.recent``)
 
 # What the zygote may see of the environment: nothing of the host agent's (its token, proxies, paths).
 CLEAN_ENV = {
@@ -107,6 +109,18 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
+@dataclass(frozen=True)
+class JobStats:
+    """One evaluation as the kernel counted it (from the zygote's ``wait4``): what its limits were up against."""
+
+    func: str
+    seconds: float
+    peak_rss_bytes: int | None
+    cpu_seconds: float | None
+    score: float
+    detail: str
+
+
 class Sandbox:
     """A zygote process and the children it forks, one per evaluation. Thread-safe; start it once per host
     agent (``default()``) and ``close()`` it on the way out."""
@@ -119,6 +133,7 @@ class Sandbox:
         self._control: socket.socket | None = None
         self.info: dict[str, Any] = {}
         self._starter: threading.Thread | None = None
+        self.recent: collections.deque[JobStats] = collections.deque(maxlen=RECENT_JOBS)
 
     # --- the zygote ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -209,15 +224,29 @@ class Sandbox:
         wrong inside it. ``wall``: at most this many seconds (the evaluation's time left), waiting for a slot
         included. Raises ``SandboxError`` only when the sandbox itself fails."""
         wall = min(wall if wall is not None else self.limits.wall_seconds, self.limits.wall_seconds)
-        end = time.monotonic() + wall
+        start = time.monotonic()
+        end = start + wall
         if not self._slots.acquire(timeout=max(wall, 0.0)):
             raise SandboxError(f"every evaluation worker stayed busy for {wall:.0f} s")
         try:
             with tempfile.TemporaryDirectory(prefix="osfleet-metric-") as tmp:
                 os.chmod(tmp, 0o700)
-                return self._run(func, result, expected, options, end, Path(tmp))
+                score, status = self._run(func, result, expected, options, end, Path(tmp))
         finally:
             self._slots.release()
+        status = status or {}
+        rss = status.get("peak_rss_kib")
+        cpu = status.get("cpu_seconds")
+        stats = JobStats(
+            func,
+            time.monotonic() - start,
+            int(rss) * 1024 if isinstance(rss, int) else None,
+            float(cpu) if isinstance(cpu, int | float) else None,
+            *score,
+        )
+        self.recent.append(stats)
+        log.debug("evaluation sandbox: %s", stats)
+        return score
 
     def _open_job(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -239,7 +268,10 @@ class Sandbox:
         finally:
             theirs.close()
 
-    def _run(self, func: str, result: Any, expected: Any, options: dict[str, Any], end: float, tmp: Path) -> Score:
+    def _run(
+        self, func: str, result: Any, expected: Any, options: dict[str, Any], end: float, tmp: Path
+    ) -> tuple[Score, dict[str, Any] | None]:
+        """The score, and the zygote's word on how the child ended (None when it never came)."""
         wall = max(end - time.monotonic(), 1.0)
         job = pickle.dumps(
             {
@@ -262,10 +294,10 @@ class Sandbox:
             reply, status = self._answers(conn, end + ALARM_GRACE_SECONDS)  # the child's alarm ends it first
             if reply is None and status is None:  # it outlived its alarm (stuck in the kernel?): killed here
                 _kill_group(pid)
-                with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it; nothing more to learn
-                    self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
-                return 0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"
-        return _verdict(func, reply, status, self.limits, wall)
+                with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it
+                    _, status = self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
+                return (0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"), status
+        return _verdict(func, reply, status, self.limits, wall), status
 
     def _answers(self, conn: socket.socket, end: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """The child's reply (if it gave one) and the zygote's word on how it ended, until ``end``."""

@@ -224,7 +224,7 @@ class Zygote:
     def _reap(self) -> None:
         while self.jobs:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -234,10 +234,10 @@ class Zygote:
                 os.killpg(pid, signal.SIGKILL)  # whatever the metric started dies with it
             if conn is None:
                 continue
-            if os.WIFSIGNALED(status):
-                _send_line(conn, {"exit": None, "signal": os.WTERMSIG(status)})
-            else:
-                _send_line(conn, {"exit": os.WEXITSTATUS(status), "signal": None})
+            end: dict[str, Any] = {"exit": None, "signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {}
+            end = end or {"exit": os.WEXITSTATUS(status), "signal": None}
+            end |= {"peak_rss_kib": usage.ru_maxrss, "cpu_seconds": usage.ru_utime + usage.ru_stime}
+            _send_line(conn, end)
             conn.close()
 
     def _stop(self) -> None:
