@@ -35,6 +35,7 @@ T = TypeVar("T")
 CHECK_TIMEOUT_SECONDS = 30.0
 SETUP_BUDGET_SECONDS = 60.0  # all set-up steps of one reset together
 EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together
+METRIC_MIN_SECONDS = 10.0  # a metric's wall time, however little of the evaluation's budget is left
 
 
 class TaskSetupError(OsfleetError):
@@ -182,7 +183,9 @@ def _check_osworld(
     timeout = min(CHECK_TIMEOUT_SECONDS, guest.left())
     result = getters.get(guest, rid, check.result, workdir, store, timeout)
     expected = getters.get(guest, rid, check.expected, workdir, store, timeout) if check.expected else None
-    value, detail = evaluators.run_metric(check.func, result, expected, check.options, wall=guest.left())
+    # At least METRIC_MIN_SECONDS: slow guest calls before it must not leave a metric too little time to score.
+    wall = max(guest.left(), METRIC_MIN_SECONDS)
+    value, detail = evaluators.run_metric(check.func, result, expected, check.options, wall=wall)
     return value >= 1.0, detail[-200:]
 
 
