@@ -47,14 +47,42 @@ def emit(result: dict[str, Any], as_json: bool, out: Path | None, summary: Calla
 def interrupt_on_signals() -> None:
     """SIGTERM and SIGHUP raise ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, so a command stopped by
     a supervisor, ``timeout`` or a closed terminal runs the same clean-up (domains, overlays, lab hosts) as one
-    stopped from the keyboard. A server (uvicorn) installs its own handlers while it runs and restores ours."""
+    stopped from the keyboard. A server (uvicorn) installs its own handlers while it runs and restores ours.
+
+    Only the first one interrupts: a supervisor that sends SIGTERM again (or a hang-up that follows it) while
+    the clean-up runs would otherwise cut the clean-up short and leak what it was removing. A second Ctrl-C
+    still interrupts (a person at the keyboard asking to stop now); SIGKILL always does."""
     import signal
 
+    stopping: list[str] = []
+
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stopping:
+            sys.stderr.write(f"osfleet: {name} while cleaning up after {stopping[0]}: the clean-up goes on\n")
+            return
+        stopping.append(name)
+        raise KeyboardInterrupt(name)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
+
+
+def serve(app: Any, host: str, port: int, log_level: str, **options: Any) -> None:
+    """Run an ASGI app with uvicorn until a signal stops it, with its graceful shutdown (the app's lifespan:
+    replicas' state, recordings, the evaluation sandbox) on SIGHUP as on SIGINT and SIGTERM: uvicorn handles
+    only those two, and a bare SIGHUP would end the event loop without any shutdown. ``options``: more of
+    uvicorn's ``Config`` (a listener's TLS files)."""
+    import signal
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, **options))
+    before = signal.signal(signal.SIGHUP, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def api_token(token_file: Path | None, default_file: Path, say: Callable[[str], None] | None = None) -> str:

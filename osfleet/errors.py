@@ -65,6 +65,11 @@ class GuestTimeoutError(OsfleetError):
     """A guest did not reach the expected state in time."""
 
 
+class GuestFileTooLargeError(OsfleetError):
+    """A file in the guest is larger than the host reads for a check: the guest's doing, so the check scores 0
+    with this message ("file over N MiB"); never an infrastructure failure, never scored on a cut-off copy."""
+
+
 class HostIOError(OsfleetError):
     """Reading or writing one of the host's own files failed (an overlay, a record, a saved state)."""
 

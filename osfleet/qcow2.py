@@ -48,7 +48,8 @@ def _pad8(data: bytes) -> bytes:
 
 
 def create_overlay(path: Path, backing: Path, backing_format: str = "qcow2") -> None:
-    """Create an empty copy-on-write overlay of ``backing`` at ``path``; never overwrites a file.
+    """Create an empty copy-on-write overlay of ``backing`` at ``path``; never overwrites a file. Mode 0600:
+    what a guest writes is its tenant's (libvirt gives the file to QEMU's user while the domain runs).
 
     The overlay records ``backing`` by absolute path and format, so a moved overlay still finds its
     golden image and qemu never probes the format (a probed raw backing file is a security hole).
@@ -90,7 +91,7 @@ def create_overlay(path: Path, backing: Path, backing_format: str = "qcow2") -> 
     )
     cluster0 = header + extensions + name
 
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.pwrite(fd, cluster0, 0)
         os.pwrite(fd, struct.pack(">Q", refcount_block_at), refcount_table_at)

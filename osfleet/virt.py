@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -187,18 +188,35 @@ class Virt:
             out = libvirt_qemu.qemuAgentCommand(self._domain(name), payload, timeout, 0)
         except libvirt.libvirtError as exc:
             raise translate(exc, name, f"guest agent {command} on") from None
-        return json.loads(out).get("return")
+        try:  # the guest agent is the guest's: its answer is checked like any input from it
+            answer = json.loads(out)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise GuestAgentUnavailableError(f"{name}: guest agent answered {command} with something unreadable")
+        return answer.get("return")
 
     def guest_exec(self, name: str, argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
         """Run a program in the guest through the agent; (exit code, stdout, stderr). Raises on timeout."""
         started = self.agent(name, "guest-exec", {"path": argv[0], "arg": argv[1:], "capture-output": True})
-        pid = started["pid"]
+        pid = started.get("pid") if isinstance(started, dict) else None
+        if not isinstance(pid, int):
+            raise GuestAgentUnavailableError(f"{name}: guest agent started {argv[0]} without a pid")
+        deadline = time.monotonic() + timeout
         for _ in _until(timeout, 0.05):
-            status = self.agent(name, "guest-exec-status", {"pid": pid})
+            left = max(1, min(5, math.ceil(deadline - time.monotonic())))
+            status = self.agent(name, "guest-exec-status", {"pid": pid}, timeout=left)
+            if not isinstance(status, dict):
+                raise GuestAgentUnavailableError(f"{name}: guest agent answered guest-exec-status with junk")
             if status.get("exited"):
-                out = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
-                err = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
-                code = 128 + int(status["signal"]) if "signal" in status else int(status.get("exitcode", -1))
+                try:
+                    out = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
+                    err = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
+                    code = 128 + int(status["signal"]) if "signal" in status else int(status.get("exitcode", -1))
+                except (TypeError, ValueError):
+                    raise GuestAgentUnavailableError(
+                        f"{name}: guest agent answered guest-exec-status with junk"
+                    ) from None
                 return code, out, err
         raise GuestTimeoutError(f"{name}: {argv[0]} did not finish within {timeout:.0f} s")
 

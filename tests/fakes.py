@@ -234,6 +234,6 @@ class FakeHost:
     def rss_bytes(self, rid: str) -> int | None:
         return self.rss
 
-    def read_file(self, rid: str, path: str, limit: int, claim: Claim | None = None) -> bytes:
+    def read_file(self, rid: str, path: str, limit: int, timeout: float = 60.0, claim: Claim | None = None) -> bytes:
         with self._touching(rid, claim):
             raise OsfleetError("no files in the fake guest")

@@ -285,6 +285,7 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
 
     class FakeGen:
         image = type("I", (), {"name": "golden-fake"})()
+        virt = SlotVirt()  # only its qemu_ids (None: folders private to root)
 
         def replica_dir(self, rid: str) -> Path:
             return tmp_path / "replicas" / rid

@@ -424,6 +424,27 @@ def test_liveness_names_a_guest_that_stops_answering_after_several_misses() -> N
         live.close()
 
 
+def test_liveness_keeps_watching_a_domain_whose_ping_raised_a_foreign_error() -> None:
+    """A ping that raised something not osfleet's own (a binding's ``ValueError``) is a miss like any other:
+    the domain is probed again and named dead after enough of them, never forgotten as "in flight"."""
+
+    class OddVirt(SilentVirt):
+        def agent(self, domain: str, command: str, timeout: int = 5) -> None:
+            raise ValueError("a reply libvirt-python could not decode")
+
+    live = Liveness(OddVirt(), every=0.0, misses=3)  # type: ignore[arg-type]
+    try:
+        for _ in range(3):
+            live.probe(["dom-a"])
+            deadline = time.monotonic() + WAIT
+            while time.monotonic() < deadline and live._inflight:
+                time.sleep(0.01)
+            assert not live._inflight
+        assert live.dead() == {"dom-a"}
+    finally:
+        live.close()
+
+
 def test_liveness_names_a_stopped_qemu_without_waiting_for_pings(monkeypatch: pytest.MonkeyPatch) -> None:
     import signal
     import subprocess

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+from osfleet.errors import GuestFileTooLargeError
 from osfleet.replicas.actions import Action, ActionResult
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
@@ -54,8 +55,11 @@ class HomeGuest:
         )
         return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        return Path(path.replace(HOME, str(self.home))).read_bytes()[:limit]
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = 60.0) -> bytes:
+        data = Path(path.replace(HOME, str(self.home))).read_bytes()
+        if len(data) > limit:  # as the real host: never a copy cut short
+            raise GuestFileTooLargeError(f"file over {limit / 2**20:g} MiB: {path}")
+        return data
 
     def reset(self, replica_id: str, mode: object = None, unless_pristine: bool = False) -> None:
         """Back to the initial state: an empty home."""

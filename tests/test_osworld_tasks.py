@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from osfleet.api.app import create_app
 from osfleet.cli import cli
 from osfleet.config import AgentConfig
+from osfleet.errors import GuestFileTooLargeError
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetError, AssetStore, MissingAssetError
 from osfleet.tasks.guest_files import RAW_CHUNK_BYTES, put_file
@@ -59,8 +60,11 @@ class LocalGuest:
         p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
         return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        return Path(path).read_bytes()[:limit]
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = 60.0) -> bytes:
+        data = Path(path).read_bytes()
+        if len(data) > limit:
+            raise GuestFileTooLargeError(f"file over {limit / 2**20:g} MiB: {path}")
+        return data
 
 
 def test_asset_store_adds_resolves_and_names_missing_urls(home: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,3 +261,59 @@ def test_a_real_replicas_episode_is_recorded_with_its_desktop(golden: Any, setti
     finally:
         for tid in set(store.ids()) - before:
             store.delete(tid)
+
+
+def noise_png(seed: int) -> bytes:
+    """A screen-sized image JPEG cannot shrink much (random pixels): ~100 KB per recorded step."""
+    import random
+
+    rnd = random.Random(seed)
+    img = Image.frombytes("RGB", (320, 200), bytes(rnd.getrandbits(8) for _ in range(320 * 200 * 3)))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_the_byte_cap_holds_under_a_flood_of_steps(tmp_path: Path) -> None:
+    """Twelve episodes stepping at once with big screens, 10 000-character actions and 300 KB of metadata
+    per step: the store stays under its cap (finished episodes go first, then the oldest open ones), each
+    episode stops at its share, and what was kept is clipped."""
+    from osfleet.recording import Recorder
+
+    cap = 3 * 2**20
+    store = TrajectoryStore(tmp_path / "trajectories")
+    rec = Recorder(store, RecordingConfig(max_bytes=cap, quality=95))
+    shots = [noise_png(i) for i in range(4)]
+    old = rec.begin("r-old", "l-old", task={"id": "old"})
+    rec.step("r-old", "l-old", "a0", [{"type": "wait"}], [{"type": "wait", "ok": True}], 0.1, True, None, shots[0])
+    rec.end("r-old", "l-old", "released")
+    big_action = {"type": "type", "text": "x" * 10000}
+    meta = {"blob": "m" * 300_000}
+
+    def flood(n: int) -> None:
+        rid, lid = f"r-{n}", f"l-{n}"
+        rec.begin(rid, lid, task={"id": f"t{n}"})
+        for i in range(40):
+            result = {"type": "type", "ok": True, "stdout": "o" * 50_000}
+            rec.step(rid, lid, f"a{i}", [big_action] * 20, [result], 0.1, False, meta, shots[i % 4])
+
+    threads = [threading.Thread(target=flood, args=(n,)) for n in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    on_disk = store.bytes_on_disk()
+    metas = store.all()
+    meta_files = sum((store.root / m.id / "meta.json").stat().st_size for m in metas)
+    assert on_disk - meta_files <= cap, (on_disk, meta_files)
+    assert old not in {m.id for m in metas}  # the finished episode went first
+    assert all(m.bytes <= cap // 8 for m in metas) and any(m.capped_at_step is not None for m in metas)
+    step = store.steps(metas[0].id)[0]
+    assert len(step.actions) == 20 and step.actions[0]["text_truncated_from"] == 10000
+    assert len(step.actions[0]["text"]) == 4096 and step.results[0]["stdout_truncated_from"] == 50_000
+    assert "osfleet_note" in step.metadata
+    kept = {m.replica_id for m in metas}
+    assert len(kept) < 12  # open episodes were dropped too (12 at their share would be 1.5 caps)
+    gone = sorted({f"r-{n}" for n in range(12)} - kept)[0]
+    rec.step(gone, "l-" + gone[2:], "late", [{"type": "wait"}], [], 0.1, False)  # an evicted episode is not begun again
+    assert {m.replica_id for m in store.all()} == kept

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token
+from osfleet.cli_support import api_token, serve
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, MODES, Mode, Settings
 from osfleet.tls import Listener, listener_options
@@ -115,8 +115,6 @@ def host_serve(
     listener: Listener,
 ) -> None:
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
-    import uvicorn
-
     from osfleet.api.app import create_app
     from osfleet.api.auth import load_clients
     from osfleet.config import AgentConfig
@@ -171,7 +169,7 @@ def host_serve(
     where = listener.url(bind, port)
     click.echo(f"osfleet host agent on {where} ({image.name}, {mode} resets, {warm} warm{tenants})", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
-    uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
+    serve(app, bind, port, level, **listener.uvicorn_options())  # graceful shutdown on SIGHUP too
 
 
 @host.command("tune")

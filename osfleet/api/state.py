@@ -26,7 +26,7 @@ from osfleet.api.metrics import Metrics
 from osfleet.config import AgentConfig
 from osfleet.recording import Recorder, TrajectoryStore, store_dir
 from osfleet.recording.store import EndReason
-from osfleet.replicas.actions import Action, ActionResult
+from osfleet.replicas.actions import READ_FILE_SECONDS, Action, ActionResult
 from osfleet.replicas.episodes import Episode, EpisodeStore
 from osfleet.replicas.errors import LeaseError, LeaseLostError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.leases import Claim
@@ -56,8 +56,8 @@ class LeasedHost:
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
         return self.host.shell(replica_id, command, timeout, as_root, claim=self.claim)
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        return self.host.read_file(replica_id, path, limit, claim=self.claim)
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = READ_FILE_SECONDS) -> bytes:
+        return self.host.read_file(replica_id, path, limit, timeout, claim=self.claim)
 
     def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
         return self.host.act(replica_id, actions, claim=self.claim)

@@ -293,6 +293,37 @@ def bench_hostclient(rounds: int, warmup: int, as_json: bool, out: Path | None) 
     emit(hostclient.run(rounds, warmup), as_json, out, hostclient.summary)
 
 
+@bench.command("sandbox")
+@click.option("--rounds", default=20, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--fresh-rounds", default=5, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_sandbox(rounds: int, fresh_rounds: int, as_json: bool, out: Path | None) -> None:
+    """What the evaluation sandbox costs per evaluation: in-process vs the warm zygote vs a fresh interpreter."""
+    from osfleet.bench import sandbox
+
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    emit(sandbox.run(rounds, fresh_rounds, say), as_json, out, sandbox.summary)
+
+
+@bench.command("read-path")
+@click.option("--rounds", default=5, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_read_path(rounds: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
+    """A getter's guest file read through the guest agent vs from the replica's disk on the host, on a replica."""
+    from osfleet.bench import read_path
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = read_path.run(find_image(image_ref, settings), rounds, settings, say)
+    emit(result, as_json, out, read_path.summary)
+
+
 def _seconds(text: str) -> int:
     units = {"s": 1, "m": 60, "h": 3600}
     try:

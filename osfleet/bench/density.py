@@ -286,7 +286,7 @@ def hold(
         if made:
             say(f"  tearing down {len(made)} replicas")
         try:
-            host.down([r.id for r in host.replicas() if r.id in set(made)])
+            host.down(host.made_here())  # a replica an interrupt caught halfway included
         finally:
             host.close()
 

@@ -156,7 +156,9 @@ def run(
     finally:
         if host is not None:
             try:
-                host.down([r.id for r in host.replicas()])
+                host.down(
+                    host.made_here()
+                )  # all it made, one an interrupt caught halfway included; never an adopted one
             finally:
                 host.close()
     result["machine"] = describe(result.get("accelerator"))

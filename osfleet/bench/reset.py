@@ -128,6 +128,7 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
 def _hold(host: ReplicaHost, hold_max: int, say: Say) -> dict[str, Any]:
     """Bring up snapshot replicas until memory (with a reserve) or --hold-max runs out; all must answer."""
     before = _mem_available()
+    before_hold = set(host.made_here())
     made: list[str] = []
     times: list[float] = []
     stop_reason = f"reached --hold-max {hold_max}"
@@ -164,7 +165,7 @@ def _hold(host: ReplicaHost, hold_max: int, say: Say) -> dict[str, Any]:
         }
     finally:
         say(f"  hold: tearing down {len(made)} replicas in parallel")
-        host.down(made)
+        host.down([r for r in host.made_here() if r not in before_hold])
 
 
 def run(
@@ -229,7 +230,7 @@ def run(
     finally:
         for h in hosts:  # every replica this run made, whatever happened (Ctrl-C and SIGTERM included)
             try:
-                left = h.down()
+                left = h.down(h.made_here())  # a half-made one an interrupt caught included; never an adopted one
                 if left:
                     say(f"  removed {left} replica(s) this run left")
             finally:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token
+from osfleet.cli_support import api_token, serve
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, Settings
 from osfleet.errors import OsfleetError
@@ -89,8 +89,6 @@ def fleet_serve(
 ) -> None:
     """Serve the host agent's contract for a fleet of host agents until interrupted."""
 
-    import uvicorn
-
     from osfleet.api.auth import load_clients
     from osfleet.fleet.app import create_gateway
     from osfleet.fleet.hosts import HostEntry, check_unique, load_hosts
@@ -124,7 +122,7 @@ def fleet_serve(
     where = listener.url(bind, port)
     click.echo(f"osfleet fleet gateway on {where} over {len(entries)} host(s): {names}", err=True)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-    uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
+    serve(app, bind, port, level, **listener.uvicorn_options())  # graceful shutdown on SIGHUP too
 
 
 def with_host_cas(entries: list[HostEntry], hosts_ca_file: Path | None) -> list[HostEntry]:

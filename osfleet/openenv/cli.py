@@ -49,8 +49,7 @@ def serve(
     listener: Listener,
 ) -> None:
     """Serve OpenEnv's protocol (/reset, /step, /state, /health, /schema, /ws) over osfleet desktops."""
-    import uvicorn
-
+    from osfleet.cli_support import serve
     from osfleet.client import Fleet, FleetError
     from osfleet.openenv.server import check_bind, create_openenv_app
 
@@ -78,6 +77,6 @@ def serve(
             err=True,
         )
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-        uvicorn.run(app, host=bind, port=port, log_level=level, **listener.uvicorn_options())
+        serve(app, bind, port, level, **listener.uvicorn_options())  # its sessions' leases released on SIGHUP too
     finally:
         fleet.close()

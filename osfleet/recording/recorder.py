@@ -6,6 +6,11 @@ ends it. Leases that end without the agent (expired, lost when the replica faile
 by ``sweep``, which the agent runs every few seconds, and the episode is ended as the infrastructure's doing.
 
 Recording never fails a request: a write error is logged and that episode stops being recorded.
+
+Caps that hold under a flood: what a client sent is clipped (action and result texts, metadata); one episode
+records at most ``1/EPISODE_SHARE`` of the store's cap (``capped_at_step`` says where it stopped); a store
+over its cap loses its oldest finished episodes first, then its oldest unfinished ones (a dropped episode is
+not recorded again until its lease ends), down to ``LOW_WATER`` of the cap.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from osfleet.recording.store import (
     StepRecord,
     TrajectoryMeta,
     TrajectoryStore,
+    clip_action,
     clip_metadata,
     clip_result,
     encode_image,
@@ -35,6 +41,8 @@ from osfleet.recording.store import (
 log = logging.getLogger(__name__)
 
 SWEEP_SECONDS = 2.0
+EPISODE_SHARE = 8  # one episode records at most this share of the store's cap
+LOW_WATER = 0.9  # a store over its cap is pruned down to this share of it
 FS_SHARE = 10  # recordings never take more than a tenth of the file system they are on (a host's tmpfs home)
 LeaseCheck = Callable[[str, str], "EndReason | None"]
 """(replica, lease) -> None while the lease holds, else why it ended (lease_expired, lease_lost, ...)."""
@@ -57,9 +65,13 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._check: LeaseCheck | None = None
         self._bytes = 0
+        self._dropped: set[tuple[str, str]] = set()  # (replica, lease) whose episode was evicted or failed
+        self._pruning = threading.Lock()
         store.root.mkdir(parents=True, exist_ok=True)
+        store.root.chmod(0o700)  # tenants' screens, typed text and command outputs
         fs_cap = shutil.disk_usage(store.root).total // FS_SHARE
         self.max_bytes = fs_cap if config.max_bytes is None else min(config.max_bytes, fs_cap)
+        self.episode_max_bytes = self.max_bytes // EPISODE_SHARE
         store.max_bytes = self.max_bytes
         for meta in store.all():  # episodes left open by an agent that stopped: the sweep ends them
             self._bytes += meta.bytes
@@ -91,7 +103,7 @@ class Recorder:
             holder=holder,
             owner=owner,
             host=self.host_name,
-            task=task,
+            task=clip_metadata(task),
             task_id=(task or {}).get("id"),
             instruction=(task or {}).get("instruction"),
             started_at=time.time(),
@@ -101,16 +113,20 @@ class Recorder:
         try:
             self.store.create(meta)
             if observation is not None:
-                name = f"{RESET_IMAGE}.{self._ext}"
-                self.store.write_image(meta, name, encode_image(observation, meta.image_format, meta.image_quality)[0])
-                meta.reset_image = name
+                data = encode_image(observation, meta.image_format, meta.image_quality)[0]
+                if len(data) <= self.episode_max_bytes:
+                    meta.reset_image = f"{RESET_IMAGE}.{self._ext}"
+                    self.store.write_image(meta, meta.reset_image, data)
+                else:
+                    meta.capped_at_step = 0
                 self.store.write_meta(meta)
         except OSError as exc:
             log.error("recording an episode of %s: %s (not recorded)", rid, exc)
             return None
         with self._lock:
             self._open[rid] = _Open(meta)
-        self._grew(meta.bytes)
+            self._dropped.discard((rid, lease_id))
+        self._grew(meta.bytes, new_episode=True)
         return meta.id
 
     def step(
@@ -127,6 +143,9 @@ class Recorder:
         source: str = "agent",
         owner: str = "",
     ) -> None:
+        with self._lock:
+            if (rid, lease_id) in self._dropped:  # evicted or failed: not recorded again until the lease ends
+                return
         current = self._get(rid, lease_id)
         if current is None:  # stepping without a reset: an episode with no task
             self.begin(rid, lease_id, owner=owner)
@@ -135,28 +154,40 @@ class Recorder:
                 return
         with current.lock:
             meta = current.meta
+            if meta.capped_at_step is not None:
+                return
             before = meta.bytes
             record = StepRecord(
                 index=meta.steps,
                 action_id=action_id,
                 time=time.time(),
                 seconds=seconds,
-                actions=actions,
+                actions=[clip_action(a) for a in actions],
                 results=[clip_result(r) for r in results],
                 done=done,
                 metadata=clip_metadata(metadata),
                 source="person" if source == "person" else "agent",
             )
             try:
+                data = None
                 if observation is not None:
                     data, record.width, record.height = encode_image(observation, meta.image_format, meta.image_quality)
                     record.image = f"{record.index:06d}.{self._ext}"
+                size = len(record.model_dump_json()) + 1 + (len(data) if data is not None else 0)
+                if meta.bytes + size > self.episode_max_bytes:
+                    meta.capped_at_step = record.index
+                    self.store.write_meta(meta)
+                    log.warning("recording %s: the episode reached its %d-byte cap", meta.id, self.episode_max_bytes)
+                    return
+                if data is not None and record.image is not None:
                     self.store.write_image(meta, record.image, data)
                 self.store.append_step(meta, record)
             except OSError as exc:
                 log.error("recording step %s of %s: %s (episode no longer recorded)", action_id, meta.id, exc)
                 with self._lock:
-                    self._open.pop(rid, None)
+                    if self._open.get(rid) is current:
+                        del self._open[rid]
+                    self._dropped.add((rid, lease_id))
                 return
         self._grew(meta.bytes - before)
 
@@ -171,6 +202,7 @@ class Recorder:
     def end(self, rid: str, lease_id: str, reason: EndReason, error: str | None = None) -> None:
         """End the open episode of this lease (no-op when there is none)."""
         with self._lock:
+            self._dropped.discard((rid, lease_id))
             current = self._open.get(rid)
             if current is None or current.meta.lease_id != lease_id:
                 return
@@ -203,7 +235,7 @@ class Recorder:
     # --- leases that end without the agent ------------------------------------------------------------------
     def sweep(self, check: LeaseCheck) -> None:
         with self._lock:
-            pairs = [(rid, o.meta.lease_id) for rid, o in self._open.items()]
+            pairs = [(rid, o.meta.lease_id) for rid, o in self._open.items()] + sorted(self._dropped)
         for rid, lease_id in pairs:
             try:
                 why = check(rid, lease_id)
@@ -247,14 +279,38 @@ class Recorder:
         except OSError as exc:
             log.error("recording episode %s: %s", meta.id, exc)
 
-    def _grew(self, added: int) -> None:
+    def _grew(self, added: int, new_episode: bool = False) -> None:
         with self._lock:
             self._bytes += added
-            over = self._bytes > self.max_bytes or (
-                self.config.max_episodes is not None and len(self.store.ids()) > self.config.max_episodes
-            )
-        if over:
-            self.store.prune(keep=self.open_ids())
+            over = self._bytes > self.max_bytes
+        limit = self.config.max_episodes
+        if not over and not (new_episode and limit is not None and len(self.store.ids()) > limit):
+            return
+        with self._pruning:  # one prune at a time; a step that waited for one finds the store pruned
+            with self._lock:
+                if self._bytes <= self.max_bytes and not new_episode:
+                    return
+            self.store.prune(keep=self.open_ids(), low_water=LOW_WATER)
             total = sum(m.bytes for m in self.store.all())
+            if total > self.max_bytes * LOW_WATER:
+                total = self._evict_open(total)
             with self._lock:
                 self._bytes = total
+
+    def _evict_open(self, total: int) -> int:
+        """Drop unfinished episodes, oldest first, until the store is back under its low-water mark."""
+        with self._lock:
+            oldest = sorted(self._open.items(), key=lambda kv: kv[1].meta.started_at)
+        for rid, current in oldest:
+            if total <= self.max_bytes * LOW_WATER:
+                break
+            with self._lock:
+                if self._open.get(rid) is not current:
+                    continue
+                del self._open[rid]
+                self._dropped.add((rid, current.meta.lease_id))
+            with current.lock:  # a step being written to it finishes first
+                self.store.delete(current.meta.id)
+                total -= current.meta.bytes
+            log.warning("recording: the store is over its %d-byte cap; dropped open episode %s", self.max_bytes, rid)
+        return total

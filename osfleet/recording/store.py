@@ -4,7 +4,9 @@ One folder per episode, named so that names sort by start time (``t-<UTC time to
 ``meta.json`` is rewritten atomically whenever the episode's summary changes (started, a step, evaluated,
 ended); each step is one JSON line appended to ``steps.jsonl`` after its image is written, so a reader never
 sees a step whose image is missing. The store keeps under a byte cap and an episode count: the oldest finished
-episodes go first, then (only if that is not enough) the oldest unfinished ones, never the one being written.
+episodes go first (``prune``); the recorder, which knows which episodes are being written, evicts the oldest
+unfinished ones after them when that is not enough (``Recorder``), so the cap holds under any flood of steps.
+Everything a client sent is clipped before it is stored: action and result texts, client metadata.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ STEPS = "steps.jsonl"
 RESET_IMAGE = "reset"
 METADATA_MAX_BYTES = 256 * 1024  # larger client metadata is kept as a note of its size, not refused
 RESULT_TEXT_MAX = 4096  # stdout/stderr/file contents in a stored result are cut to this many characters
+ACTION_TEXT_MAX = 4096  # an action's text (typed text, a shell command) is cut the same way
 
 ImageFormat = Literal["jpeg", "webp"]
 EndedBy = Literal["agent", "infrastructure"]
@@ -76,6 +79,9 @@ class TrajectoryMeta(BaseModel):
     image_format: ImageFormat = "jpeg"
     image_quality: int = 75
     reset_image: str | None = Field(None, description="file name of the observation right after the reset")
+    capped_at_step: int | None = Field(
+        None, description="steps from this index on were not recorded: the episode reached its byte cap"
+    )
 
     @property
     def open(self) -> bool:
@@ -129,6 +135,17 @@ def clip_result(result: dict[str, Any]) -> dict[str, Any]:
         value = out.get(key)
         if isinstance(value, str) and len(value) > RESULT_TEXT_MAX:
             out[key] = value[:RESULT_TEXT_MAX]
+            out[f"{key}_truncated_from"] = len(value)
+    return out
+
+
+def clip_action(action: dict[str, Any]) -> dict[str, Any]:
+    """An action as stored: every text over ``ACTION_TEXT_MAX`` characters cut, with its length noted (a batch
+    of 100 actions could otherwise put 10 MB of typed text and commands in one step line)."""
+    out = dict(action)
+    for key, value in action.items():
+        if isinstance(value, str) and len(value) > ACTION_TEXT_MAX:
+            out[key] = value[:ACTION_TEXT_MAX]
             out[f"{key}_truncated_from"] = len(value)
     return out
 
@@ -231,8 +248,9 @@ class TrajectoryStore:
         meta.steps = step.index + 1
         self.write_meta(meta)
 
-    def prune(self, keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
-        """Remove the oldest episodes until the store is within its caps; never those in ``keep``."""
+    def prune(self, keep: frozenset[str] | set[str] = frozenset(), low_water: float = 1.0) -> list[str]:
+        """Remove the oldest episodes until the store is within its caps (its byte cap times ``low_water``, so
+        that a store at its cap is not pruned again at every step); never those in ``keep``."""
         if self.max_bytes is None and self.max_episodes is None:
             return []
         with self._lock:
@@ -242,7 +260,7 @@ class TrajectoryStore:
             removed: list[str] = []
             # finished episodes first, then unfinished ones (a crashed agent's), each oldest first
             for m in [m for m in metas if not m.open] + [m for m in metas if m.open]:
-                over_bytes = self.max_bytes is not None and total > self.max_bytes
+                over_bytes = self.max_bytes is not None and total > self.max_bytes * low_water
                 over_count = self.max_episodes is not None and count > self.max_episodes
                 if not (over_bytes or over_count):
                     break
@@ -258,3 +276,9 @@ class TrajectoryStore:
 
     def delete(self, tid: str) -> None:
         shutil.rmtree(self._folder(tid), ignore_errors=True)
+
+    def bytes_on_disk(self) -> int:
+        """What every episode folder holds (including folders a crash left without ``meta.json``)."""
+        if not self.root.is_dir():
+            return 0
+        return sum(_folder_bytes(p) for p in self.root.iterdir() if p.is_dir())

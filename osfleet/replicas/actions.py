@@ -8,17 +8,24 @@ that loses the rest of the step.
 from __future__ import annotations
 
 import base64
+import contextlib
+import math
 import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from osfleet.errors import GuestTimeoutError, OsfleetError
+from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetError
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
-from osfleet.virt import Virt
+from osfleet.virt import GuestAgentUnavailableError, Virt
 from osfleet.wire import JsonInt
 
 MAX_READ_BYTES = 8 * 2**20
+READ_FILE_SECONDS = 60.0  # one guest file read, whatever the guest agent does
+READ_CHUNK_BYTES = 1 << 20
+AGENT_CALL_SECONDS = 5  # one guest agent call (libvirt's own timeout; a stuck agent answers nothing)
+CLOSE_SECONDS = 2
+MAX_EMPTY_READS = 3  # empty chunks in a row without an end of file: a broken or hostile guest agent
 GUEST_USER = "user"
 GUEST_TIMEOUT_SLACK_SECONDS = 5.0
 STEP_BUDGET_SECONDS = 90.0  # one step request never takes longer (see run_actions)
@@ -181,7 +188,7 @@ def run_actions(
             results.append(ActionResult(type=action.type, ok=False, seconds=0.0, error=error))
             continue
         try:
-            extra = _run_one(virt, domain, pointer, _within(action, left))
+            extra = _run_one(virt, domain, pointer, _within(action, left), left)
             results.append(ActionResult(type=action.type, ok=True, seconds=time.monotonic() - start, **extra))
         except OsfleetError as exc:
             results.append(ActionResult(type=action.type, ok=False, seconds=time.monotonic() - start, error=str(exc)))
@@ -197,7 +204,7 @@ def _within(action: Action, left: float) -> Action:
     return action
 
 
-def _run_one(virt: Virt, domain: str, pointer: Input, action: Action) -> dict[str, Any]:
+def _run_one(virt: Virt, domain: str, pointer: Input, action: Action, left: float) -> dict[str, Any]:
     match action:
         case Click(x=x, y=y, button=button):
             pointer.click(x, y, button)
@@ -224,7 +231,8 @@ def _run_one(virt: Virt, domain: str, pointer: Input, action: Action) -> dict[st
         case Terminate():
             pass
         case ReadFile(path=path, max_bytes=max_bytes):
-            return {"content_base64": base64.b64encode(read_file(virt, domain, path, max_bytes)).decode()}
+            data = read_file(virt, domain, path, max_bytes, timeout=left)
+            return {"content_base64": base64.b64encode(data).decode()}
     return {}
 
 
@@ -255,17 +263,55 @@ def shell(virt: Virt, domain: str, command: str, timeout: float, as_root: bool =
     return {"exit_code": code, "stdout": out, "stderr": err}
 
 
-def read_file(virt: Virt, domain: str, path: str, max_bytes: int) -> bytes:
-    handle = virt.agent(domain, "guest-file-open", {"path": path, "mode": "r"})
+def read_file(
+    virt: Virt, domain: str, path: str, max_bytes: int, timeout: float = READ_FILE_SECONDS, whole: bool = False
+) -> bytes:
+    """The first ``max_bytes`` of a guest file, through the guest agent, within ``timeout`` seconds.
+
+    ``whole``: the file must fit in ``max_bytes``; a larger one raises ``GuestFileTooLargeError`` (a check never
+    scores a copy cut short). Without it (the agent's own ``read_file`` action) the first ``max_bytes`` are the
+    documented answer. The guest agent belongs to the guest: it may answer late, never, with empty chunks and
+    no end of file, or with more than was asked; each of those raises instead of looping or growing.
+    """
+    deadline = time.monotonic() + timeout
+
+    def call(command: str, arguments: dict[str, Any]) -> Any:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GuestTimeoutError(f"{domain}: reading {path} did not finish within {timeout:.0f} s")
+        return virt.agent(domain, command, arguments, timeout=max(1, min(AGENT_CALL_SECONDS, math.ceil(left))))
+
+    handle = call("guest-file-open", {"path": path, "mode": "r"})
+    if not isinstance(handle, int) or isinstance(handle, bool):
+        raise GuestAgentUnavailableError(f"{domain}: the guest agent opened {path} without a file handle")
+    want = max_bytes + 1 if whole else max_bytes
+    parts: list[bytes] = []
+    got, empty = 0, 0
     try:
-        data = b""
-        while len(data) < max_bytes:
-            chunk = virt.agent(
-                domain, "guest-file-read", {"handle": handle, "count": min(1 << 20, max_bytes - len(data))}
-            )
-            data += base64.b64decode(chunk.get("buf-b64", ""))
+        while got < want:
+            count = min(READ_CHUNK_BYTES, want - got)
+            chunk = call("guest-file-read", {"handle": handle, "count": count})
+            encoded = chunk.get("buf-b64", "") if isinstance(chunk, dict) else None
+            if not isinstance(encoded, str):
+                raise GuestAgentUnavailableError(f"{domain}: the guest agent answered a read of {path} with junk")
+            try:  # the length is checked before decoding: a hostile agent's answer is not decoded whole
+                data = base64.b64decode(encoded, validate=True) if len(encoded) <= 4 * (count // 3 + 1) else None
+            except ValueError:
+                raise GuestAgentUnavailableError(f"{domain}: the guest agent sent {path} in broken base64") from None
+            if data is None or len(data) > count:
+                raise GuestAgentUnavailableError(f"{domain}: the guest agent sent more of {path} than was asked")
+            parts.append(data)
+            got += len(data)
             if chunk.get("eof"):
                 break
-        return data
+            empty = 0 if data else empty + 1
+            if empty >= MAX_EMPTY_READS:
+                raise GuestAgentUnavailableError(
+                    f"{domain}: the guest agent sent no data and no end of file for {path} {empty} times"
+                )
     finally:
-        virt.agent(domain, "guest-file-close", {"handle": handle})
+        with contextlib.suppress(OsfleetError):  # a handle left open is the guest's problem, not the host's
+            virt.agent(domain, "guest-file-close", {"handle": handle}, timeout=CLOSE_SECONDS)
+    if whole and got > max_bytes:
+        raise GuestFileTooLargeError(f"file over {max_bytes / 2**20:g} MiB: {path}")
+    return b"".join(parts)

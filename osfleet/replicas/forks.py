@@ -62,6 +62,7 @@ from osfleet.config import ReplicaShape, Settings
 from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
+from osfleet.private import private_dir, shared_layer
 from osfleet.replicas import guest_control, saved_state, template_memory
 from osfleet.replicas.capture import ScreenCapture
 from osfleet.replicas.errors import CapacityError
@@ -202,7 +203,7 @@ class Forks:
             if batch is None:
                 self.root.mkdir(parents=True, exist_ok=True)
                 directory.mkdir()
-                directory.chmod(0o755)
+                private_dir(directory, self.virt.qemu_ids())  # a tenant's disk and memory
             started = time.monotonic()
             mapped = self._ram_file(parent.domain)
             paused, stopped_at = self._live_save(parent, directory, stream, in_place=batch is not None)
@@ -248,7 +249,7 @@ class Forks:
             stream.unlink(missing_ok=True)
             for layer in (directory / PARENT_DISK, directory / "disk.qcow2"):
                 if layer.exists():
-                    layer.chmod(0o444)
+                    shared_layer(layer, self.virt.qemu_ids())
             meta["memory_bytes"] = (directory / "memory.bin").stat().st_size
             meta["save_seconds"] = time.monotonic() - started
             meta["ready_slots"] = len(batch.slots) if batch else 0
@@ -408,7 +409,7 @@ class Forks:
         directory = self.root / fork_id
         self.root.mkdir(parents=True, exist_ok=True)
         directory.mkdir()
-        directory.chmod(0o755)
+        private_dir(directory, self.virt.qemu_ids())
         ram = self._ram_path(fork_id)
         base = [str(p) for p in state.layers(self.image)]
         batch = _Batch(fork_id, directory, ram, f"{self.settings.template_prefix}{fork_id}", base)
@@ -442,7 +443,7 @@ class Forks:
                 rid = f"r-{uuid.uuid4().hex[:8]}"
                 replica_dir = self.settings.replicas_dir / rid
                 replica_dir.mkdir(parents=True)
-                replica_dir.chmod(0o755)
+                private_dir(replica_dir, self.virt.qemu_ids())
                 disk = replica_dir / "disk-g1.qcow2"
                 slot = Slot(rid, f"{self.settings.name_prefix}{rid}-g1", disk)
                 batch.slots.append(slot)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from osfleet.config import Mode
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.private import private_dir
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.forks import Forks, Slot
@@ -150,7 +151,7 @@ class Lifecycle:
         try:
             directory = self.gen.replica_dir(rid)
             directory.mkdir(parents=True, exist_ok=reserved)
-            directory.chmod(0o755)
+            private_dir(directory, self.gen.virt.qemu_ids())  # its disks and episode are its tenant's
         except OSError as exc:
             raise as_osfleet(exc, f"creating replica {rid}") from exc
         try:

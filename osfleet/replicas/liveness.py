@@ -8,6 +8,7 @@ healthy replica dead would abort its episode for nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,8 @@ import psutil
 
 from osfleet.errors import OsfleetError
 from osfleet.virt import Virt
+
+log = logging.getLogger(__name__)
 
 PROBE_EVERY_SECONDS = 10.0
 PROBE_TIMEOUT_SECONDS = 5
@@ -72,14 +75,20 @@ class Liveness:
                 self._stopped_since.pop(domain, None)
 
     def _ping(self, domain: str) -> None:
+        """One probe; whatever it raises counts as a miss and the domain stays watched (an error that is not
+        osfleet's own, say from a libvirt binding, once left it "in flight" forever: never probed again)."""
+        ok = False
         try:
             self.virt.agent(domain, "guest-ping", timeout=PROBE_TIMEOUT_SECONDS)
             ok = True
         except OsfleetError:
-            ok = False
-        with self._lock:
-            self._inflight.discard(domain)
-            self._missed[domain] = 0 if ok else self._missed.get(domain, 0) + 1
+            pass
+        except Exception:
+            log.exception("probing the guest agent of %s", domain)
+        finally:
+            with self._lock:
+                self._inflight.discard(domain)
+                self._missed[domain] = 0 if ok else self._missed.get(domain, 0) + 1
 
     def dead(self) -> set[str]:
         now = time.monotonic()

@@ -25,7 +25,7 @@ from osfleet.config import MODES, Mode, ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.replicas import adoption, network, saved_state, template_memory
-from osfleet.replicas.actions import Action, ActionResult, read_file, run_actions, shell
+from osfleet.replicas.actions import READ_FILE_SECONDS, Action, ActionResult, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
 from osfleet.replicas.capture import ScreenCapture
 from osfleet.replicas.errors import (
@@ -168,6 +168,7 @@ class ReplicaHost:
         self._capacity = threading.Lock()
         self._reserved = 0
         self.forks.prepare()  # the next fork's slots, if any are wanted (in the background)
+        self._adopted: set[str] = set()
 
     # --- lifecycle of the host object ----------------------------------------------------------------------
     def close(self) -> None:
@@ -321,7 +322,14 @@ class ReplicaHost:
     def adopt(self) -> AdoptReport:
         report = adoption.adopt(self.registry, self.generations)
         self.lifecycle.collect_forks()  # forks whose children did not survive the restart
+        self._adopted.update(r.id for r in self.replicas())
         return report
+
+    def made_here(self) -> list[str]:
+        """Every replica this object brought up, or was bringing up, and has not retired (not those it adopted):
+        what a command tears down on its way out, interrupted or not: a list of ids a caller appends to after
+        each ``create`` misses the one an interrupt caught halfway."""
+        return [r.id for r in self.replicas() if r.id not in self._adopted]
 
     # --- forks ---------------------------------------------------------------------------------------------
     def fork(
@@ -406,9 +414,13 @@ class ReplicaHost:
             self.lifecycle.mark_used(rec.id, rec.generation)
             return shell(self.virt, rec.domain, command, timeout, as_root)
 
-    def read_file(self, replica_id: str, path: str, limit: int, claim: Claim | None = None) -> bytes:
+    def read_file(
+        self, replica_id: str, path: str, limit: int, timeout: float = READ_FILE_SECONDS, claim: Claim | None = None
+    ) -> bytes:
+        """The whole guest file (task checks and getters), within ``timeout`` seconds; a file larger than
+        ``limit`` raises ``GuestFileTooLargeError`` (scored 0 by the runner), never comes back cut short."""
         with self._touching(replica_id, claim) as rec:
-            return read_file(self.virt, rec.domain, path, limit)
+            return read_file(self.virt, rec.domain, path, limit, timeout, whole=True)
 
     def rss_bytes(self, replica_id: str) -> int | None:
         return self.virt.rss_bytes(self.get(replica_id).domain)

@@ -184,8 +184,8 @@ def tasks_validate(
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     rows: list[dict[str, Any]] = []
     with ReplicaHost(image, settings, mode="snapshot", auto_recover=False, say=lambda m: click.echo(m, err=True)) as h:
-        rid = h.create().replica
         try:
+            rid = h.create().replica
             for t, apps in chosen:
                 v = runner.validate(h, rid, t)
                 rewards = " -> ".join(f"{r:g}" for r in v.rewards)
@@ -199,7 +199,7 @@ def tasks_validate(
                     | ({"problem": v.problem} if v.problem else {})
                 )
         finally:
-            h.down([rid])
+            h.down(h.made_here())  # the replica, even one an interrupt caught while it came up
     failures = sum(not r["ok"] for r in rows)
     if as_json:
         passed_apps = sorted({a for r in rows if r["ok"] for a in r["apps"]})

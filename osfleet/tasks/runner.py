@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from osfleet.errors import OsfleetError
+from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetError
 from osfleet.replicas import actions
 from osfleet.replicas.actions import Action, ActionResult
 from osfleet.replicas.lifecycle import Timed
-from osfleet.tasks import evaluators, getters, guest_query
+from osfleet.tasks import evaluators, getters, guest_query, sandbox
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.guest_files import CACHE_DIR, put_file, put_text
 from osfleet.tasks.model import (
@@ -50,13 +50,16 @@ class ReplicaHost(Protocol):
 
     def reset(self, replica_id: str, mode: Any = None, unless_pristine: bool = False) -> Timed: ...
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes: ...
+    def read_file(
+        self, replica_id: str, path: str, limit: int, timeout: float = actions.READ_FILE_SECONDS
+    ) -> bytes: ...
     def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]: ...
 
 
 CHECK_TIMEOUT_SECONDS = 30.0
 SETUP_BUDGET_SECONDS = 60.0  # all set-up steps of one reset together
 EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together
+METRIC_MIN_SECONDS = 10.0  # a metric's wall time, however little of the evaluation's budget is left
 
 
 class TaskSetupError(OsfleetError):
@@ -147,6 +150,8 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
     """Reset the replica to its initial state (unless it is still there: a lease starts on a freshly reset
     replica), then apply the task's set-up; returns seconds taken."""
     start = time.monotonic()
+    if any(isinstance(c.check, OsworldCheck) for c in task.criteria):
+        sandbox.default().start_soon()  # its metric modules load while the replica resets, not at evaluation
     host.reset(rid, unless_pristine=True)
     apply_setup(host, rid, task)
     return time.monotonic() - start
@@ -200,9 +205,9 @@ def _osworld(
     for c in task.criteria:
         check = c.check
         assert isinstance(check, OsworldCheck)
-        timeout = min(CHECK_TIMEOUT_SECONDS, _left(task, c, deadline))
+        _left(task, c, deadline)
         try:
-            value, detail = _score_osworld(host, rid, check, workdir, timeout)
+            value, detail = _score_osworld(host, rid, check, workdir, deadline)
         except OsfleetError as exc:
             raise VerifierError(f"task {task.id}: criterion {c.name!r} could not be checked: {exc}") from None
         met = value >= 1.0
@@ -231,18 +236,20 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
                 )
                 detail = out["stdout"][-200:]
             elif isinstance(check, OsworldCheck):
-                value, detail = _score_osworld(host, rid, check, workdir, min(CHECK_TIMEOUT_SECONDS, left))
+                value, detail = _score_osworld(host, rid, check, workdir, deadline)
                 met = value >= 1.0
             else:
                 assert isinstance(check, FileContent)
-                met, detail = _check_file(host, rid, check)
+                met, detail = _check_file(Deadlined(host, deadline), rid, check)
+        except GuestFileTooLargeError as exc:  # the guest's doing: unmet, never scored on a cut-off copy
+            met, detail = False, str(exc)
         except OsfleetError as exc:
             raise VerifierError(f"task {task.id}: criterion {c.name!r} could not be checked: {exc}") from None
         results.append(CriterionResult(name=c.name, met=met, weight=c.weight, required=c.required, detail=detail))
     return score(results)
 
 
-def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, str]:
+def _check_file(host: Deadlined, rid: str, check: FileContent) -> tuple[bool, str]:
     q = shlex.quote(check.path)
     out = host.shell(rid, f"test -e {q} && echo present || echo absent", CHECK_TIMEOUT_SECONDS, True)
     exists = out["stdout"].strip() == "present"
@@ -257,21 +264,49 @@ def _check_file(host: ReplicaHost, rid: str, check: FileContent) -> tuple[bool, 
 
 
 def _score_osworld(
-    host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, timeout: float
+    host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, deadline: float
 ) -> tuple[float, str]:
-    """An OSWorld metric on the host, on what its getters fetched: its value and why. A value the guest cannot
-    give scores 0 with the reason; a guest that cannot be reached raises."""
+    """An OSWorld metric in the evaluation sandbox, on what its getters fetched: its value and why. A value the
+    guest cannot give (or a file over the limit) scores 0 with the reason; a guest that cannot be reached
+    raises. Every guest call of the getters ends by ``deadline``."""
     store = AssetStore.from_settings()
-    end = time.monotonic() + timeout
+    guest = Deadlined(host, deadline)
+    timeout = min(CHECK_TIMEOUT_SECONDS, guest.left())
     try:
-        result = getters.get(host, rid, check.result, workdir, store, timeout)
+        result = getters.get(guest, rid, check.result, workdir, store, timeout)
         expected = None
         if check.expected:
-            expected = getters.get(host, rid, check.expected, workdir, store, max(end - time.monotonic(), 1.0))
-    except getters.GetterValueError as exc:
+            expected = getters.get(guest, rid, check.expected, workdir, store, min(CHECK_TIMEOUT_SECONDS, guest.left()))
+    except (getters.GetterValueError, GuestFileTooLargeError) as exc:
         return 0.0, f"{check.func}: {exc}"[-200:]
-    value, detail = evaluators.run_metric(check.func, result, expected, check.options)
+    # At least METRIC_MIN_SECONDS: slow guest calls before it must not leave a metric too little time to score.
+    wall = max(deadline - time.monotonic(), METRIC_MIN_SECONDS)
+    value, detail = evaluators.run_metric(check.func, result, expected, check.options, wall=wall)
     return value, detail[-200:]
+
+
+class Deadlined:
+    """A replica host whose guest calls all end by ``deadline`` (the getters' view of it): whatever a getter
+    does, a guest agent that answers slowly or never costs the evaluation its budget, never a hung thread."""
+
+    def __init__(self, host: ReplicaHost, deadline: float) -> None:
+        self._host = host
+        self._deadline = deadline
+
+    def left(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise GuestTimeoutError(f"the evaluation's {EVALUATE_BUDGET_SECONDS:.0f} s budget ran out")
+        return left
+
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        return self._host.shell(replica_id, command, min(timeout, self.left()), as_root)
+
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = actions.READ_FILE_SECONDS) -> bytes:
+        return self._host.read_file(replica_id, path, limit, timeout=min(timeout, self.left()))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
 
 
 def run_oracle(host: ReplicaHost, rid: str, task: Task) -> None:

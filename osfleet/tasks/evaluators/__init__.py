@@ -6,7 +6,8 @@ Each metric takes the ``result`` and ``expected`` values its getters produced (a
 OSWorld does) with a reason. A value a metric cannot use (a file that is missing, corrupt, or of the wrong
 kind) scores 0 with a reason, as in OSWorld, where the metric raises and the task gets no score: the agent
 did not produce what was asked. Only failures to reach the guest are infrastructure errors, and those are
-raised by the getters.
+raised by the getters. Metrics run in the evaluation sandbox (``run_metric``): a file built to hurt its parser
+costs its own episode a 0, never the host.
 
 Metrics live in one module per family, each exporting ``METRICS`` and ``NEEDS`` (the Python modules a metric
 imports beyond osfleet's own dependencies); the differential check (``tests/test_osworld_differential_*``)
@@ -96,10 +97,11 @@ def require(func: str) -> None:
             )
 
 
-def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    """Score one metric; a value of the wrong kind scores 0 with the reason instead of raising."""
+def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any], wall: float | None = None) -> Score:
+    """Score one metric in the evaluation sandbox (``osfleet.tasks.sandbox``), never in this process: whatever
+    goes wrong inside it (a value of the wrong kind, a corrupt or hostile file, a limit hit) scores 0 with the
+    reason. ``wall``: at most this many seconds. Raises only when the sandbox itself fails (infrastructure)."""
     require(func)
-    try:
-        return METRICS[func](result, expected, options)
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-        return 0.0, f"{func}: cannot compare ({type(exc).__name__}: {exc})"
+    from osfleet.tasks import sandbox
+
+    return sandbox.default().run(func, result, expected, options, wall)

@@ -16,6 +16,7 @@ import builtins
 import functools
 import operator
 import re
+import reprlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -34,8 +35,13 @@ class CannotScore(ValueError):
 NotScored = CannotScore  # the office metrics' name for it
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 117, 117
+
+
 def short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
+    """At most ``limit`` characters, whatever ``value`` is: a plain ``repr`` of a YAML alias bomb is exponential."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -48,15 +48,33 @@ W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 
 
 def _open(path: str | None) -> Any:
-    """The python-docx document, or None for a missing or unreadable file."""
+    """The python-docx document, or None for a missing or unreadable file (scored 0, as in OSWorld); a
+    malformed one raises ``NotScored`` (scored 0 with the reason)."""
     import docx
 
     if not path:
         return None
     try:
-        return docx.Document(path)
+        document = docx.Document(path)
     except Exception:  # noqa: BLE001  (any file python-docx cannot read)
         return None
+    _check_spans(document)
+    return document
+
+
+MAX_GRID_SPAN = 64  # Word's tables have at most 63 columns
+
+
+def _check_spans(document: Any) -> None:
+    """Refuses a cell that spans more columns than Word allows: python-docx expands each cell's ``gridSpan``
+    into a list that long (2^31 entries for a 4 KB file), so such a file is input built to hurt a parser, never
+    a document Word or LibreOffice writes; it scores 0 rather than being read with a clamped span."""
+    from docx.oxml.ns import qn
+
+    for span in document.element.body.iter(qn("w:gridSpan")):
+        val = span.get(qn("w:val"), "1")
+        if not (val.isdigit() and len(val) <= 3 and int(val) <= MAX_GRID_SPAN):
+            raise NotScored(f"a table cell spans {short(val, 20)} columns (Word allows {MAX_GRID_SPAN - 1})")
 
 
 def _two(result: Any, expected: Any) -> tuple[Any, Any] | None:

@@ -42,6 +42,7 @@ from osfleet.tasks.evaluators.sheet_xml import RawCells
 from osfleet.tasks.evaluators.sheets_csv import read_lines
 
 _NO_SHEET = ""
+MAX_CELLS = 10_000_000  # one value in XFD1048576 makes pandas walk 17 billion cells
 
 
 class _Workbooks:
@@ -115,6 +116,9 @@ class _Workbooks:
         side, name = self.sheet(ref)
         if side not in self.frames:
             raise NotScored("the rule names the expected workbook, but there is none")
+        ws = self.worksheet(ref)  # openpyxl's extent counts real cells; pandas walks every cell inside it
+        if ws is not None and ws.max_row * ws.max_column > MAX_CELLS:
+            raise NotScored(f"sheet {name!r} spans {ws.max_row} x {ws.max_column} cells, too many to read")
         import pandas as pd
 
         try:

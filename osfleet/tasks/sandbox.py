@@ -1,0 +1,395 @@
+"""Scoring what a guest wrote as untrusted input: every metric runs in a process of its own, under limits.
+
+A file from the guest can be built to hurt whoever parses it: a 4.8 KB workbook with a value in XFD1048576
+makes openpyxl walk 17 billion cells, a docx ``gridSpan`` of 2^31 makes python-docx build a list that long, a
+zip bomb or a YAML alias bomb expands to gigabytes, malformed XML or a deep nesting raises errors nobody
+listed. None of that may reach the host agent, which serves every other tenant's episodes. So a metric never
+runs in the host agent's process: ``Sandbox.run`` hands it to a child of a warm zygote
+(``osfleet.tasks.sandbox_worker``), which runs it with
+
+- an address-space limit (``RLIMIT_AS``: ``memory_bytes`` above the warm worker's own), CPU seconds
+  (``RLIMIT_CPU``), a wall-time alarm, a file-size limit for anything it writes, an open-file limit and no
+  core dumps;
+- no network (the zygote lives in an empty network namespace when the host agent runs as root), a clean
+  environment (no token, no proxy settings, one BLAS thread) and a private temporary folder;
+- nothing shared with other evaluations: one fresh process per evaluation, gone when it answers.
+
+Whatever happens inside (a parse error, ``zlib.error``, ``BadZipFile``, an encrypted zip, ``RecursionError``,
+``MemoryError``, a limit's signal, a crash, a kill) the evaluation scores 0 with the reason in its detail: the
+agent did not produce a file that can be scored. Only the sandbox itself failing (it cannot start, its zygote
+died) is an infrastructure failure (``SandboxError``: 503), like failing to reach the guest.
+
+Why a zygote and not a fresh interpreter per evaluation: importing the metric modules with openpyxl and
+python-docx took 2.6-3.9 s here (2 cores), a fork of the warm zygote ~16 ms (README, "Security model").
+Why limits in the child and not a cgroup: ``RLIMIT_AS`` needs no privileges and no delegated cgroup tree, and
+works the same in a container, a systemd service and a developer's shell; the host bounds how many children
+run at once (``max_jobs``), so the sandbox's memory is at most ``max_jobs x memory_bytes`` above the zygote.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from osfleet.errors import OsfleetError
+
+log = logging.getLogger(__name__)
+
+Score = tuple[float, str]
+
+METRIC_MEMORY_BYTES = 768 * 2**20
+METRIC_CPU_SECONDS = 30
+METRIC_WALL_SECONDS = 45.0
+METRIC_FILE_BYTES = 64 * 2**20
+METRIC_OPEN_FILES = 256
+# Children at once: one per core, 2 to 8 (the sandbox's memory is at most this many times METRIC_MEMORY_BYTES);
+# more evaluations wait for a slot, within their wall time.
+MAX_JOBS = min(8, max(2, os.cpu_count() or 2))
+START_SECONDS = 60.0  # the zygote imports every metric module before it is ready
+REPLY_MAX_BYTES = 64 * 1024  # a child's answer; more is refused (the metric's reason is clipped to 500 chars)
+ALARM_GRACE_SECONDS = 2.0  # a child's own alarm ends it at its wall time; the host kills it this much later
+KILL_GRACE_SECONDS = 5.0  # after a kill, how long to wait for the zygote to say how a child ended
+RECENT_JOBS = 64  # evaluations whose peak memory and CPU time are kept (``Sandbox.recent``)
+
+# What the zygote may see of the environment: nothing of the host agent's (its token, proxies, paths).
+CLEAN_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OPENBLAS_NUM_THREADS": "1",  # no BLAS thread pools in a process that forks
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+class SandboxError(OsfleetError):
+    """The evaluation sandbox could not run a metric (it cannot start, or its zygote died): infrastructure."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one metric evaluation may use; the defaults are the README's "Security model" numbers."""
+
+    memory_bytes: int = METRIC_MEMORY_BYTES
+    cpu_seconds: int = METRIC_CPU_SECONDS
+    wall_seconds: float = METRIC_WALL_SECONDS
+    file_bytes: int = METRIC_FILE_BYTES
+    open_files: int = METRIC_OPEN_FILES
+
+
+SIGNALS = {
+    signal.SIGXCPU: "its CPU-time limit",
+    signal.SIGALRM: "its wall-time limit",
+    signal.SIGXFSZ: "its file-size limit",
+    signal.SIGSEGV: "a crash (SIGSEGV)",
+    signal.SIGABRT: "an abort (SIGABRT)",
+    signal.SIGBUS: "a crash (SIGBUS)",
+}
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """One evaluation as the kernel counted it (from the zygote's ``wait4``): what its limits were up against."""
+
+    func: str
+    seconds: float
+    peak_rss_bytes: int | None
+    cpu_seconds: float | None
+    score: float
+    detail: str
+
+
+class Sandbox:
+    """A zygote process and the children it forks, one per evaluation. Thread-safe; start it once per host
+    agent (``default()``) and ``close()`` it on the way out."""
+
+    def __init__(self, limits: Limits | None = None, max_jobs: int = MAX_JOBS) -> None:
+        self.limits = limits or Limits()
+        self._slots = threading.BoundedSemaphore(max_jobs)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self.info: dict[str, Any] = {}
+        self._starter: threading.Thread | None = None
+        self.recent: collections.deque[JobStats] = collections.deque(maxlen=RECENT_JOBS)
+
+    # --- the zygote ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the zygote (if it is not running) and wait until it has imported every metric module."""
+        with self._lock:
+            self._ensure_locked()
+
+    def start_soon(self) -> None:
+        """Start the zygote in the background, so that the first evaluation does not wait for its imports."""
+        with self._lock:
+            if self._alive_locked() or (self._starter is not None and self._starter.is_alive()):
+                return
+            self._starter = threading.Thread(target=self._start_quietly, name="osfleet-sandbox-start", daemon=True)
+            self._starter.start()
+
+    def _start_quietly(self) -> None:
+        try:
+            self.start()
+        except SandboxError as exc:
+            log.warning("%s", exc)
+
+    def _alive_locked(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None and self._control is not None
+
+    def _ensure_locked(self) -> socket.socket:
+        if self._alive_locked():
+            assert self._control is not None
+            return self._control
+        self._stop_locked()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-m", "osfleet.tasks.sandbox_worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=CLEAN_ENV,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C meant for the host agent does not reach it first
+            )
+        except OSError as exc:
+            ours.close()
+            raise SandboxError(f"cannot start the evaluation sandbox: {exc}") from None
+        finally:
+            theirs.close()
+        ours.settimeout(START_SECONDS)
+        try:
+            line = _read_line(ours, REPLY_MAX_BYTES)
+            info = json.loads(line) if line else {}
+        except (OSError, ValueError) as exc:
+            info = {"error": str(exc)}
+        if not info.get("ready"):
+            proc.kill()
+            proc.wait()
+            ours.close()
+            raise SandboxError(f"the evaluation sandbox did not start: {info.get('error') or 'it exited'}")
+        ours.settimeout(None)
+        self._proc, self._control, self.info = proc, ours, info
+        if not info.get("network_isolated"):
+            log.warning("evaluation sandbox: no network namespace (not root?); metrics run with the host's network")
+        return ours
+
+    def _stop_locked(self) -> None:
+        if self._control is not None:
+            with contextlib.suppress(OSError):
+                self._control.close()  # the zygote kills its children and exits when it reads EOF
+            self._control = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def pid(self) -> int | None:
+        """The zygote's pid while it runs (tests, and ``ps`` readers)."""
+        with self._lock:
+            return self._proc.pid if self._alive_locked() and self._proc is not None else None
+
+    # --- one evaluation ------------------------------------------------------------------------------------
+    def run(self, func: str, result: Any, expected: Any, options: dict[str, Any], wall: float | None = None) -> Score:
+        """Score ``func`` on the getters' values in a child process; 0 with the reason for anything that goes
+        wrong inside it. ``wall``: at most this many seconds (the evaluation's time left), waiting for a slot
+        included. Raises ``SandboxError`` only when the sandbox itself fails."""
+        wall = min(wall if wall is not None else self.limits.wall_seconds, self.limits.wall_seconds)
+        start = time.monotonic()
+        end = start + wall
+        if not self._slots.acquire(timeout=max(wall, 0.0)):
+            raise SandboxError(f"every evaluation worker stayed busy for {wall:.0f} s")
+        try:
+            with tempfile.TemporaryDirectory(prefix="osfleet-metric-") as tmp:
+                os.chmod(tmp, 0o700)
+                score, status = self._run(func, result, expected, options, end, Path(tmp))
+        finally:
+            self._slots.release()
+        status = status or {}
+        rss = status.get("peak_rss_kib")
+        cpu = status.get("cpu_seconds")
+        stats = JobStats(
+            func,
+            time.monotonic() - start,
+            int(rss) * 1024 if isinstance(rss, int) else None,
+            float(cpu) if isinstance(cpu, int | float) else None,
+            *score,
+        )
+        self.recent.append(stats)
+        log.debug("evaluation sandbox: %s", stats)
+        return score
+
+    def _open_job(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            for attempt in (1, 2):  # a zygote that died since the last evaluation is started again, once
+                with self._lock:
+                    control = self._ensure_locked()
+                    try:
+                        socket.send_fds(control, [b"j"], [theirs.fileno()])
+                        return ours
+                    except OSError as exc:
+                        self._stop_locked()
+                        if attempt == 2:
+                            raise SandboxError(f"the evaluation sandbox does not take jobs: {exc}") from None
+            raise AssertionError("unreachable")
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+
+    def _run(
+        self, func: str, result: Any, expected: Any, options: dict[str, Any], end: float, tmp: Path
+    ) -> tuple[Score, dict[str, Any] | None]:
+        """The score, and the zygote's word on how the child ended (None when it never came)."""
+        wall = max(end - time.monotonic(), 1.0)
+        job = pickle.dumps(
+            {
+                "func": func,
+                "result": result,
+                "expected": expected,
+                "options": options,
+                "limits": {**asdict(self.limits), "wall_seconds": wall},
+                "tmpdir": str(tmp),
+            }
+        )
+        with self._open_job() as conn:
+            try:
+                conn.settimeout(max(end - time.monotonic(), 0.1))
+                pid = int(json.loads(_read_line(conn, 256) or "{}")["pid"])
+            except (OSError, ValueError, KeyError) as exc:
+                raise SandboxError(f"the evaluation sandbox did not take the job: {exc}") from None
+            with contextlib.suppress(OSError):  # the child is gone already: the zygote says how it ended
+                conn.sendall(struct.pack("!Q", len(job)) + job)
+            reply, status = self._answers(conn, end + ALARM_GRACE_SECONDS)  # the child's alarm ends it first
+            if reply is None and status is None:  # it outlived its alarm (stuck in the kernel?): killed here
+                _kill_group(pid)
+                with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it
+                    _, status = self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
+                return (0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"), status
+        return _verdict(func, reply, status, self.limits, wall), status
+
+    def _answers(self, conn: socket.socket, end: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The child's reply (if it gave one) and the zygote's word on how it ended, until ``end``."""
+        reply: dict[str, Any] | None = None
+        buf = b""
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return reply, None
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                return reply, None
+            if not chunk:
+                if reply is None:
+                    raise SandboxError("the evaluation sandbox went away during an evaluation")
+                return reply, None  # the zygote died after the child answered: the answer stands
+            buf += chunk
+            if len(buf) > REPLY_MAX_BYTES:
+                return {"error": f"the metric's answer was over {REPLY_MAX_BYTES} bytes"}, None
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    data = json.loads(line)
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict):
+                    data = {"error": "the metric's process answered something unreadable"}
+                if "exit" in data:
+                    return reply, data
+                reply = data
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _read_line(sock: socket.socket, limit: int) -> str:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > limit:
+            raise ValueError(f"a line over {limit} bytes")
+    return buf.decode(errors="replace").strip()
+
+
+def _verdict(
+    func: str, reply: dict[str, Any] | None, status: dict[str, Any] | None, limits: Limits, wall: float
+) -> Score:
+    """The child's answer, or why it has none, as a score and a reason."""
+    if reply is not None and "score" in reply:
+        score = reply["score"]
+        if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
+            return float(score), str(reply.get("detail", ""))[:500]
+        return 0.0, f"{func}: the metric's answer was not a score"
+    if reply is not None and "error" in reply:
+        error = str(reply["error"])[:500]
+        if error.startswith("MemoryError"):
+            return 0.0, f"{func}: the file needs more than the {_mib(limits.memory_bytes)} a metric may use ({error})"
+        return 0.0, f"{func}: cannot compare ({error})"
+    sig = (status or {}).get("signal")
+    if isinstance(sig, int):
+        try:
+            name = signal.Signals(sig)
+        except ValueError:
+            return 0.0, f"{func}: the metric's process ended by signal {sig}"
+        if name == signal.SIGXCPU:
+            return 0.0, f"{func}: the metric hit its CPU-time limit of {limits.cpu_seconds} s"
+        if name == signal.SIGALRM:
+            return 0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s"
+        why = SIGNALS.get(name, f"{name.name} (the kernel's OOM killer, or an operator)")
+        return 0.0, f"{func}: the metric's process was ended by {why}"
+    code = (status or {}).get("exit")
+    if code is not None:
+        return 0.0, f"{func}: the metric's process exited ({code}) without an answer (likely its memory limit)"
+    return 0.0, f"{func}: the metric's process ended without an answer"
+
+
+_default: Sandbox | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> Sandbox:
+    """This process's sandbox, made on first use and closed when the process exits."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Sandbox()
+            atexit.register(_default.close)
+        return _default
