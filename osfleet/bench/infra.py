@@ -106,7 +106,7 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
         result["up_changes"] = _changes(up.summary)
 
         say("[3/7] health of every host agent (GET /health; GET /v1/host with the token from the outputs)")
-        urls: dict[str, str] = up.outputs["agentUrls"].value
+        urls: dict[str, str] = up.outputs["agents"].value
         token: str = up.outputs["agentToken"].value
         health = {
             name: {"health": _get(f"{u}/health"), "authorized": _get(f"{u}/v1/host", token)} for name, u in urls.items()
