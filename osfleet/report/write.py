@@ -237,7 +237,8 @@ def _load_test(results: RunResults, key: list[list[str]]) -> Section:
         section.blocks.append(
             Text(
                 f"Trajectories: {s['scored']} scored ({s['successful']} successful, mean reward "
-                f"{s['mean_reward']:.2f}), {s['aborted']} unscored aborts, {s['errors']} errors; "
+                f"{s['mean_reward']:.2f}), {s['aborted']} unscored aborts, {s['errors']} errors, "
+                f"{s['interrupted']} cut short by the run's end; "
                 f"{s['per_minute']:.1f} per minute ({HERE})."
             )
         )
