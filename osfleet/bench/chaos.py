@@ -27,10 +27,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from osfleet.bench.load import _get, free_port, run_locust
 from osfleet.chaos import faults as F
@@ -164,8 +164,20 @@ class BenchHost:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class HostEndpoint(Protocol):
+    """What the gateway and its overhead probe need of a host agent (a ``BenchHost`` here, the lab's agents
+    deployed by ``pulumi up`` in the main job)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def token(self) -> str: ...
+
+
 class Gateway:
-    def __init__(self, hosts: list[BenchHost], run_dir: Path) -> None:
+    def __init__(self, hosts: Sequence[HostEndpoint], run_dir: Path) -> None:
         self.port = free_port()
         self.token = secrets.token_urlsafe(24)
         spec = [{"name": h.name, "url": h.url, "token": h.token} for h in hosts]
@@ -451,7 +463,7 @@ def _audit(
 
 
 def gateway_overhead(
-    gateway: Gateway, fleet: list[BenchHost], rounds: int = OVERHEAD_ROUNDS, warmup: int = OVERHEAD_WARMUP
+    gateway: Gateway, fleet: Sequence[HostEndpoint], rounds: int = OVERHEAD_ROUNDS, warmup: int = OVERHEAD_WARMUP
 ) -> dict[str, Any]:
     """What the gateway adds to one step (a zero-second wait, no observation) on one leased replica.
 

@@ -103,8 +103,9 @@ def run_cli(
     stdin: str | None = None,
     echo: Callable[[str], None] | None = None,
     timeout: float | None = None,
+    cwd: Path | None = None,
 ) -> str:
-    """``pulumi ARGS`` in the project's root with ``engine_env``, as a user types it.
+    """``pulumi ARGS`` in the project's root (or ``cwd``) with ``engine_env``, as a user types it.
 
     Its output is returned when ``capture``, else each line goes to ``echo`` (default: stderr) as it comes.
     A failure raises ``EngineError`` with the one line a user can act on."""
@@ -115,7 +116,7 @@ def run_cli(
     say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     proc = subprocess.Popen(
         cmd,
-        cwd=project_dir(),
+        cwd=cwd or project_dir(),
         env=env,
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,

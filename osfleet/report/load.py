@@ -166,10 +166,21 @@ def trajectory_summary(traj: list[dict[str, Any]]) -> dict[str, Any]:
         "aborted": len(aborted),
         "errors": len(errors),
         "interrupted": len(interrupted),
+        "scored_by_host": _by_host(scored),
         "per_minute": len(scored) / span_min if span_min else 0.0,
         "abort_share": len(aborted) / len(traj) if traj else 0.0,
         "mean_reward": sum(t["reward"] for t in scored) / len(scored) if scored else 0.0,
     }
+
+
+def _by_host(traj: list[dict[str, Any]]) -> dict[str, int]:
+    """Episodes per host, for replica ids a fleet gateway gave (``<host>.<replica>``); empty otherwise."""
+    out: dict[str, int] = {}
+    for t in traj:
+        host, dot, _ = str(t.get("replica", "")).partition(".")
+        if dot:
+            out[host] = out.get(host, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _cost(resets: dict[str, Any] | None, load_test: LoadTest) -> Cost | None:

@@ -1,0 +1,227 @@
+"""A fleet on this machine as a user makes one: lab hosts, ``pulumi up --stack lab`` with the plain CLI and
+osfleet's language host, and a fleet gateway over the agents it deployed. The main job runs its load through
+this; leaving the ``with`` block (normally, on an error, on Ctrl-C or SIGTERM) stops the gateway, runs
+``pulumi destroy`` and takes the lab down, and the result records what was left.
+
+The stack is the project's ``lab`` stack; its config is a copy of ``Pulumi.lab.yaml`` in the run directory
+(``--config-file``) holding this run's agent token and warm-pool size, so the checkout's files are never
+written. A ``lab`` stack that already has resources (someone's deployment) is refused, never touched; a
+stack made here is removed at the end (``stack rm --preserve-config``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from osfleet.config import Settings
+from osfleet.errors import ConfigError, OsfleetError
+
+Say = Callable[[str], None]
+STACK = "lab"
+HEALTH_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class DeployedAgent:
+    """A host agent the stack deployed, as the gateway and its overhead probe address it."""
+
+    name: str
+    url: str
+    token: str
+
+
+def _status(url: str, token: str | None = None) -> int:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0
+
+
+class LabFleet:
+    """``with LabFleet(run_dir, hosts, warm, settings, say) as fleet:`` -> ``fleet.gateway``, ``fleet.agents``;
+    ``fleet.result`` is the infra section of the report (``infra.json``)."""
+
+    def __init__(self, run_dir: Path, hosts: int, warm: int, settings: Settings, say: Say) -> None:
+        self.run_dir = run_dir
+        self.hosts = hosts
+        self.warm = warm
+        self.settings = settings
+        self.say = say
+        self.config_file = run_dir / f"Pulumi.{STACK}.yaml"
+        self.agents: list[DeployedAgent] = []
+        self.gateway: Any = None
+        self.result: dict[str, Any] = {"stack": STACK, "hosts": hosts, "warm": warm, "cli": "pulumi"}
+        self._lab_state: Any = None
+        self._made_stack = False
+        self._deployed = False
+
+    # --- the plain CLI ------------------------------------------------------------------------------------
+    def _pulumi(self, *args: str, capture: bool = False, stdin: str | None = None) -> str:
+        from osfleet.lab.engine import run_cli
+
+        echo = (lambda line: None) if capture else (lambda line: self.say("    " + line))
+        return run_cli(list(args), self.settings, capture=capture, stdin=stdin, echo=echo)
+
+    def _stack_args(self) -> list[str]:
+        return ["--stack", STACK, "--config-file", str(self.config_file), "--non-interactive"]
+
+    def _history(self) -> dict[str, Any]:
+        out = self._pulumi("stack", "history", "--json", "--page-size", "1", "--stack", STACK, capture=True)
+        rows = json.loads(out or "[]")
+        return rows[0] if rows else {}
+
+    def _resources(self) -> int:
+        """Resources the stack's state holds now (0 for a new or destroyed stack)."""
+        out = self._pulumi("stack", "export", "--stack", STACK, capture=True)
+        return len((json.loads(out or "{}").get("deployment") or {}).get("resources") or [])
+
+    def _prepare_stack(self) -> None:
+        """Select ``lab`` (made in a scratch folder when missing, so its salt lands in our config copy) and
+        write the run's config file."""
+        from osfleet.lab.engine import PROJECT, project_dir, run_cli
+
+        listed = json.loads(self._pulumi("stack", "ls", "--json", capture=True) or "[]")
+        exists = any(s.get("name") == STACK for s in listed)
+        base = (project_dir() / f"Pulumi.{STACK}.yaml").read_text()
+        salt = ""
+        if not exists:
+            scratch = Path(tempfile.mkdtemp(prefix="osfleet-stack-"))
+            try:
+                (scratch / "Pulumi.yaml").write_text(f"name: {PROJECT}\nruntime: python\n")
+                run_cli(["stack", "init", STACK, "--non-interactive"], self.settings, capture=True, cwd=scratch)
+                made = (scratch / f"Pulumi.{STACK}.yaml").read_text()
+                salt = next((ln for ln in made.splitlines() if ln.startswith("encryptionsalt:")), "")
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            self._made_stack = True
+        elif (n := self._resources()) > 0:
+            raise ConfigError(
+                f"the {STACK} stack already has {n} resources (someone's deployment): take it down with "
+                f"'pulumi destroy --stack {STACK}' first; the main job deploys and destroys its own"
+            )
+        lines = [ln for ln in base.splitlines() if not ln.startswith("encryptionsalt:")]
+        self.config_file.write_text("\n".join(lines + ([salt] if salt else [])) + "\n")
+        self.config_file.chmod(0o600)
+        for key, value in (("osfleet:hosts", str(self.hosts)), ("osfleet:warm", str(self.warm))):
+            self._pulumi("config", "set", key, value, *self._stack_args(), capture=True)
+        token = secrets.token_hex(16)
+        self._pulumi("config", "set", "--secret", "osfleet:agentToken", *self._stack_args(), capture=True, stdin=token)
+
+    # --- up and down --------------------------------------------------------------------------------------
+    def __enter__(self) -> LabFleet:
+        from osfleet.bench.chaos import Gateway, gateway_overhead
+        from osfleet.lab import lab as lab_ops
+        from osfleet.lab.engine import engine_root, engine_version
+
+        try:
+            self.result["engine"] = engine_version(engine_root(self.settings))
+            self.say(f"lab up --hosts {self.hosts}")
+            t = time.monotonic()
+            self._lab_state = lab_ops.up(self.hosts, lab_ops.lab_root(self.settings), self.say)
+            self.result["lab_up_seconds"] = round(time.monotonic() - t, 2)
+            self._prepare_stack()
+            self.say(f"pulumi up --stack {STACK} ({self.result['engine']}, our language host)")
+            t = time.monotonic()
+            self._deployed = True
+            self._pulumi("up", "--yes", *self._stack_args())
+            self.result["up_seconds"] = round(time.monotonic() - t, 2)
+            self.result["up_changes"] = self._history().get("resourceChanges", {})
+            self.say("second pulumi up (nothing may change)")
+            t = time.monotonic()
+            self._pulumi("up", "--yes", *self._stack_args())
+            self.result["second_up_seconds"] = round(time.monotonic() - t, 2)
+            changes = self._history().get("resourceChanges", {})
+            self.result["second_up_changes"] = sum(n for kind, n in changes.items() if kind != "same")
+            self.result["resources"] = self._resources()
+            outs = json.loads(
+                self._pulumi("stack", "output", "--json", "--show-secrets", "--stack", STACK, capture=True)
+            )
+            token = outs["agentToken"]
+            self.agents = [DeployedAgent(name, url, token) for name, url in sorted(outs["agents"].items())]
+            self.result["golden_image"] = outs.get("goldenImage")
+            self.result["agents"] = {a.name: a.url for a in self.agents}
+            health = {a.name: {"health": _status(f"{a.url}/health"), "authorized": _status(f"{a.url}/v1/host", token)}
+                      for a in self.agents}  # fmt: skip
+            self.result["health"] = health
+            self.result["hosts_healthy"] = sum(h == {"health": 200, "authorized": 200} for h in health.values())
+            if self.result["hosts_healthy"] < len(self.agents):
+                raise OsfleetError(f"agents not healthy after pulumi up: {json.dumps(health)}")
+            self.say(f"fleet gateway over {len(self.agents)} agents")
+            self.gateway = Gateway(self.agents, self.run_dir)
+            self._wait_gateway()
+            self.say("gateway overhead: the same step straight to a host and through the gateway, alternating")
+            self.result["gateway_overhead"] = gateway_overhead(self.gateway, self.agents)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_gateway(self) -> None:
+        gw = self.gateway
+        deadline = time.monotonic() + HEALTH_SECONDS
+        while time.monotonic() < deadline:
+            if gw.proc.poll() is not None:
+                raise OsfleetError(f"the fleet gateway exited with {gw.proc.returncode}; see {gw.log.name}")
+            if _status(f"{gw.url}/health") == 200:
+                return
+            time.sleep(0.5)
+        raise OsfleetError(f"the fleet gateway did not answer in {HEALTH_SECONDS:.0f} s; see {gw.log.name}")
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Gateway, stack, lab, in that order, each tried even if an earlier one failed; then the leftovers."""
+        from osfleet.bench.infra import infra_leftovers
+        from osfleet.lab import lab as lab_ops
+
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+        problems: list[str] = []
+        after_destroy: dict[str, int] = {}
+        if self._deployed:
+            self._deployed = False
+            self.say(f"pulumi destroy --stack {STACK}")
+            t = time.monotonic()
+            try:
+                self._pulumi("destroy", "--yes", *self._stack_args())
+                self.result["destroy_seconds"] = round(time.monotonic() - t, 2)
+                if self._lab_state is not None:
+                    after_destroy = infra_leftovers(self._lab_state, self.settings)
+            except OsfleetError as e:
+                problems.append(f"pulumi destroy: {e}")
+        if self._made_stack:
+            self._made_stack = False
+            try:
+                self._pulumi("stack", "rm", "--yes", "--preserve-config", STACK, "--non-interactive", capture=True)
+            except OsfleetError as e:
+                problems.append(f"pulumi stack rm: {e}")
+        if self._lab_state is not None:
+            self._lab_state = None
+            self.say("lab down")
+            t = time.monotonic()
+            root = lab_ops.lab_root(self.settings)
+            lab_ops.down(root, self.say, self.settings.libvirt_uri)
+            self.result["lab_down_seconds"] = round(time.monotonic() - t, 2)
+            after_down = lab_ops.leftovers(root, self.settings.libvirt_uri)
+            after_down.pop("state_hosts", None)
+            self.result["leftovers"] = {**after_destroy, **{f"lab_{k}": v for k, v in after_down.items()}}
+        if problems:
+            self.result["teardown_problems"] = problems
+            for p in problems:
+                self.say(f"teardown: {p}")
