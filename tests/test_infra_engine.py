@@ -30,3 +30,5 @@ def test_built_engine_reports_the_pinned_version_and_a_second_build_is_skipped()
     assert "already built" in done.stdout and "(skipped)" in done.stdout
     shim = engine_root() / "bin" / "pulumi-resource-pulumi-python"
     assert "-m pulumi.dynamic" in shim.read_text()
+    host = engine_root() / "bin" / "pulumi-language-python"  # osfleet's language host, next to the engine
+    assert "-m osfleet.lab.language_host" in host.read_text() and host.stat().st_mode & 0o111
