@@ -208,7 +208,9 @@ class LabFleet:
         if self._made_stack:
             self._made_stack = False
             try:
-                self._pulumi("stack", "rm", "--yes", "--preserve-config", STACK, "--non-interactive", capture=True)
+                # --force: after a failed destroy the state still lists resources of a lab that is going away now
+                rm = ["stack", "rm", "--yes", "--force", "--preserve-config", STACK, "--non-interactive"]
+                self._pulumi(*rm, capture=True)
             except OsfleetError as e:
                 problems.append(f"pulumi stack rm: {e}")
         if self._lab_state is not None:
