@@ -1,7 +1,7 @@
 """osfleet's Python language host under the real engine: the plain ``pulumi`` CLI (scripts/build-pulumi), a
 throwaway project in tmp with a file backend, exactly as a user types the commands.
 
-Proves: preview/up/destroy run the program in the project's virtualenv with config and secrets; a second
+Proves: preview/up/refresh/destroy run the program in the project's virtualenv with config and secrets; a second
 preview sees no change; the program's prints reach the user; a config mistake (``pulumi.RunError``,
 osfleet's own ``ConfigError``) is one line without a traceback; a bug shows the program's own frames only;
 ``pulumi about`` and ``pulumi install`` (a virtualenv made, a requirements file installed); a missing
@@ -177,6 +177,7 @@ def test_preview_up_second_preview_and_destroy_with_config_and_secrets(project: 
     assert project.pulumi("stack", "output", "token", "--show-secrets").stdout.strip() == "s3cret"
     assert project.pulumi("stack", "output", "token").stdout.strip() == "[secret]"
     project.pulumi("preview", "--expect-no-changes")
+    assert "2 unchanged" in project.pulumi("refresh", "--yes").stdout
     project.pulumi("config", "set", "value", "changed")
     assert project.pulumi("preview", "--expect-no-changes", check=False).returncode != 0
     project.pulumi("config", "set", "value", "hello")
