@@ -321,6 +321,30 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
     def RuntimeOptionsPrompts(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         return language_pb2.RuntimeOptionsResponse()
 
+    def Template(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return language_pb2.TemplateResponse()  # pip projects need nothing from a template (as Pulumi's host)
+
+    def _unsupported(self, what: str, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by osfleet's Python language host")
+
+    def RunPlugin(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._unsupported("running a Python plugin (policy pack, component provider)", context)
+
+    def GenerateProgram(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._unsupported("generating a program (pulumi convert)", context)
+
+    def GenerateProject(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._unsupported("generating a project (pulumi convert)", context)
+
+    def GeneratePackage(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._unsupported("generating an SDK (pulumi package gen-sdk)", context)
+
+    def Pack(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._unsupported("packing an SDK (pulumi package add)", context)
+
+    def Link(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return self._unsupported("linking a local SDK (pulumi package add)", context)
+
     def InstallDependencies(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
         """``pulumi install``: the virtualenv (made when missing), then ``requirements.txt``, streamed."""
 
@@ -351,6 +375,10 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
 
     @_rpc
     def Run(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        if request.attach_debugger:
+            return language_pb2.RunResponse(
+                error="osfleet's language host cannot attach a debugger (--attach-debugger)"
+            )
         program = Program.from_info(request.info)
         program.require_venv()
         args = [program.python, "-u", str(RUNNER)]
