@@ -239,8 +239,9 @@ def bench_all(
     policy: str,
     runs_dir: Path,
 ) -> None:
-    """The main job: image -> replica + screenshot -> disk and reset benches -> Locust bring-up and trajectories
-    against a local host agent -> report, in runs/<timestamp>/."""
+    """The main job: image -> replica + screenshot -> disk and reset benches -> 2 lab hosts, pulumi up --stack lab,
+    a fleet gateway -> Locust bring-up and trajectories through it -> pulumi destroy, lab down -> report, in
+    runs/<timestamp>/."""
     from osfleet.bench import main_job
 
     main_job.run(runs_dir, replicas, reset_replicas, resets, bringup_replicas, users, duration, policy)
