@@ -221,7 +221,7 @@ def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, o
 @click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000), help="disk bench size")
 @click.option("--reset-replicas", default=2, show_default=True, type=click.IntRange(1, 256), help="reset bench size")
 @click.option(
-    "--resets", default=2, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
+    "--resets", default=1, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
 )
 @click.option("--bringup-replicas", default=4, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--users", default=2, show_default=True, type=click.IntRange(1, 10000), help="Locust agents")

@@ -30,6 +30,7 @@ from osfleet.errors import ConfigError, OsfleetError
 Say = Callable[[str], None]
 STACK = "lab"
 HEALTH_SECONDS = 120.0
+READY_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ class LabFleet:
         return rows[0] if rows else {}
 
     def _resources(self) -> int:
-        """Resources the stack's state holds now (0 for a new or destroyed stack)."""
+        """Resources the stack's state holds now, as the CLI counts them (providers not included)."""
         out = self._pulumi("stack", "export", "--stack", STACK, capture=True)
-        return len((json.loads(out or "{}").get("deployment") or {}).get("resources") or [])
+        rows = (json.loads(out or "{}").get("deployment") or {}).get("resources") or []
+        return sum(1 for r in rows if not str(r.get("type", "")).startswith("pulumi:providers:"))
 
     def _prepare_stack(self) -> None:
         """Select ``lab`` (made in a scratch folder when missing, so its salt lands in our config copy) and
@@ -164,12 +166,35 @@ class LabFleet:
             self.say(f"fleet gateway over {len(self.agents)} agents")
             self.gateway = Gateway(self.agents, self.run_dir)
             self._wait_gateway()
+            t = time.monotonic()
+            self.wait_ready(len(self.agents) * self.warm, READY_SECONDS)
+            self.result["warm_pool_ready_seconds"] = round(time.monotonic() - t, 2)
             self.say("gateway overhead: the same step straight to a host and through the gateway, alternating")
             self.result["gateway_overhead"] = gateway_overhead(self.gateway, self.agents)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def wait_ready(self, count: int, timeout: float) -> None:
+        """Until the gateway sees ``count`` ready replicas across its hosts (the agents' warm pools; the first
+        replica on a host is a cold boot that saves the state the others are restored from)."""
+        from osfleet.bench.load import _get
+
+        gw = self.gateway
+        self.say(f"waiting for {count} ready replicas across the hosts (warm pools)")
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            status, reps = _get(f"{gw.url}/v1/replicas", headers=gw.headers, timeout=10)
+            ready = sum(r["state"] == "ready" for r in reps) if status == 200 else 0
+            if ready >= count:
+                return
+            if time.monotonic() - last > 30:
+                self.say(f"  ... {ready}/{count} ready")
+                last = time.monotonic()
+            time.sleep(1.0)
+        raise OsfleetError(f"the fleet did not have {count} ready replicas within {timeout:.0f} s")
 
     def _wait_gateway(self) -> None:
         gw = self.gateway

@@ -20,7 +20,6 @@ from typing import Any
 from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
-from osfleet.errors import OsfleetError
 from osfleet.images import load
 from osfleet.machine import describe
 
@@ -29,8 +28,12 @@ LAB_HOSTS = 2
 READY_SECONDS = 600.0
 
 
+_STARTED = [time.monotonic()]
+
+
 def _stage(n: int, title: str) -> float:
-    print(f"\n== [{n}/{TOTAL}] {title}", flush=True)
+    elapsed = time.monotonic() - _STARTED[0]
+    print(f"\n== [{n}/{TOTAL}] {title}  (at {elapsed // 60:.0f} min {elapsed % 60:02.0f} s)", flush=True)
     return time.monotonic()
 
 
@@ -56,7 +59,7 @@ def run(
     runs_dir: Path,
     replicas: int,
     reset_replicas: int = 2,
-    resets: int = 2,
+    resets: int = 1,
     bringup_replicas: int = 4,
     users: int = 2,
     duration: str = "90s",
@@ -87,7 +90,7 @@ def _run(
     from osfleet.verify import verify_image
 
     settings = Settings.from_env()
-    started = time.monotonic()
+    started = _STARTED[0] = time.monotonic()
     run_dir = runs_dir / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     run_dir.mkdir(parents=True)
     print(f"osfleet main job; results in {run_dir}", flush=True)
@@ -154,7 +157,7 @@ def _run(
             print(_bringup_line(run_dir), flush=True)
 
             t = _stage(7, f"Locust trajectories through the gateway: {users} agent(s), {policy} policy, {duration}")
-            _wait_ready(gw, min(users, LAB_HOSTS * warm), READY_SECONDS)
+            fleet.wait_ready(min(users, LAB_HOSTS * warm), READY_SECONDS)
             run_locust("trajectories", gw.url, gw.token, run_dir, users, duration, ["--policy", policy])
             timings["trajectories_seconds"] = time.monotonic() - t
             print(_trajectory_line(run_dir), flush=True)
@@ -184,19 +187,6 @@ def _run(
         print(path)
     print(f"\ndone in {time.monotonic() - started:.0f} s: {run_dir}", flush=True)
     return run_dir
-
-
-def _wait_ready(gateway: Any, count: int, timeout: float) -> None:
-    """Until the gateway sees ``count`` ready replicas (the agents' warm pools) across its hosts."""
-    from osfleet.bench.load import _get
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, reps = _get(f"{gateway.url}/v1/replicas", headers=gateway.headers, timeout=10)
-        if status == 200 and sum(r["state"] == "ready" for r in reps) >= count:
-            return
-        time.sleep(1.0)
-    raise OsfleetError(f"the fleet did not have {count} ready replicas within {timeout:.0f} s")
 
 
 def _bringup_line(run_dir: Path) -> str:
