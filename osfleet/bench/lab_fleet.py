@@ -245,10 +245,40 @@ class LabFleet:
             root = lab_ops.lab_root(self.settings)
             lab_ops.down(root, self.say, self.settings.libvirt_uri)
             self.result["lab_down_seconds"] = round(time.monotonic() - t, 2)
+            self.result["lab_template_ram_removed"] = len(remove_template_memory(root, self.settings))
             after_down = lab_ops.leftovers(root, self.settings.libvirt_uri)
             after_down.pop("state_hosts", None)
+            after_down["template_ram_files"] = len(_template_owners(root, self.settings))
             self.result["leftovers"] = {**after_destroy, **{f"lab_{k}": v for k, v in after_down.items()}}
         if problems:
             self.result["teardown_problems"] = problems
             for p in problems:
                 self.say(f"teardown: {p}")
+
+
+def _template_owners(lab_root: Path, settings: Settings) -> list[Path]:
+    """Owner files of template RAM (on tmpfs, outside the lab's folder) whose saved state was a lab host's."""
+    from osfleet.config import DEFAULT_MEMORY_DIR
+
+    dirs = {d for d in (DEFAULT_MEMORY_DIR, settings.memory_dir) if d is not None and d.is_dir()}
+    out = []
+    for d in dirs:
+        for owner in d.glob("*.state"):
+            try:
+                if Path(owner.read_text().strip()).is_relative_to(lab_root):
+                    out.append(owner)
+            except OSError:
+                continue
+    return out
+
+
+def remove_template_memory(lab_root: Path, settings: Settings) -> list[Path]:
+    """The lab hosts' agents keep their saved states' RAM in the machine's memory folder (a tmpfs), which
+    ``lab down`` does not own; once their homes are gone these files are orphans taking RAM: remove exactly
+    those (the owner file names the state it belonged to), now rather than at the next sweep."""
+    removed = []
+    for owner in _template_owners(lab_root, settings):
+        owner.with_suffix(".ram").unlink(missing_ok=True)
+        owner.unlink(missing_ok=True)
+        removed.append(owner.with_suffix(".ram"))
+    return removed
