@@ -216,6 +216,8 @@ def test_pulumi_about_names_the_virtualenv_python_and_our_host(project: Project)
     assert f"executable='{sys.executable}'" in about or f"executable='{sys.prefix}/bin/python" in about
     assert "host='osfleet.lab.language_host'" in about
     assert "language  python" in about
+    deps = about.split("Dependencies:", 1)[1]  # GetProgramDependencies: the virtualenv's top-level packages
+    assert "\nosfleet " in deps and "\npulumi " not in deps  # pulumi is required by osfleet, so not top-level
 
 
 def test_ctrl_c_cancels_a_running_program_and_leaves_nothing(project: Project) -> None:
