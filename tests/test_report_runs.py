@@ -154,3 +154,51 @@ def test_locust_alone_through_a_host_agent_then_report(tmp_path: Path) -> None:
     rendered = _report(run)
     assert rendered.returncode == 0, rendered.stderr
     assert "Trajectories:" in (run / "report.md").read_text()
+
+
+@pytest.mark.vm
+@pytest.mark.slow
+def test_bench_infra_with_out_then_report(tmp_path: Path) -> None:
+    """README: ``osfleet bench infra --hosts N --out RUN/infra.json`` then ``osfleet report RUN``."""
+    run = tmp_path / "infra-run"
+    done = subprocess.run(
+        [OSF, "bench", "infra", "--hosts", "1", "--out", str(run / "infra.json")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rendered = _report(run)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "Infrastructure as code" in (run / "report.md").read_text()
+
+
+@pytest.mark.vm
+@pytest.mark.slow
+def test_bench_chaos_then_report(tmp_path: Path) -> None:
+    """README: ``osfleet bench chaos ... --run-dir D`` (its shortest run) then ``osfleet report D``."""
+    run = tmp_path / "chaos-run"
+    done = subprocess.run(
+        [
+            OSF,
+            "bench",
+            "chaos",
+            "--hosts",
+            "1",
+            "--warm",
+            "1",
+            "--users",
+            "1",
+            "--duration",
+            "30",
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rendered = _report(run)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "Faults (osfleet bench chaos)" in (run / "report.md").read_text()
