@@ -196,6 +196,28 @@ class LabFleet:
             time.sleep(1.0)
         raise OsfleetError(f"the fleet did not have {count} ready replicas within {timeout:.0f} s")
 
+    def wait_room(self, count: int, timeout: float) -> int:
+        """Until the gateway's placement has room for ``count`` more replicas across the hosts (room is
+        measured: free memory and idle CPU, which a host just done booting lacks for a while); returns the
+        room there is, at most ``count``, when ``timeout`` runs out first."""
+        from osfleet.bench.load import _get
+
+        gw = self.gateway
+        deadline = time.monotonic() + timeout
+        room = 0
+        said = False
+        while True:
+            status, doc = _get(f"{gw.url}/v1/host", headers=gw.headers, timeout=10)
+            if status == 200:
+                rooms = [h.get("room") or {} for h in (doc or {}).get("hosts", {}).values() if h.get("healthy")]
+                room = sum(int(r.get("replicas") or 0) for r in rooms)
+            if room >= count or time.monotonic() > deadline:
+                return min(room, count)
+            if not said:
+                self.say(f"waiting for room for {count} replicas in the fleet (now {room}: busy CPU after boots)")
+                said = True
+            time.sleep(2.0)
+
     def _wait_gateway(self) -> None:
         gw = self.gateway
         deadline = time.monotonic() + HEALTH_SECONDS

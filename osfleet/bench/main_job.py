@@ -26,6 +26,7 @@ from osfleet.machine import describe
 TOTAL = 8
 LAB_HOSTS = 2
 READY_SECONDS = 600.0
+ROOM_SECONDS = 180.0
 
 
 _STARTED = [time.monotonic()]
@@ -152,7 +153,12 @@ def _run(
             )
 
             t = _stage(6, f"Locust bring-up of {bringup_replicas} replicas at once through the gateway")
-            run_locust("bringup", gw.url, gw.token, run_dir, 1, "15m", ["--replicas", str(bringup_replicas)])
+            asked = fleet.wait_room(bringup_replicas, ROOM_SECONDS)
+            if asked < bringup_replicas:
+                print(
+                    f"the fleet has room for {asked} more replica(s) now (its hosts' CPU): asking for that", flush=True
+                )
+            run_locust("bringup", gw.url, gw.token, run_dir, 1, "15m", ["--replicas", str(max(asked, 1))])
             timings["bringup_seconds"] = time.monotonic() - t
             print(_bringup_line(run_dir), flush=True)
 
@@ -194,7 +200,9 @@ def _bringup_line(run_dir: Path) -> str:
     if not lines:
         return "bring-up: no result"
     doc = json.loads(lines[-1])
-    total = doc["all_ready_seconds"]
+    if doc.get("error"):
+        return f"bring-up: the request for {doc.get('requested')} replicas was refused ({doc['error']})"
+    total = doc.get("all_ready_seconds")
     return f"bring-up: {doc['ready']}/{doc['requested']} replicas ready" + (
         f", all after {total:.1f} s" if total else ""
     )

@@ -246,11 +246,14 @@ def _load_test(results: RunResults, key: list[list[str]]) -> Section:
     section = Section("Load test (Locust)")
     if load.bringup:
         b = load.bringup[-1]
-        done = f", all after {b['all_ready_seconds']:.1f} s ({HERE})." if b["all_ready_seconds"] else "."
+        total = b.get("all_ready_seconds")
+        done = f", all after {total:.1f} s ({HERE})." if total else "."
+        if b.get("error"):  # the request itself was refused (e.g. no room in the fleet)
+            done = f": the request was refused ({b['error']})."
         section.blocks.append(
-            Text(f"Bring-up: {b['ready']}/{b['requested']} replicas requested at once were ready{done}")
+            Text(f"Bring-up: {b.get('ready', 0)}/{b.get('requested', '?')} replicas requested at once were ready{done}")
         )
-        if b["all_ready_seconds"]:
+        if total:
             key.append([f"bring-up of {b['requested']} replicas at once", f"{b['all_ready_seconds']:.1f} s", HERE])
     if load.trajectories:
         s = trajectory_summary(load.trajectories)
