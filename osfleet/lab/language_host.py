@@ -200,14 +200,19 @@ def _stream(cmd: list[str], env: dict[str, str], cwd: Path) -> Iterator[tuple[st
     for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
         threading.Thread(target=pump, args=(name, pipe), daemon=True).start()
     open_pipes, tail = 2, b""
-    while open_pipes:
-        item = lines.get()
-        if item is None:
-            open_pipes -= 1
-            continue
-        if item[0] == "stderr" and item[1].strip():
-            tail = item[1]
-        yield item
+    try:
+        while open_pipes:  # (both pipes at their end: the command is exiting by itself)
+            item = lines.get()
+            if item is None:
+                open_pipes -= 1
+                continue
+            if item[0] == "stderr" and item[1].strip():
+                tail = item[1]
+            yield item
+    finally:  # the caller stopped listening (the engine hung up, Ctrl-C): the command goes too
+        if open_pipes and proc.poll() is None:
+            proc.terminate()
+            proc.wait()
     if proc.wait() != 0:
         raise HostError(f"{' '.join(cmd[:4])} failed: {tail.decode(errors='replace').strip()}", grpc.StatusCode.UNKNOWN)
 
