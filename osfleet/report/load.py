@@ -150,6 +150,7 @@ def _one_host(sample: dict[str, Any]) -> dict[str, Any]:
         "disk_allocated_bytes": {"golden": 0, "overlays": 0, "saved_states": 0, **disk},
         "counters": counters,
         "cpu_busy_share": max(busy) if busy else None,  # hosts on one machine share its CPU: not a sum
+        "cpus": max((h.get("cpus") or 0) for h in hosts) if hosts else 0,
         "memory_used_bytes": max((h.get("memory_used_bytes") or 0) for h in hosts) if hosts else 0,
     }
 
