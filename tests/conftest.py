@@ -15,6 +15,7 @@ import pytest
 from fabric import Connection
 
 from osfleet.config import NAME_PREFIX, Settings
+from osfleet.errors import ImageNotFoundError
 from osfleet.images import GoldenImage, load
 
 if TYPE_CHECKING:
@@ -119,6 +120,24 @@ def golden(sshd: Sshd, settings: Settings) -> GoldenImage:
     with sshd.connection() as c:
         files = builder.build(Host(c), builder.DEFAULT_RECIPE, str(settings.build_dir))
     return load(Path(files.manifest))
+
+
+@pytest.fixture(scope="session")
+def office_image(sshd: Sshd, settings: Settings) -> GoldenImage:
+    """The office recipe's image (the osworld suite's desktop), built where ``tasks validate --suite osworld``
+    finds it when it is not yet (about 10 minutes once per machine; a cache hit after)."""
+    from osfleet.imaging import builder
+    from osfleet.imaging.host import Host
+    from osfleet.tasks.suites import SUITE_BUILD_DIR, SUITE_RECIPE, suite_image
+
+    try:
+        return suite_image("osworld", settings)
+    except ImageNotFoundError:
+        with sshd.connection() as c:
+            builder.build(
+                Host(c), builder.DEFAULT_RECIPE.parent / SUITE_RECIPE["osworld"], str(settings.home / SUITE_BUILD_DIR)
+            )
+    return suite_image("osworld", settings)
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def test_bad_recipe_is_one_line(tmp_path: Path) -> None:
 
 def test_report_of_an_empty_directory_is_one_line(tmp_path: Path) -> None:
     proc = run("report", str(tmp_path))
-    assert proc.returncode == 1 and len(errors_of(proc)) == 1 and "holds no results" in proc.stderr
+    assert proc.returncode == 1 and len(errors_of(proc)) == 1 and "holds none of the results" in proc.stderr
 
 
 def test_readme_has_two_setup_commands_and_ci_runs_the_test_one() -> None:

@@ -30,3 +30,19 @@ def test_built_engine_reports_the_pinned_version_and_a_second_build_is_skipped()
     assert "already built" in done.stdout and "(skipped)" in done.stdout
     shim = engine_root() / "bin" / "pulumi-resource-pulumi-python"
     assert "-m pulumi.dynamic" in shim.read_text()
+    host = engine_root() / "bin" / "pulumi-language-python"  # osfleet's language host, next to the engine
+    assert "-m osfleet.lab.language_host" in host.read_text() and host.stat().st_mode & 0o111
+
+
+def test_the_language_host_shim_finds_the_projects_venv_without_infra_env(tmp_path: Path) -> None:
+    """A user who only put the engine on PATH: the host runs with the nearest .venv upwards that has osfleet."""
+    import os
+
+    shim = engine_root() / "bin" / "pulumi-language-python"
+    env = {k: v for k, v in os.environ.items() if k != "OSFLEET_PYTHON"}
+    done = subprocess.run(
+        ["sh", "-x", str(shim), "--version"], cwd=REPO / "infra", env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == importlib.metadata.version("pulumi")
+    assert f"exec {REPO}/.venv/bin/python -I -m osfleet.lab.language_host" in done.stderr

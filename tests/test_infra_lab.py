@@ -142,7 +142,7 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
     assert up.outputs["bindingResource"].value == {"lab1": binding, "lab2": binding}
     if n:
         assert up.outputs["usdPerReplicaDay"].value == {"lab1": round(12 / n, 4), "lab2": round(12 / n, 4)}
-    urls: dict[str, str] = up.outputs["agentUrls"].value
+    urls: dict[str, str] = up.outputs["agents"].value
     token: str = up.outputs["agentToken"].value
     ca: str = up.outputs["caCert"].value
     assert sorted(urls) == ["lab1", "lab2"] and all(u.startswith("https://") for u in urls.values())
@@ -206,7 +206,7 @@ def test_onprem_stack_prepares_a_host_given_as_user_at_host(lab: LabState, tmp_p
         st.set_config("osfleet:agentToken", auto.ConfigValue("t0k3n", secret=True))
         up = call(st.up)
         assert up.outputs["hosts"].value == {"host1": h.addr}
-        assert _get(f"{up.outputs['agentUrls'].value['host1']}/health", ca=up.outputs["caCert"].value)["status"] == "ok"
+        assert _get(f"{up.outputs['agents'].value['host1']}/health", ca=up.outputs["caCert"].value)["status"] == "ok"
         assert (Path(h.home) / "images" / f"{up.outputs['goldenImage'].value}.qcow2").exists()
         call(st.destroy)
         assert not (Path(h.home) / "agent").exists()

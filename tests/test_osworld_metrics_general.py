@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.tasks.evaluators import images, require, run_metric
+from osfleet.tasks.evaluators import METRICS, Score, images, require, run_metric
 from osfleet.tasks.model import UnsupportedTaskError
 from tests.test_osworld_differential_general import image, jpeg_bytes, pdf, write, zip_file
+
+
+def in_process(func: str, result: object, expected: object, options: dict[str, object]) -> Score:
+    """The metric in this process, where a test's monkeypatched limit applies (``run_metric`` runs it in the
+    evaluation sandbox, another process)."""
+    require(func)
+    return METRICS[func](result, expected, options)
 
 
 def test_compare_pdfs_scores_text_similarity(tmp_path: Path) -> None:
@@ -87,14 +94,14 @@ def test_archives_that_leave_their_folder_or_are_too_big_score_zero(
         for i in range(3):
             z.writestr(f"{i}.txt", b"\0" * (4 * 2**20))  # 12 MiB unpacked from a few KiB
     monkeypatch.setattr(archives, "MAX_UNPACKED_BYTES", 8 * 2**20)
-    score, reason = run_metric("compare_archive", bomb, gold, {})
+    score, reason = in_process("compare_archive", bomb, gold, {})
     assert score == 0.0 and "MiB" in reason
 
 
 def test_an_image_too_large_is_refused_before_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a = image(tmp_path / "a.png", (80, 60))
     monkeypatch.setattr(images, "MAX_PIXELS", 80 * 60 - 1)
-    score, reason = run_metric("compare_images", a, a, {})
+    score, reason = in_process("compare_images", a, a, {})
     assert score == 0.0 and "larger than" in reason
 
 
@@ -132,7 +139,7 @@ def test_a_test_suite_runs_in_a_child_process_with_a_time_limit(
     assert score == 1.0  # a pid (a number above 1) is clamped to 1, and it is not this process's
     spin = write(tmp_path / "2-test_suite.py", "def test():\n    while True:\n        pass\n")
     monkeypatch.setattr(programs, "TEST_SECONDS", 2)
-    score, reason = run_metric("check_python_file_by_test_suite", [], spin, {})
+    score, reason = in_process("check_python_file_by_test_suite", [], spin, {})
     assert score == 0.0 and "longer than 2 s" in reason
 
 

@@ -69,8 +69,8 @@ class NamespaceGuest:
         p = self._run(inner, command, timeout)
         return {"exit_code": p.returncode, "stdout": p.stdout.decode(), "stderr": p.stderr.decode()}
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
-        p = self._run('exec cat -- "$1"', path, 30)
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = 30.0) -> bytes:
+        p = self._run('exec cat -- "$1"', path, timeout)
         assert p.returncode == 0, p.stderr
         return p.stdout[:limit]
 
@@ -506,7 +506,7 @@ class DesktopGuest:
         p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout, env=env)
         return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes:
+    def read_file(self, replica_id: str, path: str, limit: int, timeout: float = 30.0) -> bytes:
         return Path(path).read_bytes()[:limit]
 
 

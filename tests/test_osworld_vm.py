@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from osfleet.config import Settings
+from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks import getters, runner
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.osworld import from_osworld
-from osfleet.tasks.suites import suite_image
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 PAGE = "https://pages.test/shop.html"
@@ -28,10 +28,9 @@ NOTE = "https://pages.test/b.txt"
 
 
 @pytest.fixture(scope="module")
-def office(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReplicaHost, str]]:
+def office(office_image: GoldenImage) -> Iterator[tuple[ReplicaHost, str]]:
     settings = Settings.from_env()
-    image = suite_image("osworld", settings)  # fails naming the build command when it is not built here
-    with ReplicaHost(image, settings, mode="snapshot", auto_recover=False) as host:
+    with ReplicaHost(office_image, settings, mode="snapshot", auto_recover=False) as host:
         rid = host.create().replica
         try:
             yield host, rid

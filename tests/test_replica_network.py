@@ -26,6 +26,7 @@ import pytest
 from osfleet.config import ReplicaShape, Settings
 from osfleet.domain_xml import DiskSpec, DomainSpec, NicSpec
 from osfleet.errors import ConfigError
+from osfleet.images import GoldenImage
 from osfleet.replicas import network
 from osfleet.replicas.network import AddressBook, NetworkPolicy
 
@@ -269,14 +270,15 @@ def internet() -> Iterator[str]:
 @pytest.mark.vm
 @pytest.mark.slow
 @needs_net_admin
-def test_a_replica_on_the_office_image_reaches_the_internet_and_not_the_host(internet: str) -> None:
+def test_a_replica_on_the_office_image_reaches_the_internet_and_not_the_host(
+    internet: str, office_image: GoldenImage
+) -> None:
     """A real replica with the network on: its guest fetches from "the internet", not from the host."""
     from osfleet.replicas.manager import ReplicaHost
-    from osfleet.tasks.suites import suite_image
 
     base = Settings.from_env()
     settings = dataclasses.replace(base, replica_network="nat", replica_subnet="172.31.78.0/24")
-    image = suite_image("osworld", settings)
+    image = office_image
     agent = subprocess.Popen(
         [sys.executable, "-m", "http.server", "18999", "-b", "0.0.0.0"],
         stdout=subprocess.DEVNULL,

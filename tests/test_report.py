@@ -83,7 +83,7 @@ def test_html_comes_from_the_template_escaped(tmp_path: Path) -> None:
 
 
 def test_a_run_directory_without_results_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(OsfleetError, match="holds no results"):
+    with pytest.raises(OsfleetError, match="holds none of the results a report reads"):
         render(tmp_path)
 
 

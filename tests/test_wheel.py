@@ -23,6 +23,7 @@ NEEDS_AN_EXTRA = {
     "osfleet.loadtest.bringup": "gevent",
     "osfleet.gym": "gymnasium",  # sdk
     "osfleet.openenv.environment": "openenv",
+    "osfleet.lab.language_host": "grpc",  # infra (pulumi's gRPC stubs)
 }
 IMPORT_EVERYTHING = """
 import importlib, json, pkgutil

@@ -131,7 +131,9 @@ def deploy_bare_metal(targets: list[HostTarget], common: Common, tune_kernel: bo
         for h in hosts
     ]
     pulumi.export("hosts", {h.target.name: h.address for h in hosts})
-    pulumi.export("agentUrls", {a_h.target.name: a.url for a, a_h in zip(agents, hosts, strict=True)})
+    # agentUrls: the agents' URLs in host order (what a script iterates); agents: the same by host name.
+    pulumi.export("agentUrls", [a.url for a in agents])
+    pulumi.export("agents", {a_h.target.name: a.url for a, a_h in zip(agents, hosts, strict=True)})
     pulumi.export("caCert", ca.cert_pem)  # what clients verify the agents' certificates against
     pulumi.export("goldenImage", image.image_name)
     pulumi.export("agentToken", common.token)

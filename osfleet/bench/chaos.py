@@ -27,10 +27,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from osfleet.bench.load import _get, free_port, run_locust
 from osfleet.chaos import faults as F
@@ -164,11 +164,28 @@ class BenchHost:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class HostEndpoint(Protocol):
+    """What the gateway and its overhead probe need of a host agent (a ``BenchHost`` here, the lab's agents
+    deployed by ``pulumi up`` in the main job)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def token(self) -> str: ...
+
+
 class Gateway:
-    def __init__(self, hosts: list[BenchHost], run_dir: Path) -> None:
+    """``osfleet fleet serve`` over ``hosts`` on a free loopback port; ``ca_file``: the CA that signed the
+    hosts' certificates (https hosts)."""
+
+    def __init__(self, hosts: Sequence[HostEndpoint], run_dir: Path, ca_file: Path | None = None) -> None:
         self.port = free_port()
         self.token = secrets.token_urlsafe(24)
-        spec = [{"name": h.name, "url": h.url, "token": h.token} for h in hosts]
+        spec: list[dict[str, Any]] = [{"name": h.name, "url": h.url, "token": h.token} for h in hosts]
+        if ca_file is not None:
+            spec = [{**entry, "ca_file": str(ca_file)} for entry in spec]
         (run_dir / "hosts.json").write_text(json.dumps(spec))
         (run_dir / "hosts.json").chmod(0o600)
         (run_dir / "gateway-token").write_text(self.token)
@@ -475,7 +492,11 @@ def _audit(
 
 
 def gateway_overhead(
-    gateway: Gateway, fleet: list[BenchHost], rounds: int = OVERHEAD_ROUNDS, warmup: int = OVERHEAD_WARMUP
+    gateway: Gateway,
+    fleet: Sequence[HostEndpoint],
+    rounds: int = OVERHEAD_ROUNDS,
+    warmup: int = OVERHEAD_WARMUP,
+    ca_file: Path | None = None,
 ) -> dict[str, Any]:
     """What the gateway adds to one step (a zero-second wait, no observation) on one leased replica.
 
@@ -486,9 +507,12 @@ def gateway_overhead(
     of a round instead of on one path's p50."""
     import httpx2 as httpx
 
+    from osfleet.tls import client_context
+
     direct: list[float] = []
     proxied: list[float] = []
-    with httpx.Client(timeout=60) as client:
+    verify: Any = client_context(ca_file) if ca_file is not None else True  # https hosts under a private CA
+    with httpx.Client(timeout=60, verify=verify) as client:
         lease = client.post(f"{gateway.url}/v1/leases", json={"holder": "overhead"}, headers=gateway.headers)
         if lease.status_code != 201:
             raise OsfleetError(f"gateway overhead: no lease ({lease.status_code}: {lease.text[:200]})")

@@ -55,7 +55,7 @@ def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, o
 @click.option("--replicas", default=64, show_default=True, type=click.IntRange(1, 100000), help="disk bench size")
 @click.option("--reset-replicas", default=2, show_default=True, type=click.IntRange(1, 256), help="reset bench size")
 @click.option(
-    "--resets", default=2, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
+    "--resets", default=1, show_default=True, type=click.IntRange(1, 1000), help="resets per replica and mode"
 )
 @click.option("--bringup-replicas", default=4, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--users", default=2, show_default=True, type=click.IntRange(1, 10000), help="Locust agents")
@@ -73,8 +73,9 @@ def bench_all(
     policy: str,
     runs_dir: Path,
 ) -> None:
-    """The main job: image -> replica + screenshot -> disk and reset benches -> Locust bring-up and trajectories
-    against a local host agent -> report, in runs/<timestamp>/."""
+    """The main job: image -> replica + screenshot -> disk and reset benches -> 2 lab hosts, pulumi up --stack lab,
+    a fleet gateway -> Locust bring-up and trajectories through it -> pulumi destroy, lab down -> report, in
+    runs/<timestamp>/."""
     from osfleet.bench import main_job
 
     main_job.run(runs_dir, replicas, reset_replicas, resets, bringup_replicas, users, duration, policy)

@@ -109,7 +109,7 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
         say("[3/7] health of every host agent over https, verified against the stack's CA (caCert output)")
         from osfleet.tls import client_context
 
-        urls: dict[str, str] = up.outputs["agentUrls"].value
+        urls: dict[str, str] = up.outputs["agents"].value
         token: str = up.outputs["agentToken"].value
         ctx = client_context(ca_pem=up.outputs["caCert"].value)
         health = {

@@ -1,9 +1,11 @@
 """The Pulumi engine built on this machine (scripts/build-pulumi) and the stacks of the project's program.
 
-Programs run through the Automation API as inline programs: the engine (the real ``pulumi`` binary) reaches
-the program's language runtime inside this process (``pulumi up --client``). The stand-alone Python language
-host is not built here (its Go module is not served by this machine's module proxy). State is a local file
-backend under ``$OSFLEET_HOME/pulumi``; secrets use the passphrase file ``scripts/setup`` made.
+The plain ``pulumi`` CLI runs the project's program through osfleet's Python language host
+(``osfleet.lab.language_host``, installed next to the engine): ``engine_env()`` is the environment it needs
+(``osfleet infra env`` prints it for a user's shell) and ``run_cli()`` runs it in the project's root, as a
+user would. ``stack()`` keeps the Automation API's inline programs for throwaway stacks in folders of their
+own (``osfleet bench infra``, tests). State is a local file backend under ``$OSFLEET_HOME/pulumi``; secrets
+use the passphrase file ``scripts/setup`` made.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,11 @@ def project_dir() -> Path:
     raise ConfigError("no Pulumi project (Pulumi.yaml + infra/) found; set OSFLEET_PROJECT to the osfleet checkout")
 
 
-def engine_env(settings: Settings | None = None) -> dict[str, str]:
-    """Environment of an offline engine: local state, passphrase secrets, no update checks or plugin downloads."""
+def engine_env(settings: Settings | None = None, path: str | None = None) -> dict[str, str]:
+    """Environment of the plain ``pulumi`` CLI here: the engine and our language host first on ``PATH``,
+    local state, passphrase secrets, no update checks or plugin downloads, and the osfleet Python that the
+    language host shim runs with (``OSFLEET_PYTHON``). ``path``: the ``PATH`` to put the engine in front of
+    (default: this process's)."""
     s = settings or Settings.from_env()
     state = s.home / "pulumi"
     passphrase = state / "passphrase"
@@ -65,19 +71,98 @@ def engine_env(settings: Settings | None = None) -> dict[str, str]:
         raise ConfigError(f"no Pulumi passphrase file {passphrase} (scripts/setup makes it)")
     for d in (state / "state", state / "home"):
         d.mkdir(parents=True, exist_ok=True)
-    venv = Path(sys.executable).parent.parent
-    path = os.pathsep.join([str(engine_root(s) / "bin"), str(venv / "bin"), os.environ.get("PATH", "")])
+    bin_dir = str(engine_root(s) / "bin")
+    rest = [p for p in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep) if p and p != bin_dir]
     return {
-        "PULUMI_BACKEND_URL": f"file://{state / 'state'}",
+        "PATH": os.pathsep.join([bin_dir, *rest]),
+        "OSFLEET_HOME": str(s.home),
+        "OSFLEET_PYTHON": sys.executable,
         "PULUMI_HOME": str(state / "home"),
+        "PULUMI_BACKEND_URL": f"file://{state / 'state'}",
         "PULUMI_CONFIG_PASSPHRASE_FILE": str(passphrase),
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-        "PULUMI_RUNTIME_VIRTUALENV": str(venv),
-        # The dynamic-provider process imports the pickled providers from the program's package.
-        "PYTHONPATH": os.pathsep.join(p for p in [str(project_dir() / "infra"), os.environ.get("PYTHONPATH", "")] if p),
-        "PATH": path,
     }
+
+
+def _inline_env(settings: Settings | None = None) -> dict[str, str]:
+    """``engine_env`` plus what an inline program's dynamic providers need: no Pulumi.yaml of the project
+    names their virtualenv, and they import the pickled providers from the program's package."""
+    venv = Path(sys.executable).parent.parent
+    return {
+        **engine_env(settings),
+        "PULUMI_RUNTIME_VIRTUALENV": str(venv),
+        "PYTHONPATH": os.pathsep.join(p for p in [str(project_dir() / "infra"), os.environ.get("PYTHONPATH", "")] if p),
+    }
+
+
+def run_cli(
+    args: list[str],
+    settings: Settings | None = None,
+    capture: bool = False,
+    stdin: str | None = None,
+    echo: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+    cwd: Path | None = None,
+) -> str:
+    """``pulumi ARGS`` in the project's root (or ``cwd``) with ``engine_env``, as a user types it.
+
+    Its output is returned when ``capture``, else each line goes to ``echo`` (default: stderr) as it comes.
+    A failure raises ``EngineError`` with the one line a user can act on."""
+    root = engine_root(settings)
+    engine_version(root)
+    env = {**os.environ, **engine_env(settings)}
+    cmd = [str(root / "bin" / "pulumi"), *args]
+    say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd or project_dir(),
+        env=env,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if not capture else subprocess.PIPE,
+        text=True,
+        process_group=0,  # a terminal's Ctrl-C reaches us only; _interrupt passes it on once
+    )
+    lines: list[str] = []
+    try:
+        if capture:
+            out, err = proc.communicate(stdin, timeout=timeout)
+            lines = (out or "").splitlines() + (err or "").splitlines()
+        else:
+            if stdin is not None and proc.stdin is not None:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                say(line.rstrip("\n"))
+            proc.wait(timeout=timeout)
+            out = "\n".join(lines)
+    except BaseException:  # Ctrl-C, SIGTERM, a timeout: the engine is interrupted as Ctrl-C would, then waited for
+        _interrupt(proc)
+        raise
+    if proc.returncode != 0:
+        raise EngineError(engine_error(subprocess.CalledProcessError(proc.returncode, cmd, "\n".join(lines))))
+    return out
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> None:
+    """What a user's Ctrl-C does to ``pulumi``: it cancels and records what it did; a second one, 60 s later,
+    terminates it."""
+    import signal
+
+    for sig, wait in ((signal.SIGINT, 60.0), (signal.SIGINT, 30.0)):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def stack(name: str, settings: Settings | None = None, work_dir: Path | None = None) -> Any:
@@ -92,7 +177,7 @@ def stack(name: str, settings: Settings | None = None, work_dir: Path | None = N
         raise ConfigError(f"unknown stack {name!r}; one of {', '.join(STACKS)}")
     root = engine_root(settings)
     engine_version(root)
-    env = engine_env(settings)
+    env = _inline_env(settings)
     project = project_dir()
     infra = str(project / "infra")
     if infra not in sys.path:

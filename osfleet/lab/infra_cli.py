@@ -1,20 +1,23 @@
-"""``osfleet infra``: preview, up, destroy and outputs of the project's Pulumi stacks with the engine built
-on this machine (the Automation API drives the real ``pulumi`` binary; its output streams through)."""
+"""``osfleet infra``: the project's Pulumi stacks with the engine built on this machine.
+
+The commands drive the plain ``pulumi`` CLI in the project's root, exactly what a user runs after
+``eval "$(osfleet infra env)"``: the same language host (``osfleet.lab.language_host``), the same
+``Pulumi.<stack>.yaml``, the same state. (They used to run the program inline through the Automation API,
+which the user's own ``pulumi up`` could not reproduce.) The engine's output streams to stderr; what a
+command returns (outputs) goes to stdout as JSON.
+"""
 
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
-from osfleet.lab.cli import friendly
+from osfleet.cli_support import friendly
 from osfleet.lab.engine import STACKS
 
 _stack_option = click.option("--stack", "stack_name", type=click.Choice(STACKS), default="lab", show_default=True)
-
-
-def _echo(line: str) -> None:
-    click.echo(line.rstrip("\n"), err=True)
 
 
 @click.group()
@@ -22,39 +25,59 @@ def infra() -> None:
     """The Pulumi program in infra/ (stacks lab, onprem, aws, k8s), state and secrets kept on this machine."""
 
 
+@infra.command("env")
+@friendly
+def infra_env() -> None:
+    """POSIX ``export`` lines for the plain ``pulumi`` CLI: ``eval "$(.venv/bin/osfleet infra env)"``, then in
+    the project's root ``pulumi stack select lab``, ``pulumi preview``, ``pulumi up`` ... work as Pulumi
+    documents them (the engine and our language host on PATH, the local file backend, the passphrase file, no
+    update checks, no plugin downloads)."""
+    from osfleet.lab.engine import engine_env, engine_root, engine_version
+
+    engine_version(engine_root())
+    for key, value in engine_env().items():
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
+def _select(stack_name: str) -> None:
+    """Select the stack, creating it (with this machine's passphrase secrets) the first time."""
+    from osfleet.lab.engine import run_cli
+
+    run_cli(["stack", "select", "--create", stack_name, "--non-interactive"], capture=True)
+
+
 @infra.command("preview")
 @_stack_option
 @friendly
 def infra_preview(stack_name: str) -> None:
-    """What an up would change."""
-    from osfleet.lab.engine import call, stack
+    """What an up would change (``pulumi preview --stack S``)."""
+    from osfleet.lab.engine import run_cli
 
-    st = stack(stack_name)
-    res = call(st.preview, on_output=_echo)
-    click.echo(json.dumps(res.change_summary))
+    _select(stack_name)
+    run_cli(["preview", "--stack", stack_name, "--non-interactive"])
 
 
 @infra.command("up")
 @_stack_option
 @friendly
 def infra_up(stack_name: str) -> None:
-    """Create or update the stack's hosts, golden image and host agents."""
-    from osfleet.lab.engine import call, stack
+    """Create or update the stack's hosts, golden image and host agents (``pulumi up --yes --stack S``)."""
+    from osfleet.lab.engine import run_cli
 
-    st = stack(stack_name)
-    res = call(st.up, on_output=_echo)
-    click.echo(json.dumps({k: v.value for k, v in res.outputs.items() if not v.secret}, indent=2))
+    _select(stack_name)
+    run_cli(["up", "--yes", "--stack", stack_name, "--non-interactive"])
+    click.echo(run_cli(["stack", "output", "--json", "--stack", stack_name], capture=True).strip())
 
 
 @infra.command("destroy")
 @_stack_option
 @friendly
 def infra_destroy(stack_name: str) -> None:
-    """Remove everything the stack made."""
-    from osfleet.lab.engine import call, stack
+    """Remove everything the stack made (``pulumi destroy --yes --stack S``)."""
+    from osfleet.lab.engine import run_cli
 
-    st = stack(stack_name)
-    call(st.destroy, on_output=_echo)
+    _select(stack_name)
+    run_cli(["destroy", "--yes", "--stack", stack_name, "--non-interactive"])
 
 
 @infra.command("outputs")
@@ -63,11 +86,13 @@ def infra_destroy(stack_name: str) -> None:
 @friendly
 def infra_outputs(stack_name: str, show_secrets: bool) -> None:
     """The stack's outputs (host addresses, agent URLs, golden image) as JSON."""
-    from osfleet.lab.engine import call, stack
+    from osfleet.lab.engine import run_cli
 
-    st = stack(stack_name)
-    outs = call(st.outputs)
-    click.echo(json.dumps({k: v.value for k, v in outs.items() if show_secrets or not v.secret}, indent=2))
+    args = ["stack", "output", "--json", "--stack", stack_name] + (["--show-secrets"] if show_secrets else [])
+    outs = json.loads(run_cli(args, capture=True) or "{}")
+    if not show_secrets:  # the CLI prints secrets as "[secret]"; leave them out, as before
+        outs = {k: v for k, v in outs.items() if v != "[secret]"}
+    click.echo(json.dumps(outs, indent=2))
 
 
 @infra.command("pulumi", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -75,8 +100,8 @@ def infra_outputs(stack_name: str, show_secrets: bool) -> None:
 @friendly
 def infra_pulumi(args: tuple[str, ...]) -> None:
     """Run the engine built here on the project with its state, secrets and offline settings, e.g.
-    ``osfleet infra pulumi config set --secret osfleet:agentToken T --stack lab`` (``up``/``preview`` need
-    the Python language host, which is not built here: use ``osfleet infra up``)."""
+    ``osfleet infra pulumi config set --secret osfleet:agentToken T --stack lab`` (the same as ``pulumi ARGS``
+    in the project's root after ``eval "$(osfleet infra env)"``)."""
     import os
 
     from osfleet.lab.engine import engine_env, engine_root, engine_version, project_dir
@@ -96,10 +121,10 @@ def infra_token(stack_name: str, value: str | None) -> None:
     """Create the stack if needed and set osfleet:agentToken as a secret (encrypted with this machine's passphrase)."""
     import secrets
 
-    from pulumi import automation as auto
+    from osfleet.lab.engine import run_cli
 
-    from osfleet.lab.engine import call, stack
-
-    st = stack(stack_name)
-    call(st.set_config, "osfleet:agentToken", auto.ConfigValue(value or secrets.token_hex(16), secret=True))
+    _select(stack_name)
+    # The value goes in on stdin, never on a command line another user could read.
+    args = ["config", "set", "--secret", "osfleet:agentToken", "--stack", stack_name, "--non-interactive"]
+    run_cli(args, capture=True, stdin=value or secrets.token_hex(16))
     click.echo(f"osfleet:agentToken set (secret) on stack {stack_name}", err=True)

@@ -144,6 +144,10 @@ class Agent(HttpUser):
             record.update(status="aborted", abort_reason=str(exc)[:300])
         except RescheduleTask as exc:
             record.update(status="error", abort_reason=str(exc)[:300])
+        except BaseException as exc:  # Locust stopping the user (its time limit, Ctrl-C) mid-episode, or a bug
+            reason = str(exc) or "stopped by Locust before the episode ended"
+            record.update(status="interrupted", abort_reason=f"{type(exc).__name__}: {reason}"[:300])
+            raise
         finally:
             t = time.monotonic()
             self.client.post(

@@ -286,7 +286,7 @@ def _rates(traj: list[dict[str, Any]]) -> tuple[list[float], list[float], float]
     """Scored trajectories per minute in fixed bins: bin starts (minutes), rates, and the run's span (s).
     The last bin may be partial; its rate is over its own width."""
     t0 = min(t["t_start"] for t in traj)
-    ends = sorted(t["t_end"] - t0 for t in traj if t["status"] == "scored")
+    ends = sorted(t["t_end"] - t0 for t in traj if t.get("status") == "scored")
     span = max(t["t_end"] for t in traj) - t0
     width = RATE_BIN_SECONDS
     bins = max(1, int(span // width) + (1 if span % width else 0))

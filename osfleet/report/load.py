@@ -12,6 +12,19 @@ from typing import Any
 from osfleet.cost import Footprint, cost_table, footprint_from_density, load_prices
 from osfleet.errors import OsfleetError
 
+# What a report is made of; a run directory with none of them has nothing to show.
+RESULT_FILES = (
+    "boot.json",
+    "disk.json",
+    "reset.json",
+    "density.json",
+    "infra.json",
+    "chaos.json",
+    "bringup.jsonl",
+    "trajectories-*.jsonl",
+)
+# An episode written without a status (Locust stopped before osfleet marked cut episodes) was cut short.
+INTERRUPTED = "interrupted"
 # Key spellings of run directories written before every bench said p50 (read, never written).
 _OLD_KEYS = {"seconds_per_replica_median": "seconds_per_replica_p50"}
 _OLD_BOOT_KEYS = {"overlay_allocated_bytes_median": "overlay_allocated_bytes_p50"}
@@ -64,12 +77,14 @@ def load(run_dir: Path) -> RunResults:
         and boot is None
         and resets is None
         and not load_test.trajectories
-        and not _json(run_dir, "density.json")
-        and not _json(run_dir, "infra.json")
-        and not _json(run_dir, "fork.json")
+        and not load_test.bringup
+        and not any((run_dir / name).exists() for name in ("density.json", "infra.json", "chaos.json", "fork.json"))
     ):
+        if not run_dir.is_dir():
+            raise OsfleetError(f"{run_dir} is not a directory: give the run directory a command wrote")
         raise OsfleetError(
-            f"{run_dir} holds no results (disk.json, boot.json, reset.json): run 'osfleet bench all' first"
+            f"{run_dir} holds none of the results a report reads ({', '.join(RESULT_FILES)}): "
+            "the run wrote nothing yet (run 'osfleet bench all', a bench with --out, or Locust with --run-dir)"
         )
     if disk is not None:
         _rename_old_keys(disk)
@@ -104,6 +119,8 @@ def load_test_results(run_dir: Path) -> LoadTest:
             machine = doc["machine"]
             break
     trajectories = [row for f in sorted(run_dir.glob("trajectories-*.jsonl")) for row in _jsonl(f)]
+    for row in trajectories:
+        row.setdefault("status", INTERRUPTED)
     return LoadTest(
         trajectories=trajectories,
         samples=[_one_host(s) for s in _jsonl(run_dir / "samples.jsonl") if "error" not in s],
@@ -135,6 +152,7 @@ def _one_host(sample: dict[str, Any]) -> dict[str, Any]:
         "disk_allocated_bytes": {"golden": 0, "overlays": 0, "saved_states": 0, **disk},
         "counters": counters,
         "cpu_busy_share": max(busy) if busy else None,  # hosts on one machine share its CPU: not a sum
+        "cpus": max((h.get("cpus") or 0) for h in hosts) if hosts else 0,
         "memory_used_bytes": max((h.get("memory_used_bytes") or 0) for h in hosts) if hosts else 0,
     }
 
@@ -143,16 +161,29 @@ def trajectory_summary(traj: list[dict[str, Any]]) -> dict[str, Any]:
     scored = [t for t in traj if t["status"] == "scored"]
     aborted = [t for t in traj if t["status"] == "aborted"]
     errors = [t for t in traj if t["status"] == "error"]
+    interrupted = [t for t in traj if t["status"] == INTERRUPTED]
     span_min = (max(t["t_end"] for t in traj) - min(t["t_start"] for t in traj)) / 60 if traj else 0
     return {
         "scored": len(scored),
         "successful": sum(bool(t.get("success")) for t in scored),
         "aborted": len(aborted),
         "errors": len(errors),
+        "interrupted": len(interrupted),
+        "scored_by_host": _by_host(scored),
         "per_minute": len(scored) / span_min if span_min else 0.0,
         "abort_share": len(aborted) / len(traj) if traj else 0.0,
         "mean_reward": sum(t["reward"] for t in scored) / len(scored) if scored else 0.0,
     }
+
+
+def _by_host(traj: list[dict[str, Any]]) -> dict[str, int]:
+    """Episodes per host, for replica ids a fleet gateway gave (``<host>.<replica>``); empty otherwise."""
+    out: dict[str, int] = {}
+    for t in traj:
+        host, dot, _ = str(t.get("replica", "")).partition(".")
+        if dot:
+            out[host] = out.get(host, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _cost(resets: dict[str, Any] | None, load_test: LoadTest) -> Cost | None:
@@ -211,9 +242,17 @@ def _json(run_dir: Path, name: str) -> dict[str, Any] | None:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The file's records; a last line cut off by a killed writer (no newline yet) is left out."""
     if not path.exists():
         return []
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            lines.pop()
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in lines if line.strip()]
     except ValueError as exc:
         raise OsfleetError(f"{path} is not valid JSON lines: {exc}") from None

@@ -135,14 +135,34 @@ def _chaos(c: dict[str, Any], key: list[list[str]]) -> Section:
 
 
 def _infra(i: dict[str, Any], key: list[list[str]]) -> Section:
+    """``infra.json`` of ``osfleet bench infra`` or of the main job (which adds the CLI, resources and the
+    gateway over the deployed agents)."""
     leftovers = sum((i.get("leftovers") or {}).values())
+    how = f"`pulumi up --stack {i['stack']}` (the plain CLI)" if i.get("cli") == "pulumi" else "`up`"
+    resources = f" ({i['resources']} resources)" if i.get("resources") is not None else ""
     text = (
-        f"{i.get('engine')}: `up` of {i.get('hosts')} lab hosts in {i.get('up_seconds')} s, "
-        f"{i.get('hosts_healthy')} agents healthy, a second `up` with {i.get('second_up_changes')} changes, "
-        f"`destroy` in {i.get('destroy_seconds')} s, {leftovers} leftovers ({HERE})."
+        f"{i.get('engine')}: {how} of {i.get('hosts')} lab hosts{resources} in {i.get('up_seconds')} s, "
+        f"{i.get('hosts_healthy')} agents healthy, a second `up` in {i.get('second_up_seconds')} s with "
+        f"{i.get('second_up_changes')} changes, `destroy` in {i.get('destroy_seconds')} s, {leftovers} leftovers "
+        f"({HERE})."
     )
+    blocks: list[Any] = [Text(text)]
     key.append(["pulumi up of the lab (real engine)", f"{i.get('up_seconds')} s", HERE])
-    return Section("Infrastructure as code (osfleet bench infra)", [Text(text)])
+    over = i.get("gateway_overhead")
+    if over:
+        blocks.append(
+            Text(
+                f"Fleet gateway over the deployed agents: a step takes {over['direct_p50_ms']:.1f} ms straight to "
+                f"its host and {over['gateway_p50_ms']:.1f} ms through the gateway; the gateway adds "
+                f"{over['added_p50_ms']:.1f} ms at p50 (p95 {over['added_p95_ms']:.1f} ms, "
+                f"{over['rounds']} alternating rounds; {HERE})."
+            )
+        )
+        key.append(["gateway overhead per step (p50)", f"{over['added_p50_ms']:.1f} ms", HERE])
+    if i.get("teardown_problems"):
+        blocks.append(Text("Teardown problems: " + "; ".join(i["teardown_problems"])))
+    title = "Infrastructure as code (pulumi up, fleet gateway)" if i.get("cli") else "Infrastructure as code"
+    return Section(title, blocks)
 
 
 def _disk(disk: dict[str, Any], key: list[list[str]]) -> Section:
@@ -252,23 +272,32 @@ def _load_test(results: RunResults, key: list[list[str]]) -> Section:
     section = Section("Load test (Locust)")
     if load.bringup:
         b = load.bringup[-1]
-        done = f", all after {b['all_ready_seconds']:.1f} s ({HERE})." if b["all_ready_seconds"] else "."
+        total = b.get("all_ready_seconds")
+        done = f", all after {total:.1f} s ({HERE})." if total else "."
+        if b.get("error"):  # the request itself was refused (e.g. no room in the fleet)
+            done = f": the request was refused ({b['error']})."
         section.blocks.append(
-            Text(f"Bring-up: {b['ready']}/{b['requested']} replicas requested at once were ready{done}")
+            Text(f"Bring-up: {b.get('ready', 0)}/{b.get('requested', '?')} replicas requested at once were ready{done}")
         )
-        if b["all_ready_seconds"]:
+        if total:
             key.append([f"bring-up of {b['requested']} replicas at once", f"{b['all_ready_seconds']:.1f} s", HERE])
     if load.trajectories:
         s = trajectory_summary(load.trajectories)
         section.blocks.append(
             Text(
                 f"Trajectories: {s['scored']} scored ({s['successful']} successful, mean reward "
-                f"{s['mean_reward']:.2f}), {s['aborted']} unscored aborts, {s['errors']} errors; "
+                f"{s['mean_reward']:.2f}), {s['aborted']} unscored aborts, {s['errors']} errors, "
+                f"{s['interrupted']} cut short by the run's end; "
                 f"{s['per_minute']:.1f} per minute ({HERE})."
             )
         )
+        by_host = s["scored_by_host"]
+        if len(by_host) > 1:  # through a fleet gateway, whose replica ids are "<host>.<replica>"
+            counts = ", ".join(f"{h} {n}" for h, n in by_host.items())
+            section.blocks.append(Text(f"Through the fleet gateway across {len(by_host)} hosts: {counts} scored."))
+        across = f" across {len(by_host)} hosts" if len(by_host) > 1 else ""
         key += [
-            ["trajectories per minute", f"{s['per_minute']:.1f}", HERE],
+            [f"trajectories per minute{across}", f"{s['per_minute']:.1f}", HERE],
             ["unscored aborts", f"{s['abort_share'] * 100:.1f}%", HERE],
         ]
     for r in load.stats:

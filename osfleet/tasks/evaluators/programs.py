@@ -60,8 +60,11 @@ except BaseException as exc:
 
 
 def _limits() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (TEST_MEMORY_BYTES, TEST_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    """Never above the limits it already runs under (the evaluation sandbox's): a hard limit cannot be raised."""
+    for kind, cap in ((resource.RLIMIT_AS, TEST_MEMORY_BYTES), (resource.RLIMIT_CORE, 0)):
+        _, hard = resource.getrlimit(kind)
+        cap = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+        resource.setrlimit(kind, (cap, cap))
 
 
 def _files(value: Any) -> list[Path]:
