@@ -98,6 +98,15 @@ class Sshd:
             self.proc.wait(timeout=10)
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marker added here counts
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that boots replicas is ``slow`` (run by ``pytest -m slow`` and by CI) unless it is one of the
+    few marked ``vm_smoke``, which the default run keeps so that it still boots, resets and forks a desktop."""
+    for item in items:
+        if item.get_closest_marker("vm") and not item.get_closest_marker("vm_smoke"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     server = Sshd(tmp_path_factory.mktemp("sshd"))

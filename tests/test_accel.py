@@ -6,11 +6,14 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from osfleet import accel
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
 
 
+@pytest.mark.slow
 def test_probe_decides_and_the_answer_is_remembered(golden: GoldenImage, tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     works, seconds, reason = accel.probe_kvm(golden.kernel, timeout=20)

@@ -444,6 +444,7 @@ def test_the_vector_env_steps_every_desktop_and_autoresets_next_step(agent: Agen
 
 
 # --- OpenEnv ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve(agent: Agent, tmp_path: Path) -> None:
     from openenv.core.client_types import StepResult
     from openenv.core.env_client import EnvClient

@@ -45,6 +45,7 @@ def test_build_over_ssh_is_a_cache_hit_for_an_unchanged_recipe(sshd: Sshd, golde
     assert f"{golden.name} is up to date (cache hit)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_publish_over_ssh_once_then_skip(sshd: Sshd, golden: GoldenImage, tmp_path: Path) -> None:
     store = tmp_path / "store"
     proc = fab(sshd, "publish", "--image", golden.name, "--store", str(store))
@@ -158,6 +159,7 @@ def test_publish_to_a_full_disk_is_refused(sshd: Sshd, golden: GoldenImage, smal
         publisher.publish(Host(c, echo=False), golden, str(small_fs / "store"))
 
 
+@pytest.mark.slow
 def test_an_image_in_use_is_never_replaced(sshd: Sshd, golden: GoldenImage, tmp_path: Path) -> None:
     store = tmp_path / "store"
     with sshd.connection() as c:

@@ -185,6 +185,7 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
         assert json.loads(done.stdout) == []
 
 
+@pytest.mark.slow
 def test_onprem_stack_prepares_a_host_given_as_user_at_host(lab: LabState, tmp_path: Path) -> None:
     """The onprem code path (user@host list, SSH key, home, prefix) against one lab host, up and destroy."""
     from pulumi import automation as auto

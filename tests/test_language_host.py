@@ -166,6 +166,7 @@ def project(tmp_path: Path, engine_bin: Path) -> Iterator[Project]:
     assert _leftovers(str(p.dir)) == []
 
 
+@pytest.mark.slow
 def test_preview_up_second_preview_and_destroy_with_config_and_secrets(project: Project) -> None:
     preview = project.pulumi("preview")
     assert "program says hello; dry run: True" in preview.stdout

@@ -386,6 +386,7 @@ def chrome(tmp_path: Path) -> Iterator[tuple[NamespaceGuest, Path]]:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_chrome_tabs_set_up_and_read_through_devtools(
     chrome: tuple[NamespaceGuest, Path], store: AssetStore, tmp_path: Path
 ) -> None:
@@ -567,6 +568,7 @@ def test_the_accessibility_tree_comes_from_at_spi(desktop: DesktopGuest, store: 
     assert get(desktop, {"type": "vm_terminal_output"}, tmp_path, store) is None  # type: ignore[arg-type]  # no terminal
 
 
+@pytest.mark.slow
 def test_without_chrome_the_active_url_is_none_soon(tmp_path: Path, store: AssetStore) -> None:
     guest = NamespaceGuest(tmp_path / "guest", {"OSFLEET_DEVTOOLS_PORT": str(_free_port())})
     start = time.monotonic()

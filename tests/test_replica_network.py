@@ -199,6 +199,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         Path("/proc/sys/net/ipv4/ip_forward").write_text(forward_before)
 
 
+@pytest.mark.slow
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
 def test_nat_reaches_the_internet_but_not_the_host_or_another_replica(lab: Lab) -> None:

@@ -271,6 +271,7 @@ def test_fleet_serve_listens_over_https_and_verifies_its_hosts_from_the_command_
             proc.wait(30)
 
 
+@pytest.mark.slow
 def test_locust_scenarios_verify_an_https_host_against_the_ca_file(pki: Pki, tmp_path: Path) -> None:
     """The trajectories scenario (users and the host sampler) with ``--ca-file`` leases over TLS; without it the
     system's CAs refuse the private CA and every request fails."""

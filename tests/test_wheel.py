@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 SAMPLE_RUN = REPO / "tests" / "data" / "run-sample"
@@ -28,6 +30,8 @@ NEEDS_AN_EXTRA = {
 IMPORT_EVERYTHING = """
 import importlib, json, pkgutil
 import golden_images, osfleet
+
+import pytest
 missing = {}
 for pkg in (osfleet, golden_images):
     for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
@@ -79,6 +83,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -
     return proc
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_works_without_the_checkout(tmp_path: Path) -> None:
     # The wheel is built from a copy of what it is made of, so the checkout gets no build/ or egg-info.
     src = tmp_path / "src"
