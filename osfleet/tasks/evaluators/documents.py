@@ -165,9 +165,21 @@ def compare_docx_files(result: Any, expected: Any, options: dict[str, Any]) -> S
 
 
 def _precondition(result: Any, expected: Any) -> Score | None:
-    """0 with the reason when the documents' texts differ (``compare_docx_files`` with its defaults)."""
+    """0 with the reason when a document is missing or the documents' texts differ (``compare_docx_files``
+    with its defaults): what OSWorld's formatting checks require before they look at the formatting."""
+    if not file_arg(result) or not file_arg(expected):
+        return 0.0, "a document is missing"
     score, reason = docx_similarity(result, expected, {})
     return None if score else (0.0, f"the texts differ first: {reason}")
+
+
+def _result_document(result: Any, expected: Any) -> tuple[Any, Score | None]:
+    """The result's python-docx document once ``_precondition`` holds; else None and the 0 to return."""
+    failed = _precondition(result, expected)
+    if failed:
+        return None, failed
+    document = _open(file_arg(result))
+    return document, None if document is not None else (0.0, "no readable result document")
 
 
 @guarded("compare_docx_files_and_ignore_new_lines")
@@ -244,8 +256,6 @@ def compare_docx_images(result: Any, expected: Any, options: dict[str, Any]) -> 
 
 @guarded("compare_line_spacing")
 def compare_line_spacing(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    if not file_arg(result) or not file_arg(expected):
-        return 0.0, "a document is missing"
     failed = _precondition(result, expected)
     if failed:
         return failed
@@ -269,8 +279,6 @@ def _run_pairs(a: Any, b: Any) -> Any:
 
 @guarded("compare_insert_equation")
 def compare_insert_equation(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    if not file_arg(result) or not file_arg(expected):
-        return 0.0, "a document is missing"
     failed = _precondition(result, expected)
     if failed:
         return failed
@@ -479,14 +487,9 @@ def _distance(rgb: Any, target: tuple[int, int, int]) -> float:
 
 @guarded("evaluate_colored_words_in_tables")
 def evaluate_colored_words_in_tables(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    if not file_arg(result) or not file_arg(expected):
-        return 0.0, "a document is missing"
-    failed = _precondition(result, expected)
+    document, failed = _result_document(result, expected)
     if failed:
         return failed
-    document = _open(file_arg(result))
-    if document is None:
-        return 0.0, "no readable result document"
     threshold = options.get("threshold", 3.5)
     for table in document.tables:
         for row in table.rows:
@@ -507,14 +510,9 @@ def evaluate_colored_words_in_tables(result: Any, expected: Any, options: dict[s
 
 @guarded("evaluate_strike_through_last_paragraph")
 def evaluate_strike_through_last_paragraph(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    if not file_arg(result) or not file_arg(expected):
-        return 0.0, "a document is missing"
-    failed = _precondition(result, expected)
+    document, failed = _result_document(result, expected)
     if failed:
         return failed
-    document = _open(file_arg(result))
-    if document is None:
-        return 0.0, "no readable result document"
     for run in document.paragraphs[-1].runs:
         if not run.font.strike:
             return 0.0, f"{short(run.text, 40)} of the last paragraph is not struck through"
@@ -523,14 +521,9 @@ def evaluate_strike_through_last_paragraph(result: Any, expected: Any, options: 
 
 @guarded("check_italic_font_size_14")
 def check_italic_font_size_14(result: Any, expected: Any, options: dict[str, Any]) -> Score:
-    if not file_arg(result) or not file_arg(expected):
-        return 0.0, "a document is missing"
-    failed = _precondition(result, expected)
+    document, failed = _result_document(result, expected)
     if failed:
         return failed
-    document = _open(file_arg(result))
-    if document is None:
-        return 0.0, "no readable result document"
     for p in document.paragraphs:
         for run in p.runs:
             if run.italic and (run.font.size is None or run.font.size.pt != 14):
@@ -543,8 +536,6 @@ def check_highlighted_words(result: Any, expected: Any, options: dict[str, Any])
     from odf.opendocument import load
     from odf.text import Span
 
-    if not file_arg(result) or not file_arg(expected):
-        return 0.0, "a document is missing"
     failed = _precondition(result, expected)
     if failed:
         return failed
