@@ -106,3 +106,29 @@ def api_token(token_file: Path | None, default_file: Path, say: Callable[[str], 
     if say is not None:
         say(f"bearer token in {default_file}")
     return token
+
+
+def tenant_options(fn: F) -> F:
+    """The options a server (``host serve``, ``fleet serve``) takes about who may call it and how much:
+    ``--clients-file``, ``--max-body-mib``, ``--osgym-allow``, one definition for both."""
+    from osfleet.config import DEFAULT_MAX_BODY_BYTES
+
+    options = [
+        click.option(
+            "--clients-file",
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            help="the tenants: one 'NAME TOKEN' per line (TOKEN may be sha256:<hex>); each sees only its own replicas",
+        ),
+        click.option(
+            "--max-body-mib",
+            default=DEFAULT_MAX_BODY_BYTES // 2**20,
+            show_default=True,
+            type=click.IntRange(1, 1024),
+            help="request bodies over this are refused (413) before they are read",
+        ),
+        click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token, serve
+from osfleet.cli_support import api_token, serve, tenant_options
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import DEFAULT_MAX_BODY_BYTES, MODES, Mode, Settings
+from osfleet.config import MODES, Mode, Settings
 from osfleet.tls import Listener, listener_options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,26 +37,13 @@ def host() -> None:
     default=None,
     help="bearer token file (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/api-token, made if missing)",
 )
-@click.option(
-    "--clients-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="the tenants: one 'NAME TOKEN' per line (TOKEN may be sha256:<hex>); each sees only its own replicas",
-)
+@tenant_options
 @click.option(
     "--allow-agent-root/--no-allow-agent-root",
     default=False,
     show_default=True,
     help="let clients' shell actions run as root in the guest (root can forge what verifiers read)",
 )
-@click.option(
-    "--max-body-mib",
-    default=DEFAULT_MAX_BODY_BYTES // 2**20,
-    show_default=True,
-    type=click.IntRange(1, 1024),
-    help="request bodies over this are refused (413) before they are read",
-)
-@click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
 @click.option(
     "--max-replicas",
     default=None,

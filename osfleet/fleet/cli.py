@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token, serve
+from osfleet.cli_support import api_token, serve, tenant_options
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import DEFAULT_MAX_BODY_BYTES, Settings
+from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 from osfleet.tls import Listener, client_context, listener_options
 
@@ -51,20 +51,7 @@ def fleet() -> None:
     help="the gateway's operator token, never a host's (default: $OSFLEET_API_TOKEN, else "
     "$OSFLEET_HOME/gateway-token, made)",
 )
-@click.option(
-    "--clients-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="the tenants: one 'NAME TOKEN' per line (TOKEN may be sha256:<hex>); each sees only its own replicas",
-)
-@click.option(
-    "--max-body-mib",
-    default=DEFAULT_MAX_BODY_BYTES // 2**20,
-    show_default=True,
-    type=click.IntRange(1, 1024),
-    help="request bodies over this are refused (413) before they are read",
-)
-@click.option("--osgym-allow", multiple=True, help="client IP allowed on the OSGym endpoints without a token")
+@tenant_options
 @click.option(
     "--hosts-ca-file",
     type=click.Path(path_type=Path, dir_okay=False),
