@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -96,6 +97,13 @@ class Sshd:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+# A shell starts a background job (``pytest ... &``) with SIGINT ignored, and that disposition is inherited by
+# every command a test starts: a test that presses Ctrl-C on one (SIGINT) would see it ignored. The tests play
+# a person at a terminal, so their commands start with SIGINT handled as Python does by default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marker added here counts
