@@ -30,8 +30,6 @@ NEEDS_AN_EXTRA = {
 IMPORT_EVERYTHING = """
 import importlib, json, pkgutil
 import golden_images, osfleet
-
-import pytest
 missing = {}
 for pkg in (osfleet, golden_images):
     for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):

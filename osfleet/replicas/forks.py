@@ -303,6 +303,7 @@ class Forks:
             stopped_at = time.time() - (time.monotonic() - asked_at)
             # The stream's end flushed and inactivated the parent's disks: its overlay is consistent now.
             _copy_sparse(Path(parent.disk), directory / PARENT_DISK, in_place)
+            shared_layer(directory / PARENT_DISK, self.virt.qemu_ids())  # the tenant's disk: QEMU's group only
             with contextlib.suppress(VirtError, OSError):  # the screen is for people (and the bench)
                 shot = self.capture.grab(domain)
         finally:
@@ -419,6 +420,9 @@ class Forks:
             # The frozen layer's file exists from now on (an empty overlay of the right chain); the fork
             # copies the parent's overlay into it.
             qcow2.create_overlay(directory / PARENT_DISK, state.layers(self.image)[0])
+            # A backing layer QEMU opens itself (libvirt hands only the top disk to QEMU's user): readable by
+            # QEMU's group from the start, not only once the fork is sealed.
+            shared_layer(directory / PARENT_DISK, self.virt.qemu_ids())
             qcow2.create_overlay(directory / "disk.qcow2", directory / PARENT_DISK)
             parent_layers = (directory / PARENT_DISK, *state.layers(self.image))
             self.virt.start_transient(
@@ -662,7 +666,7 @@ def _copy_sparse(src: Path, dst: Path, in_place: bool) -> None:
     try:
         fin = os.open(src, os.O_RDONLY)
         try:
-            fout = os.open(dst, flags, 0o644)
+            fout = os.open(dst, flags, 0o600)  # a tenant's disk (``shared_layer`` opens it to QEMU's group)
             try:
                 size = os.fstat(fin).st_size
                 os.ftruncate(fout, size)
