@@ -39,6 +39,7 @@ from osfleet.errors import ConfigError
 F = TypeVar("F", bound=Callable[..., Any])
 
 SERVER_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # Debian's ca-certificates
 CA_DAYS = 3650
 CERT_DAYS = 397  # what public CAs may issue at most; infra renews within RENEW_DAYS of the end
 RENEW_DAYS = 30
@@ -348,3 +349,38 @@ __all__ = [
     "needs_renewal",
     "validity",
 ]
+
+
+# --- the CAs of stacks deployed from this machine, trusted by a shell that evaluated ``osfleet infra env`` -------
+def trust_bundle(home: Path) -> Path:
+    """The file ``osfleet infra env`` exports as ``SSL_CERT_FILE``: the system's CAs and those of the stacks
+    deployed from this machine, so that in that shell Python, curl and Go verify the agents' HTTPS as they verify
+    any site (a stack's CA exists from its first ``pulumi up`` until its ``destroy``)."""
+    return home / "pulumi" / "trusted-cas.pem"
+
+
+def trust_stack_ca(home: Path, cert_pem: str, trusted: bool = True) -> None:
+    """Add (``trusted``) or remove one stack CA's certificate, then rewrite the bundle (atomically)."""
+    import hashlib
+
+    folder = home / "pulumi" / "stack-cas"
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = folder / f"{hashlib.sha256(cert_pem.encode()).hexdigest()[:16]}.pem"
+    if trusted:
+        entry.write_text(cert_pem)
+    else:
+        entry.unlink(missing_ok=True)
+    write_trust_bundle(home)
+
+
+def write_trust_bundle(home: Path) -> Path:
+    """The bundle made anew from the system's CAs and the stack CAs recorded here; returns its path."""
+    bundle = trust_bundle(home)
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    parts = [SYSTEM_CA_BUNDLE.read_text()] if SYSTEM_CA_BUNDLE.is_file() else []
+    folder = home / "pulumi" / "stack-cas"
+    parts += [p.read_text() for p in sorted(folder.glob("*.pem"))] if folder.is_dir() else []
+    tmp = bundle.with_name(f".{bundle.name}.tmp")
+    tmp.write_text("".join(part if part.endswith("\n") else part + "\n" for part in parts))
+    tmp.replace(bundle)
+    return bundle

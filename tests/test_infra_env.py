@@ -61,3 +61,33 @@ def test_a_machine_without_set_up_is_told_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run([str(VENV_BIN / "osfleet"), "infra", "env"], env=env, capture_output=True, text=True)
     assert done.returncode != 0 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "scripts/" in done.stderr
+
+
+def test_a_stack_ca_is_trusted_by_the_shell_from_its_up_to_its_destroy(tmp_path: Path) -> None:
+    """``SSL_CERT_FILE`` names a bundle of the system's CAs and the stack CAs made here: an agent certificate the
+    stack's CA signed verifies against it (as OpenSSL's clients verify), and no longer once the CA is deleted."""
+    from osfleet.tls import SYSTEM_CA_BUNDLE, issue, make_ca, trust_stack_ca, write_trust_bundle
+
+    ca = make_ca("osfleet test CA")
+    agent = tmp_path / "agent.pem"
+    agent.write_text(issue(ca, ["127.0.0.1"]).cert_pem)
+    bundle = write_trust_bundle(tmp_path)
+
+    def verifies() -> bool:
+        done = subprocess.run(["openssl", "verify", "-CAfile", str(bundle), str(agent)], capture_output=True)
+        return done.returncode == 0
+
+    assert not verifies()
+    trust_stack_ca(tmp_path, ca.cert_pem)
+    assert verifies()
+    assert not SYSTEM_CA_BUNDLE.is_file() or bundle.read_text().startswith(SYSTEM_CA_BUNDLE.read_text())
+    trust_stack_ca(tmp_path, ca.cert_pem, trusted=False)
+    assert not verifies()
+
+
+def test_infra_env_exports_the_bundle_as_ssl_cert_file() -> None:
+    out = subprocess.run([str(VENV_BIN / "osfleet"), "infra", "env"], capture_output=True, text=True, check=True)
+    env = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+    home = Settings.from_env().home
+    assert env["SSL_CERT_FILE"] == str(home / "pulumi" / "trusted-cas.pem")
+    assert Path(env["SSL_CERT_FILE"]).is_file()

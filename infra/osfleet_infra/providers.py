@@ -7,6 +7,7 @@ whose one-line message the engine shows next to the resource.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import time
@@ -226,18 +227,34 @@ class ImagePublishProvider(ResourceProvider):
 # --- TLS between the gateway (or any client) and the agents: a CA per stack, a certificate per agent -----------
 
 
+def _trust(cert_pem: str, trusted: bool) -> None:
+    """The CA's certificate (public) among those a shell with ``osfleet infra env`` trusts (``tls.trust_bundle``)
+    while the stack exists. A convenience for that shell only: a failure to write it never fails the deploy."""
+    from osfleet.config import Settings
+    from osfleet.tls import trust_stack_ca
+
+    if cert_pem:
+        with contextlib.suppress(OSError):
+            trust_stack_ca(Settings.from_env().home, cert_pem, trusted)
+
+
 class CaProvider(ResourceProvider):
     """A small CA made by the stack (``osfleet.tls.make_ca``): its key lives only in the stack's state, encrypted
-    as a secret (``additional_secret_outputs``). Nothing outside the state: delete has nothing to undo. Renewed
-    (replaced, and every certificate with it) by an ``up`` within ``RENEW_DAYS`` of its end."""
+    as a secret (``additional_secret_outputs``). Outside the state only its public certificate, in this machine's
+    bundle for ``osfleet infra env`` (removed on delete). Renewed (replaced, and every certificate with it) by an
+    ``up`` within ``RENEW_DAYS`` of its end."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from osfleet.tls import make_ca
 
         ca = make_ca(str(props["common_name"]))
+        _trust(ca.cert_pem, True)
         return CreateResult(
             id_=_fingerprint(ca.cert_pem), outs={**props, "cert_pem": ca.cert_pem, "key_pem": ca.key_pem}
         )
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        _trust(str(props.get("cert_pem", "")), False)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         from osfleet.tls import needs_renewal

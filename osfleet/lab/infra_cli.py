@@ -31,11 +31,16 @@ def infra_env() -> None:
     """POSIX ``export`` lines for the plain ``pulumi`` CLI: ``eval "$(.venv/bin/osfleet infra env)"``, then in
     the project's root ``pulumi stack select lab``, ``pulumi preview``, ``pulumi up`` ... work as Pulumi
     documents them (the engine and our language host on PATH, the local file backend, the passphrase file, no
-    update checks, no plugin downloads)."""
+    update checks, no plugin downloads), and ``SSL_CERT_FILE``: the system's CAs plus those of the stacks deployed
+    from here, so the shell verifies the agents' HTTPS (``curl``, Python, Go) without a ``--cacert``."""
+    from osfleet.config import Settings
     from osfleet.lab.engine import engine_env, engine_root, engine_version
+    from osfleet.tls import write_trust_bundle
 
     engine_version(engine_root())
-    for key, value in engine_env().items():
+    env = engine_env()
+    env["SSL_CERT_FILE"] = str(write_trust_bundle(Settings.from_env().home))
+    for key, value in env.items():
         click.echo(f"export {key}={shlex.quote(value)}")
 
 
