@@ -317,3 +317,73 @@ def test_the_byte_cap_holds_under_a_flood_of_steps(tmp_path: Path) -> None:
     gone = sorted({f"r-{n}" for n in range(12)} - kept)[0]
     rec.step(gone, "l-" + gone[2:], "late", [{"type": "wait"}], [], 0.1, False)  # an evicted episode is not begun again
     assert {m.replica_id for m in store.all()} == kept
+
+
+class _SignallingLock:
+    """A lock that says when a thread starts waiting for it (so a test can hold a prune open at a chosen point)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.waited = threading.Event()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.waited.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_step_written_while_a_prune_recounts_is_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaving behind a CI failure of the flood test: a prune recounts the store from disk while another
+    episode writes a step; that step landed after the recount read its episode but reported its size before the
+    recount replaced the running total, so the total forgot it and the store crept over its cap unseen. Forced
+    here: the recount's read of the store lets episode B write (and wait for the prune) before it returns."""
+    from osfleet.recording import Recorder
+
+    store = TrajectoryStore(tmp_path / "trajectories")
+    rec = Recorder(store, RecordingConfig(max_bytes=2 * 2**20, quality=95))
+    shots = [noise_png(i) for i in range(4)]
+    pruning = _SignallingLock()
+    rec._pruning = pruning  # type: ignore[assignment]
+    rec.begin("r-b", "l-b", task={"id": "b"})
+    real_all, real_prune = store.all, store.prune
+    counted, pruned = threading.Event(), threading.Event()
+
+    def prune(*args: Any, **kwargs: Any) -> list[str]:
+        try:
+            return real_prune(*args, **kwargs)
+        finally:
+            pruned.set()
+
+    def all_then_a_step_of_b() -> list[Any]:
+        metas = real_all()
+        if pruned.is_set() and pruning._lock.locked() and not counted.is_set():  # the recount after the prune
+            counted.set()
+            writer = threading.Thread(
+                target=rec.step, args=("r-b", "l-b", "b0", [{"type": "wait"}], [], 0.1, False, None, shots[3])
+            )
+            writer.start()
+            assert pruning.waited.wait(10)  # B wrote its step and waits for this prune
+            metas_after = real_all()
+            assert sum(m.bytes for m in metas_after) > sum(m.bytes for m in metas)
+        return metas
+
+    monkeypatch.setattr(store, "all", all_then_a_step_of_b)
+    monkeypatch.setattr(store, "prune", prune)
+    for n in range(40):  # episodes of A's replica fill the store past its cap: one of their steps starts the prune
+        lease = f"l-a{n}"
+        rec.begin("r-a", lease, task={"id": f"a{n}"})
+        for i in range(3):
+            rec.step("r-a", lease, f"a{n}.{i}", [{"type": "wait"}], [], 0.1, False, None, shots[i % 3])
+        rec.end("r-a", lease, "released")
+        if counted.is_set():
+            break
+    assert counted.is_set()
+    deadline = time.monotonic() + 10
+    while pruning._lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monkeypatch.setattr(store, "all", real_all)
+    on_disk = sum(m.bytes for m in store.all())
+    assert rec._bytes >= on_disk, "the running total forgot bytes that are on disk"

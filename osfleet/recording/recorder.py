@@ -65,6 +65,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._check: LeaseCheck | None = None
         self._bytes = 0
+        self._grown_while_counting = 0  # growth reported while a prune recounts the store (see _grew)
         self._dropped: set[tuple[str, str]] = set()  # (replica, lease) whose episode was evicted or failed
         self._pruning = threading.Lock()
         store.root.mkdir(parents=True, exist_ok=True)
@@ -280,8 +281,15 @@ class Recorder:
             log.error("recording episode %s: %s", meta.id, exc)
 
     def _grew(self, added: int, new_episode: bool = False) -> None:
+        """Account for ``added`` bytes and prune when the store is over its cap.
+
+        A prune recounts the store from disk while other episodes keep writing. A write that lands after the
+        recount read its episode would be lost if the recount simply replaced the running total (the store then
+        creeps over its cap unnoticed), so what is reported during a recount is added on top of it. A write seen
+        by both is counted twice: an over-estimate, which only makes the next step prune (and recount) again."""
         with self._lock:
             self._bytes += added
+            self._grown_while_counting += added
             over = self._bytes > self.max_bytes
         limit = self.config.max_episodes
         if not over and not (new_episode and limit is not None and len(self.store.ids()) > limit):
@@ -290,12 +298,13 @@ class Recorder:
             with self._lock:
                 if self._bytes <= self.max_bytes and not new_episode:
                     return
+                self._grown_while_counting = 0
             self.store.prune(keep=self.open_ids(), low_water=LOW_WATER)
             total = sum(m.bytes for m in self.store.all())
             if total > self.max_bytes * LOW_WATER:
                 total = self._evict_open(total)
             with self._lock:
-                self._bytes = total
+                self._bytes = total + self._grown_while_counting
 
     def _evict_open(self, total: int) -> int:
         """Drop unfinished episodes, oldest first, until the store is back under its low-water mark."""
