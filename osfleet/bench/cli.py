@@ -93,6 +93,13 @@ def bench_all(
     default=None,
     help="the image of this recipe (found by its hash; built into $OSFLEET_HOME/build-<name> if missing)",
 )
+@click.option(
+    "--cold-budget",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="seconds of cold reset rounds after which no new cold round starts (at least one runs; 0: all --resets)",
+)
 @click.option("--hold", is_flag=True, help="also bring up as many snapshot replicas as fit and count them")
 @click.option("--hold-max", default=64, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
@@ -103,14 +110,16 @@ def bench_reset(
     resets: int,
     image_ref: str | None,
     recipe: Path | None,
+    cold_budget: float,
     hold: bool,
     hold_max: int,
     as_json: bool,
     out: Path | None,
 ) -> None:
     """Cold vs snapshot resets on N replicas in one run: p50/p95, bring-up, latencies, RAM per replica.
-    On a failure the JSON of what was measured is still printed, with the failure named, and the exit
-    code is 1."""
+    A cold reset is a full boot (minutes for the office image under TCG): cold rounds stop early once they
+    passed --cold-budget, and the JSON says how many ran (``cold.rounds``). On a failure the JSON of what
+    was measured is still printed, with the failure named, and the exit code is 1."""
     from osfleet.bench import reset as reset_bench
     from osfleet.bench.recipe_image import recipe_image
     from osfleet.bench.tables import reset_table
@@ -121,7 +130,8 @@ def bench_reset(
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     image = recipe_image(recipe, settings, say) if recipe else find_image(image_ref, settings)
-    result = reset_bench.run(image, replicas, resets, hold, hold_max, settings, say)
+    budget = cold_budget or None
+    result = reset_bench.run(image, replicas, resets, hold, hold_max, settings, say, cold_budget_s=budget)
     emit(result, as_json or "failure" in result, out, reset_table)
     _fail_if_failed(result)
 

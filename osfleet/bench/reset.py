@@ -85,9 +85,21 @@ def _spare_memory(host: ReplicaHost, rid: str) -> dict[str, int]:
     return process_memory(pid) if pid is not None else {}
 
 
-def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Say, made: list[str]) -> dict[str, Any]:
+def _mode_run(
+    host: ReplicaHost,
+    mode: Mode,
+    replicas: int,
+    resets: int,
+    say: Say,
+    made: list[str],
+    budget_s: float | None = None,
+) -> dict[str, Any]:
     """Bring up ``replicas`` (their ids go to ``made`` as they are made, for the caller's clean-up), reset
-    each ``resets`` times, measure; the replicas are left for the caller."""
+    each ``resets`` times, measure; the replicas are left for the caller.
+
+    With ``budget_s``, no new round of resets starts once the rounds so far took longer (at least one round
+    runs): a cold reset is a full boot, minutes on an image whose session starts office applications under
+    TCG, and a third round of those adds nothing a ratio needs."""
     made.clear()
     bringup: list[float] = []
     for i in range(replicas):
@@ -101,7 +113,13 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
     spare = [_spare_memory(host, r) for r in made]
     samples: list[float] = []
     stages: dict[str, list[float]] = {}
+    rounds_started = time.monotonic()
+    rounds = 0
     for r in range(resets):
+        if r and budget_s is not None and time.monotonic() - rounds_started > budget_s:
+            say(f"  {mode}: {r} round(s) took more than {budget_s:.0f} s: no more rounds")
+            break
+        rounds += 1
         for rid in made:
             host.settle()
             with collecting() as st:
@@ -112,6 +130,7 @@ def _mode_run(host: ReplicaHost, mode: Mode, replicas: int, resets: int, say: Sa
         say(f"  {mode}: reset round {r + 1}/{resets}: {', '.join(f'{s:.2f} s' for s in samples[-replicas:])}")
     host.settle()
     result = _dist(samples)
+    result["rounds"] = rounds
     result["bringup_seconds"] = _dist(bringup)
     # where a reset's time goes (osfleet.timing stages; ``clock`` overlaps ``screen``)
     result["stages_p50_ms"] = {k: round(percentile(v, 50) * 1000, 2) for k, v in stages.items()}
@@ -177,6 +196,7 @@ def run(
     settings: Settings | None = None,
     say: Say = print,
     compare_stream: bool = True,
+    cold_budget_s: float | None = None,
 ) -> dict[str, Any]:
     if replicas < 1 or resets < 1:
         raise OsfleetError("--replicas and --resets must be at least 1")
@@ -186,6 +206,7 @@ def run(
         "image": image.name,
         "replicas": replicas,
         "resets_per_replica": resets,
+        "cold_budget_s": cold_budget_s,
         "between_resets": "background teardown and the next spare allowed to finish (as during an episode)",
     }
     hosts: list[ReplicaHost] = []
@@ -199,7 +220,8 @@ def run(
         made: list[str] = []
         for mode in MODES:
             say(f"{mode} mode: {replicas} replicas, {resets} resets each ({state.memory_mode} memory)")
-            result[mode] = _mode_run(host, mode, replicas, resets, say, made)
+            budget = cold_budget_s if mode == "cold" else None
+            result[mode] = _mode_run(host, mode, replicas, resets, say, made, budget)
             if mode == "snapshot":
                 result["latency"] = _latencies(host, made[0])
             host.down(made)

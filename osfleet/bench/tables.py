@@ -57,6 +57,9 @@ def disk_table(r: dict[str, Any]) -> str:
 def reset_table(r: dict[str, Any]) -> str:
     accel = {"kvm": "KVM", "qemu": "TCG"}.get(r.get("accelerator", ""), "?")
     size = f"{r['replicas']} replicas x {r['resets_per_replica']} resets per mode"
+    cold_rounds = r.get("cold", {}).get("rounds")
+    if cold_rounds is not None and cold_rounds < r["resets_per_replica"]:
+        size += f" ({cold_rounds} cold: its rounds passed --cold-budget)"
     lines = [
         f"reset bench: {size}, {r['image']} under {accel}",
         f"{'mode':<9} {'reset p50':>10} {'reset p95':>10} {'bring-up p50':>13} {'RSS/replica':>12}",

@@ -91,7 +91,7 @@ def _adopt(registry: Registry, gen: Generations) -> AdoptReport:
     for name in running - current:
         owner = name[len(settings.name_prefix) :].rsplit("-g", 1)[0]
         if owner in registry or _unclaimed(registry.store, owner):
-            gen.virt.destroy(name)
+            gen.destroy(name)
             report.orphan_domains.append(name)
     if settings.replicas_dir.exists():
         for d in settings.replicas_dir.iterdir():

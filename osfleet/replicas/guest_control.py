@@ -14,6 +14,7 @@ What comes back is the guest's: read with a deadline, at most ``MAX_REPLY`` byte
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import secrets
@@ -192,6 +193,9 @@ class Ports:
 
 
 PORTS = Ports()
+# Connections to guests whose domains went away by other means (killed QEMU, another process) stay open until
+# a prune finds them; a process that exits closes them itself rather than leave them to the garbage collector.
+atexit.register(PORTS.close)
 
 
 def request(path: Path, line: str, timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
