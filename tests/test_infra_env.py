@@ -30,6 +30,8 @@ def test_the_lines_are_exports_of_the_engine_the_backend_and_no_downloads() -> N
     assert env["PULUMI_CONFIG_PASSPHRASE_FILE"] == f"{home}/pulumi/passphrase"
     assert env["PULUMI_HOME"] == f"{home}/pulumi/home"
     assert env["PULUMI_SKIP_UPDATE_CHECK"] == env["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == "true"
+    if not os.environ.get("DBUS_SESSION_BUS_ADDRESS"):  # the engine's keyring lookup must not start a bus
+        assert env["DBUS_SESSION_BUS_ADDRESS"] == "disabled:"
     assert env["PATH"].split(":")[0] == str(engine_root() / "bin")
     assert Path(env["OSFLEET_PYTHON"]).parent == Path(sys.executable).parent
 

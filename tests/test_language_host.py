@@ -11,6 +11,7 @@ virtualenv is named; Ctrl-C cancels a running program and a killed engine leaves
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import signal
@@ -21,11 +22,13 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from google.protobuf import struct_pb2
 from pulumi.runtime.proto import language_pb2
 
 from osfleet.errors import OsfleetError
+from osfleet.lab import engine
 from osfleet.lab.engine import engine_root, engine_version
 from osfleet.lab.language_host import HostError, Program, plugin_version
 
@@ -99,6 +102,7 @@ class Project:
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             "OSFLEET_PYTHON": sys.executable,
+            **engine.session_bus_env(),
         }
 
     def pulumi(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -166,9 +170,20 @@ def project(tmp_path: Path, engine_bin: Path) -> Iterator[Project]:
     assert _leftovers(str(p.dir)) == []
 
 
+def _session_buses_of(home: str) -> set[int]:
+    """dbus-daemon processes started for a Pulumi command of this home (their environment names it)."""
+    found = set()
+    for proc in psutil.process_iter(["name", "environ"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["name"] == "dbus-daemon" and (proc.info["environ"] or {}).get("PULUMI_HOME") == home:
+                found.add(proc.pid)
+    return found
+
+
 @pytest.mark.slow
 def test_preview_up_second_preview_and_destroy_with_config_and_secrets(project: Project) -> None:
     preview = project.pulumi("preview")
+    assert not _session_buses_of(project.env["PULUMI_HOME"])  # the engine's keyring lookup started no bus
     assert "program says hello; dry run: True" in preview.stdout
     assert "+ 2 to create" in preview.stdout
     up = project.pulumi("up", "--yes")

@@ -59,6 +59,19 @@ def project_dir() -> Path:
     raise ConfigError("no Pulumi project (Pulumi.yaml + infra/) found; set OSFLEET_PROJECT to the osfleet checkout")
 
 
+NO_SESSION_BUS = "disabled:"
+
+
+def session_bus_env() -> dict[str, str]:
+    """Where no D-Bus session bus is set, one that cannot be reached.
+
+    The engine asks the desktop's keyring (go-keyring, over the session bus) for its passphrase; with no bus
+    address set, godbus starts a session bus of its own with ``dbus-launch``, a daemon that outlives the
+    command: each preview, up or destroy left one behind (51 after one test run). An unreachable address makes
+    that lookup fail at once, and the engine goes on with the passphrase file. A user's own bus is kept."""
+    return {} if os.environ.get("DBUS_SESSION_BUS_ADDRESS") else {"DBUS_SESSION_BUS_ADDRESS": NO_SESSION_BUS}
+
+
 def engine_env(settings: Settings | None = None, path: str | None = None) -> dict[str, str]:
     """Environment of the plain ``pulumi`` CLI here: the engine and our language host first on ``PATH``,
     local state, passphrase secrets, no update checks or plugin downloads, and the osfleet Python that the
@@ -82,6 +95,7 @@ def engine_env(settings: Settings | None = None, path: str | None = None) -> dic
         "PULUMI_CONFIG_PASSPHRASE_FILE": str(passphrase),
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        **session_bus_env(),
     }
 
 
