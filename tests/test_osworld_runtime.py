@@ -513,28 +513,34 @@ class DesktopGuest:
 
 @pytest.fixture
 def desktop(tmp_path: Path) -> Iterator[DesktopGuest]:
-    needed = ["/usr/bin/Xvfb", "/usr/bin/dbus-run-session", "/usr/libexec/at-spi-bus-launcher"]
+    needed = ["/usr/bin/Xvfb", "/usr/bin/dbus-run-session", "/usr/bin/dbus-send", "/usr/libexec/at-spi-bus-launcher"]
     if not all(Path(p).exists() for p in needed):
         pytest.fail(f"the AT-SPI test needs {', '.join(needed)} (scripts/setup installs them)")
-    n = next(
-        i
-        for i in range(140, 400)
-        if not Path(f"/tmp/.X11-unix/X{i}").exists() and not Path(f"/tmp/.X{i}-lock").exists()
-    )
     (tmp_path / "app.py").write_text(GTK_APP)
+    display_file = tmp_path / "display"
+    # Each step waits for the one before it instead of sleeping a fixed time: under load (CI) an app that starts
+    # before the accessibility bus answers never registers with it, and a display number picked by looking at
+    # /tmp can be taken by another X server; Xvfb picks a free one itself (-displayfd).
     session = (
-        f"Xvfb :{n} -screen 0 1024x768x24 & sleep 1; export DISPLAY=:{n}; "
-        "/usr/libexec/at-spi-bus-launcher --launch-immediately & sleep 1; "
+        f"Xvfb -displayfd 3 -screen 0 1024x768x24 3>{display_file} & "
+        f"until [ -s {display_file} ]; do sleep 0.1; done; export DISPLAY=:$(cat {display_file}); "
+        "/usr/libexec/at-spi-bus-launcher --launch-immediately & "
+        "until dbus-send --session --print-reply --dest=org.a11y.Bus /org/a11y/bus org.a11y.Bus.GetAddress "
+        ">/dev/null 2>&1; do sleep 0.2; done; "
         f"exec {DEBIAN_PYTHON} {tmp_path / 'app.py'}"
     )
     proc = subprocess.Popen(
         ["dbus-run-session", "--", "sh", "-c", session], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
-    guest = DesktopGuest(f":{n}", tmp_path)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
+        while not (display_file.exists() and display_file.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "Xvfb did not start"
+            time.sleep(0.1)
+        guest = DesktopGuest(f":{display_file.read_text().strip()}", tmp_path)
         while "Hello label" not in _tree(guest):
+            assert proc.poll() is None, "the test desktop's session ended"
             assert time.monotonic() < deadline, "the test desktop did not come up"
             time.sleep(0.5)
         yield guest
