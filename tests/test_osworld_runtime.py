@@ -26,6 +26,7 @@ from typing import Any
 import openpyxl
 import pytest
 
+from osfleet.lab.engine import NO_SESSION_BUS
 from osfleet.tasks import getters, runner
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.getters import GetterValueError, omnibox_text, time_format
@@ -529,9 +530,12 @@ def desktop(tmp_path: Path) -> Iterator[DesktopGuest]:
         ">/dev/null 2>&1; do sleep 0.2; done; "
         f"exec {DEBIAN_PYTHON} {tmp_path / 'app.py'}"
     )
+    # The session's launcher carries an address that names no bus, as a process started under `osfleet infra`
+    # does (NO_SESSION_BUS): the query must pass it by for the session's own.
+    env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": NO_SESSION_BUS}
     proc = subprocess.Popen(
         ["dbus-run-session", "--", "sh", "-c", session], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True, env=env,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 90
@@ -556,6 +560,16 @@ def _tree(guest: DesktopGuest) -> str:
         return str(guest_query.ask(guest, "r", "accessibility_tree", {}, 20))
     except guest_query.GuestQueryError:
         return ""
+
+
+def test_only_a_reachable_session_bus_is_taken(tmp_path: Path) -> None:
+    from osfleet.tasks.guest.osworld_query import _reachable_bus
+
+    sock = tmp_path / "bus"
+    sock.touch()
+    assert not _reachable_bus(NO_SESSION_BUS) and not _reachable_bus("") and not _reachable_bus("unix:path=/nowhere")
+    assert _reachable_bus(f"unix:path={sock},guid=1") and _reachable_bus("unix:abstract=/tmp/dbus-x")
+    assert _reachable_bus(f"{NO_SESSION_BUS};unix:path={sock}")
 
 
 def test_the_accessibility_tree_comes_from_at_spi(desktop: DesktopGuest, store: AssetStore, tmp_path: Path) -> None:

@@ -565,10 +565,26 @@ def _a11y_node(node, depth, budget, pyatspi, flag=None):
     return element
 
 
+def _reachable_bus(address):
+    """Whether a D-Bus address can name a live bus. Some processes carry one that cannot (``disabled:``, which
+    tools set to keep a library from starting a bus of its own, or the socket of a session that ended); taking
+    theirs would leave AT-SPI with no bus at all."""
+    for entry in address.split(";"):
+        transport, _, params = entry.partition(":")
+        keys = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
+        if transport in ("", "disabled"):
+            continue
+        if transport == "unix" and "path" in keys and not os.path.exists(keys["path"]):
+            continue
+        return True
+    return False
+
+
 def _session_bus():
     """The desktop session's D-Bus address, which AT-SPI is found through: a command started by the guest agent
-    does not inherit it, so it is taken from a process of this user that has it (the session's own)."""
-    if os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+    does not inherit it, so it is taken from a process of this user that has a reachable one (the session's
+    own)."""
+    if _reachable_bus(os.environ.get("DBUS_SESSION_BUS_ADDRESS", "")):
         return
     uid = os.getuid()
     for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
@@ -579,9 +595,9 @@ def _session_bus():
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
         except OSError:
             continue
-        address = env.get(b"DBUS_SESSION_BUS_ADDRESS")
-        if address:
-            os.environ["DBUS_SESSION_BUS_ADDRESS"] = address.decode("utf-8", "replace")
+        address = env.get(b"DBUS_SESSION_BUS_ADDRESS", b"").decode("utf-8", "replace")
+        if _reachable_bus(address):
+            os.environ["DBUS_SESSION_BUS_ADDRESS"] = address
             return
     bus = f"/run/user/{uid}/bus"
     if os.path.exists(bus):
