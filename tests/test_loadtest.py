@@ -68,7 +68,8 @@ def test_trajectories_and_bringup_produce_their_results(agent: LocalAgent, tmp_p
     )
     rows = [json.loads(x) for f in run_dir.glob("trajectories-*.jsonl") for x in f.read_text().splitlines()]
     scored = [r for r in rows if r["status"] == "scored"]
-    assert scored and all(r["reward"] == 1.0 for r in scored), rows
+    assert scored, rows
+    assert all(r["reward"] == 1.0 for r in scored), [r for r in scored if r["reward"] != 1.0]
     stats = (run_dir / "trajectories_stats.csv").read_text()
     for name in ("reset", "step", "evaluate", "trajectory"):
         assert f",{name}," in stats

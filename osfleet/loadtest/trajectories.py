@@ -128,18 +128,24 @@ class Agent(HttpUser):
             for actions in plan:
                 if opts.think_time:
                     time.sleep(opts.think_time)
-                self._post(
+                answer = self._post(
                     f"/v1/replicas/{rid}/step",
                     {"lease_id": lid, "action_id": f"{steps}", "actions": actions, "observe": True},
                     "step",
                 )
                 record["acked"].append(f"{steps}")
+                failed = [f"{a.get('type')}: {a.get('error')}" for a in answer.get("results", []) if not a.get("ok")]
+                if failed:  # the episode goes on (an agent sees these too), but a low reward can say why
+                    record.setdefault("failed_actions", []).extend(x[:200] for x in failed)
                 steps += 1
             phases["steps"] = time.monotonic() - t
             t = time.monotonic()
             ev = self._post(f"/v1/replicas/{rid}/evaluate", {"lease_id": lid}, "evaluate")
             phases["evaluate"] = time.monotonic() - t
             record.update(status="scored", reward=ev["reward"], success=ev["success"])
+            unmet = [f"{c['name']}: {c.get('detail', '')}"[:300] for c in ev.get("criteria", []) if not c.get("met")]
+            if unmet:
+                record["unmet"] = unmet
         except Infrastructure as exc:
             record.update(status="aborted", abort_reason=str(exc)[:300])
         except RescheduleTask as exc:

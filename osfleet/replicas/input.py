@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from osfleet.errors import OsfleetError
+from osfleet.replicas import keyboard_flow
 from osfleet.virt import Virt
 
 ABS_MAX = 32767
@@ -131,9 +132,20 @@ class Input:
 
     def __init__(self, virt: Virt, domain: str, size: tuple[int, int]) -> None:
         self.virt, self.domain, self.size = virt, domain, size
+        self.keyboard = keyboard_flow.flow_for(domain, self._keyboard_irqs)
+
+    def _keyboard_irqs(self) -> int | None:
+        out = self.virt.qmp(self.domain, "human-monitor-command", {"command-line": "info irq"})
+        return keyboard_flow.irq1_count(out if isinstance(out, str) else "")
 
     def _send(self, events: list[dict[str, Any]]) -> None:
+        """Send input events; keys only once the guest's keyboard has room for them (``keyboard_flow``)."""
+        nbytes = keyboard_flow.scancode_bytes(events)
+        if nbytes:
+            self.keyboard.before(nbytes)
         self.virt.qmp(self.domain, "input-send-event", {"events": events})
+        if nbytes:
+            self.keyboard.after(nbytes)
 
     def _abs(self, x: int, y: int) -> list[dict[str, Any]]:
         w, h = self.size
@@ -178,11 +190,14 @@ class Input:
 
     def type_text(self, text: str) -> None:
         keys = [key_for_char(ch) for ch in text]  # refuse the whole text before typing any of it
-        for code, shift in keys:
+        for i, (code, shift) in enumerate(keys):
             events = [_key(code, True), _key(code, False)]
             if shift:
                 events = [_key("shift", True), *events, _key("shift", False)]
-            self._send(events)
+            try:
+                self._send(events)
+            except keyboard_flow.KeyboardStalledError as exc:
+                raise InputError(f"typed {i} of {len(keys)} characters: {exc}") from None
             time.sleep(KEY_GAP_SECONDS)
 
     def hotkey(self, keys: list[str]) -> None:

@@ -260,7 +260,8 @@ def _check_file(host: Deadlined, rid: str, check: FileContent) -> tuple[bool, st
     if check.match is None:
         return True, "present"
     text = host.read_file(rid, check.path, actions.MAX_READ_BYTES).decode(errors="replace")
-    return check.match.check(text), text[-200:]
+    met = check.match.check(text)
+    return met, text[-200:] if met else f"its content: {text[-200:]!r}"  # quoted: an empty file says so
 
 
 def _score_osworld(
