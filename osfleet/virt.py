@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import math
+import os
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -126,6 +127,14 @@ class Virt:
             self._domain(name).resume()
         except libvirt.libvirtError as exc:
             raise translate(exc, name, "resuming") from None
+
+    def set_vcpu_nice(self, name: str, nice: int) -> None:
+        """Give the domain's vCPU threads (and only them: its QEMU main thread keeps its priority) this nice
+        value. A running guest at 19 still runs, but yields a core to anything else that wants it."""
+        cpus = self.qmp(name, "query-cpus-fast") or []
+        for cpu in cpus:
+            with contextlib.suppress(ProcessLookupError):  # the domain went away meanwhile
+                os.setpriority(os.PRIO_PROCESS, int(cpu["thread-id"]), nice)
 
     def destroy(self, name: str) -> bool:
         """Stop (and, if persistent, undefine) ``name``; False when it did not exist."""

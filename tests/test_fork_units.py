@@ -283,18 +283,25 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
         def prepare(self) -> None:
             events.append(("prepare", None))
 
+    class NiceVirt(SlotVirt):  # its qemu_ids (None: folders private to root) and the children's priorities
+        def set_vcpu_nice(self, name: str, nice: int) -> None:
+            events.append(("nice", (name, nice)))
+
     class FakeGen:
         image = type("I", (), {"name": "golden-fake"})()
-        virt = SlotVirt()  # only its qemu_ids (None: folders private to root)
+        virt = NiceVirt()
 
         def replica_dir(self, rid: str) -> Path:
             return tmp_path / "replicas" / rid
 
-        def bring_up_from(self, rec: ReplicaRecord, state: object, slot: Slot | None, stopped_at: float) -> None:
+        def bring_up_from(
+            self, rec: ReplicaRecord, state: object, slot: Slot | None, stopped_at: float, vcpu_nice: int | None
+        ) -> None:
             rec.generation += 1
             rec.domain = f"osfleet-{rec.id}-g{rec.generation}"
             rec.move(State.BOOTING)
             events.append(("child", (rec.id, slot.domain if slot else None)))
+            events.append(("nice", (rec.domain, vcpu_nice)))
 
         def adjust_clock_later(self, domain: str, seconds: float) -> None:
             events.append(("clock", domain))
@@ -314,5 +321,12 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
     last_child = max(i for i, e in enumerate(events) if e[0] == "child")
     first_spare = min(i for i, e in enumerate(events) if e[0] == "spare")
     assert first_spare > last_child and [e for e in events if e[0] == "prepare"] == [("prepare", None)]
+    # Each child runs at the lowest priority while its siblings load, and all are back to normal before spares.
+    nice = [(i, str(e[1])) for i, e in enumerate(events) if e[0] == "nice"]
+    wanted = [str((k.domain, 19)) for k in kids] + [str((k.domain, 0)) for k in kids]
+    assert sorted(x for _, x in nice) == sorted(wanted)
+    back = [i for i, x in nice if x.endswith(", 0)")]
+    first_back, last_back = min(back), max(back)
+    assert last_child < first_back and last_back < first_spare
     assert ("release", []) in events and ("clock", "dom-r-p") in events  # the parent's clock moves on too
     assert events[0] == ("limits", "r-p")

@@ -184,6 +184,7 @@ class Generations:
         state: saved_state.SavedState,
         slot: Slot | None = None,
         stopped_at: float | None = None,
+        vcpu_nice: int | None = None,
     ) -> None:
         """Make generation ``rec.generation + 1`` from ``state`` instead of the replica's initial state: a
         fork's child starts where its parent was. The caller holds the lock and saves the record, as for
@@ -191,7 +192,8 @@ class Generations:
 
         ``slot``: the child's domain, started ahead of time on this fork's files (``forks``): only the
         device state is loaded. ``stopped_at``: host time the parent stopped; the child's clock is moved
-        on by the time since, in the background (``adjust_clock_later``)."""
+        on by the time since, in the background (``adjust_clock_later``). ``vcpu_nice``: the child's vCPUs start
+        at that priority (its siblings still loading go first; ``Lifecycle.fork`` sets it back)."""
         rec.generation += 1
         rec.domain = self.domain_name(rec.id, rec.generation)
         rec.parked = False
@@ -205,7 +207,7 @@ class Generations:
             with stage("fork.start"):
                 saved_state.start_incoming(self.virt, state, self.image, rec.domain, disk, self.shape, meta)
         with stage("fork.load"):
-            saved_state.load_memory(self.virt, state, rec.domain)
+            saved_state.load_memory(self.virt, state, rec.domain, vcpu_nice)
         resumed = time.time()
         # The parent's screen may show anything (an app over the desktop), so it is not judged: the stream
         # loaded and the guest runs. Identity: an exact copy (forks); the kernel reseeded its RNG on the new

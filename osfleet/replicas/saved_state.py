@@ -250,13 +250,16 @@ def start_incoming(
     virt.start_transient(spec, paused=True)
 
 
-def load_memory(virt: Virt, state: SavedState, name: str) -> None:
-    """Feed the saved memory into a domain made by ``start_incoming`` and let it run."""
+def load_memory(virt: Virt, state: SavedState, name: str, vcpu_nice: int | None = None) -> None:
+    """Feed the saved memory into a domain made by ``start_incoming`` and let it run; its vCPUs at
+    ``vcpu_nice`` when given (set before they run)."""
     if state.memory_mode == "template":
         virt.qmp(name, "migrate-set-capabilities", {"capabilities": IGNORE_SHARED})
     hand_over(virt, name, state.memory, os.O_RDONLY)
     virt.qmp(name, "migrate-incoming", {"uri": f"fd:{FD_NAME}"})
     wait_migration(virt, name)
+    if vcpu_nice is not None:
+        virt.set_vcpu_nice(name, vcpu_nice)
     virt.resume(name)
 
 
