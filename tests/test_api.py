@@ -181,8 +181,9 @@ def test_an_osgym_client_runs_reset_steps_finish(api: tuple[TestClient, ReplicaH
     vm = body["vm_id"]
     shot = client.get("/screenshot", params={"vmId": vm}).json()
     assert shot["vm_id"] == vm and shot["screenshot"]
-    # three waits: the typed command runs in xterm a moment later, longer on a busy TCG host
-    action = "click(200,200)&type(echo osgym > ~/osgym.txt\n)&wait()&wait()&wait()"
+    # a wait after the click (the terminal gets the pointer a moment later on a busy TCG host), and three after
+    # typing: the command runs in xterm a moment later
+    action = "click(200,200)&wait()&type(echo osgym > ~/osgym.txt\n)&wait()&wait()&wait()"
     r = client.post("/step", json={"action": action, "vm_id": vm})
     assert r.status_code == 200 and r.json()["is_finish"] is False and r.json()["reward"] == 0
     r = client.post("/step", json={"action": "click(99999,5)", "vm_id": vm})

@@ -156,3 +156,25 @@ def test_a_machine_without_irq_statistics_types_as_before() -> None:
     pointer = Input(NoStats(), "osfleet-flow-d", (1280, 800))  # type: ignore[arg-type]
     pointer.type_text("Ab")
     assert sent == [4, 2] and not pointer.keyboard.enabled
+
+
+def test_keys_right_after_a_click_wait_for_the_pointer_to_settle() -> None:
+    """The tablet and the keyboard are two devices the guest's X server reads in its own order: the first key
+    after a click goes no sooner than ``POINTER_SETTLE_SECONDS`` after it; later keys do not wait."""
+    sent: list[tuple[float, str]] = []
+
+    class Recorder:
+        def qmp(self, domain: str, command: str, arguments: dict[str, Any] | None = None) -> Any:
+            if command == "human-monitor-command":
+                return "IRQ statistics for ioapic:\n 1: 100000\n"  # a guest that has read everything
+            assert arguments is not None
+            sent.append((time.monotonic(), arguments["events"][0]["type"]))
+            return {}
+
+    pointer = Input(Recorder(), "osfleet-flow-e", (1280, 800))  # type: ignore[arg-type]
+    pointer.click(10, 10)
+    pointer.type_text("ab")
+    last_pointer = max(t for t, kind in sent if kind in ("abs", "btn"))
+    keys = [t for t, kind in sent if kind == "key"]
+    assert keys[0] - last_pointer >= keyboard_flow.POINTER_SETTLE_SECONDS
+    assert keys[1] - keys[0] < keyboard_flow.POINTER_SETTLE_SECONDS

@@ -142,10 +142,13 @@ class Input:
         """Send input events; keys only once the guest's keyboard has room for them (``keyboard_flow``)."""
         nbytes = keyboard_flow.scancode_bytes(events)
         if nbytes:
+            self.keyboard.settle_after_pointer()
             self.keyboard.before(nbytes)
         self.virt.qmp(self.domain, "input-send-event", {"events": events})
         if nbytes:
             self.keyboard.after(nbytes)
+        if any(e["type"] in ("abs", "btn") for e in events):
+            self.keyboard.pointer_sent()
 
     def _abs(self, x: int, y: int) -> list[dict[str, Any]]:
         w, h = self.size

@@ -28,6 +28,11 @@ WINDOW_BYTES = 12  # unread at most; 4 of the 16 are left for the keyboard's own
 POLL_SECONDS = 0.004
 STALL_SECONDS = 5.0
 MAX_DOMAINS = 4096  # domains remembered (one per generation; the oldest are forgotten)
+# Pointer events come through another device (the virtio tablet), and the guest's X server reads its devices in
+# its own order: a key sent right after a click can be handled before the pointer moved, and go to the window
+# that was under it. Keys wait until this long after the last pointer event (a heuristic: the tablet's queue
+# is not visible from here; an agent that looks at the screen between a click and typing never waits).
+POINTER_SETTLE_SECONDS = 0.15
 # Keys whose scancode (set 1, as the i8042 translates for Linux) has an 0xE0 prefix: two bytes a transition.
 EXTENDED = frozenset(
     {"ctrl_r", "alt_r", "meta_l", "meta_r", "menu", "kp_enter", "kp_divide", "insert", "delete", "home", "end"}
@@ -75,6 +80,16 @@ class KeyboardFlow:
         self.read = 0  # as last seen
         self._base: int | None = None
         self.enabled = True
+        self.pointer_at = 0.0  # monotonic time of the last pointer event sent
+
+    def pointer_sent(self) -> None:
+        self.pointer_at = time.monotonic()
+
+    def settle_after_pointer(self) -> None:
+        """Wait out what is left of ``POINTER_SETTLE_SECONDS`` since the last pointer event."""
+        left = self.pointer_at + POINTER_SETTLE_SECONDS - time.monotonic()
+        if left > 0:
+            time.sleep(left)
 
     def _seen(self) -> int | None:
         count = self._read_count()
