@@ -202,6 +202,7 @@ class Input:
             except keyboard_flow.KeyboardStalledError as exc:
                 raise InputError(f"typed {i} of {len(keys)} characters: {exc}") from None
             time.sleep(KEY_GAP_SECONDS)
+        self.keyboard.drain()  # every key sent; returns once the guest has read them (or stopped reading)
 
     def hotkey(self, keys: list[str]) -> None:
         """Press ``keys`` together (e.g. ["ctrl", "s"]) and release them in reverse order."""
