@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -268,3 +270,47 @@ def test_an_output_path_with_a_space_and_a_semicolon_stays_one_path(
     assert (variant, suite, mirror) == ("--variant=minbase", "bookworm", "http://deb.debian.org/debian")
     assert Path(rootfs).parent.parent == out and Path(rootfs).name == "rootfs"
     assert any(c.startswith("umount -l ") and "rm -rf " in c for c in host.commands)
+
+
+def test_an_interrupted_local_command_is_ended_with_everything_it_started(tmp_path: Path) -> None:
+    """Ctrl-C during a local command ends its whole process group before the caller's clean-up runs: a child
+    that keeps writing (as debootstrap's downloads do) cannot recreate what the clean-up removed. The
+    interrupt is raised from a timer thread's signal, at a moment the command is surely running."""
+    marker = tmp_path / "started"
+    tree = tmp_path / "tree"
+    # The writer ignores SIGTERM, like a child that does not stop when asked: only SIGKILL ends it.
+    command = (
+        f"mkdir -p {tree}; (trap '' TERM; while :; do touch {tree}/f.$RANDOM; sleep 0.05; done) & touch {marker}; wait"
+    )
+
+    def interrupt_when_started() -> None:
+        while not marker.exists():
+            threading.Event().wait(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Thread(target=interrupt_when_started, daemon=True)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        Host(Context(), echo=False).run(command)
+    shutil.rmtree(tree)
+    threading.Event().wait(0.5)
+    assert not tree.exists(), "a child of the interrupted command went on writing after the clean-up"
+
+
+def test_a_local_command_past_its_timeout_fails_in_one_line() -> None:
+    with pytest.raises(CommandFailedError, match="did not finish within 1 s"):
+        Host(Context(), echo=False).run("sleep 30", timeout=1)
+
+
+def test_ctrl_c_while_a_local_command_starts_is_handled_once_it_has_started() -> None:
+    """A Ctrl-C that lands while ``Popen`` forks is held until the child's pid is known (then the caller ends
+    it), instead of escaping with the child left running unseen."""
+    from osfleet.imaging import host as host_module
+
+    reached_the_end = False
+    with pytest.raises(KeyboardInterrupt), host_module._signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        threading.Event().wait(0.1)  # the signal is delivered here, and held
+        reached_the_end = True
+    assert reached_the_end
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
