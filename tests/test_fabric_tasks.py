@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -314,3 +315,36 @@ def test_ctrl_c_while_a_local_command_starts_is_handled_once_it_has_started() ->
         reached_the_end = True
     assert reached_the_end
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (this machine's init may not reap orphans)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_what_an_interrupted_remote_build_left_running_is_stopped_before_its_tree_goes(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    """Over SSH an interrupted command keeps running on the host (Fabric has no terminal to send ^C to): the
+    build's clean-up first ends what works in its tree, found by command line or working directory (or root),
+    and leaves every other process alone."""
+    tree = tmp_path / ".tmp-build"
+    (tree / "rootfs").mkdir(parents=True)
+    host = Host(sshd.connection(), echo=False)
+    # In {0}, a shell that ignores SIGTERM with {1} on its command line.
+    spawn = "(cd {} && exec setsid sh -c 'trap \"\" TERM; while :; do sleep 1; done' {}) >/dev/null 2>&1 <&- & echo $!"
+    by_cmdline = int(host.run(spawn.format("/", f"{tree}/rootfs/x")))
+    by_cwd = int(host.run(spawn.format(tree, "")))
+    bystander = int(host.run(spawn.format("/", f"{tmp_path}/elsewhere")))
+    try:
+        threading.Event().wait(0.3)
+        host.stop_strays(str(tree))
+        threading.Event().wait(0.3)
+        assert [running(pid) for pid in (by_cmdline, by_cwd, bystander)] == [False, False, True]
+    finally:
+        for pid in (by_cmdline, by_cwd, bystander):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

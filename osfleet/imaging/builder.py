@@ -108,6 +108,7 @@ def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = 
             host.write_file(f"{work}/manifest.json", json.dumps(manifest, indent=2) + "\n", 0o444)
             host.run(f"mv -f {q(f'{work}/manifest.json')} {q(files.manifest)}")
     finally:
+        host.stop_strays(work)
         host.probe(f"umount -l {q(f'{work}/rootfs/proc')} 2>/dev/null; rm -rf {q(work)}")
     host.say(f"built {files.disk} in {time.monotonic() - started:.0f} s")
     return files

@@ -87,6 +87,24 @@ class Host:
             raise CommandFailedError(f"{self.name}: {command.split()[0]} did not run")
         return result
 
+    def stop_strays(self, tree: str) -> None:
+        """End what a command interrupted over SSH left running in ``tree`` (a build's work tree), before the
+        tree is removed: Fabric does not stop a remote command when we are interrupted (it has no terminal to
+        send ^C to), and a ``debootstrap`` or ``apt-get`` would go on writing into it. Found by command line or
+        by a root or working directory inside the tree (chroot'ed package scripts); SIGTERM, then SIGKILL.
+        Locally each command's whole process group is already ended when interrupted."""
+        if not self.remote:
+            return
+        t = shlex.quote(tree.rstrip("/"))
+        find = (
+            f't={t}; for p in /proc/[0-9]*; do n=${{p#/proc/}}; [ "$n" = $$ ] && continue; '
+            'for l in root cwd; do case "$(readlink "$p/$l" 2>/dev/null)/" in "$t"/*) echo "$n"; break;; esac; done; '
+            'tr "\\0" " " < "$p/cmdline" 2>/dev/null | grep -qF -- "$t/" && echo "$n"; done | sort -u'
+        )
+        self.probe(
+            f'pids=$({find}); [ -z "$pids" ] || {{ kill -TERM $pids; sleep 2; kill -KILL $pids; }} 2>/dev/null; true'
+        )
+
     def require_tools(self, tools: list[str]) -> None:
         for tool in tools:
             if not self.probe(f"command -v {shlex.quote(tool)} >/dev/null"):
