@@ -137,6 +137,10 @@ def test_a_restarted_host_adopts_live_replicas_and_cleans_half_made_ones(
         golden, "osfleet-r-orphan01-g1", host.saved().disk, (golden.disk,), host.accel, host.shape, incoming=True
     )
     host.virt.start_transient(orphan, paused=True)
+    # The live replica as a fork's child is while its siblings load: vCPUs at a low priority (an agent that
+    # died then left them so).
+    host.virt.set_vcpu_nice(host.get(live).domain, 19)
+    assert set(vcpu_nice(host, live)) == {19}
 
     with ReplicaHost(golden, settings, auto_recover=False) as restarted:
         report = restarted.adopt()
@@ -148,6 +152,12 @@ def test_a_restarted_host_adopts_live_replicas_and_cleans_half_made_ones(
         assert restarted.get(live).state == State.READY
         assert shell(restarted, live, "echo adopted").strip() == "adopted"
         assert restarted.virt.names(f"osfleet-{live}-")[0] == host.get(live).domain
+        assert set(vcpu_nice(restarted, live)) == {0}  # back to the priority of every other replica
+
+
+def vcpu_nice(host: ReplicaHost, rid: str) -> list[int]:
+    cpus = host.virt.qmp(host.get(rid).domain, "query-cpus-fast")
+    return [os.getpriority(os.PRIO_PROCESS, int(c["thread-id"])) for c in cpus]
 
 
 def test_warm_pool_hands_out_only_ready_replicas(golden: GoldenImage, settings: Settings, no_leftovers: None) -> None:
