@@ -348,3 +348,12 @@ def test_what_an_interrupted_remote_build_left_running_is_stopped_before_its_tre
         for pid in (by_cmdline, by_cwd, bystander):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_local_command_that_cannot_start_fails_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_shell(*_args: Any, **_kwargs: Any) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(subprocess, "Popen", no_shell)
+    with pytest.raises(CommandFailedError, match="^localhost: cannot run debootstrap: No such file or directory$"):
+        Host(Context(), echo=False).run("debootstrap --variant=minbase bookworm /x")

@@ -204,6 +204,10 @@ def _run_local(command: str, timeout: float | None) -> Result:
         assert proc is not None
         _end_group(proc)
         raise CommandFailedError(f"localhost: {command.split()[0]} did not finish within {timeout:.0f} s") from None
+    except OSError as exc:  # no shell to start it with (an exec that failed), or its pipes broke
+        if proc is not None:
+            _end_group(proc)
+        raise CommandFailedError(f"localhost: cannot run {command.split()[0]}: {exc.strerror or exc}") from None
     except BaseException:
         if proc is not None:
             _end_group(proc)
