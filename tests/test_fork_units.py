@@ -306,6 +306,9 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
         def adjust_clock_later(self, domain: str, seconds: float) -> None:
             events.append(("clock", domain))
 
+        def vcpus_at_normal_priority(self, domain: str) -> None:
+            self.virt.set_vcpu_nice(domain, 0)
+
         def prepare_standby(self, rec: ReplicaRecord) -> None:
             events.append(("spare", rec.id))
 

@@ -200,17 +200,13 @@ def _run_local(command: str, timeout: float | None) -> Result:
                 start_new_session=True,  # its own group: ours to end; a terminal's Ctrl-C reaches us, not it
             )
         stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        assert proc is not None
-        _end_group(proc)
-        raise CommandFailedError(f"localhost: {command.split()[0]} did not finish within {timeout:.0f} s") from None
-    except OSError as exc:  # no shell to start it with (an exec that failed), or its pipes broke
+    except BaseException as exc:  # interrupted, past its timeout, or never started: nothing of it runs on
         if proc is not None:
             _end_group(proc)
-        raise CommandFailedError(f"localhost: cannot run {command.split()[0]}: {exc.strerror or exc}") from None
-    except BaseException:
-        if proc is not None:
-            _end_group(proc)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise CommandFailedError(f"localhost: {command.split()[0]} did not finish within {timeout:.0f} s") from None
+        if isinstance(exc, OSError):  # no shell to start it with (an exec that failed), or its pipes broke
+            raise CommandFailedError(f"localhost: cannot run {command.split()[0]}: {exc.strerror or exc}") from None
         raise
     return Result(stdout=stdout, stderr=stderr, exited=proc.returncode, command=command)
 

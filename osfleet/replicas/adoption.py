@@ -8,7 +8,6 @@ records were listed.
 from __future__ import annotations
 
 import fcntl
-import logging
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +28,6 @@ from osfleet.replicas.records import (
 )
 from osfleet.replicas.registry import Registry
 from osfleet.virt import Virt
-
-log = logging.getLogger(__name__)
 
 ADOPT_LOCK = ".adopt.lock"
 
@@ -90,7 +87,7 @@ def _adopt(registry: Registry, gen: Generations) -> AdoptReport:
             else:
                 registry.save(live)  # names this process as its manager from now on
                 if live.state in RUNNING_STATES:
-                    _vcpus_at_normal_priority(gen, live.domain)
+                    gen.vcpus_at_normal_priority(live.domain)  # a fork's child whose agent died
                 (report.failed if live.state == State.FAILED else report.kept).append(live.id)
     current = registry.domains()
     for name in running - current:
@@ -103,15 +100,6 @@ def _adopt(registry: Registry, gen: Generations) -> AdoptReport:
             if d.is_dir() and d.name.startswith("r-") and d.name not in registry and _unclaimed(registry.store, d.name):
                 shutil.rmtree(d, ignore_errors=True)
     return report
-
-
-def _vcpus_at_normal_priority(gen: Generations, domain: str) -> None:
-    """A fork's children load with their vCPUs at a low priority until every sibling runs; a host agent that
-    died in between left them there, slower than every other replica for the rest of their life."""
-    try:
-        gen.virt.set_vcpu_nice(domain, 0)
-    except OsfleetError as exc:  # a domain that cannot answer QMP now: the monitor sees to it
-        log.warning("%s: its vCPUs could not be set back to normal priority: %s", domain, exc)
 
 
 def _unclaimed(store: RecordStore, replica_id: str) -> bool:

@@ -230,6 +230,15 @@ class Generations:
 
         self._control_pool.submit(work)
 
+    def vcpus_at_normal_priority(self, domain: str) -> None:
+        """Set the domain's vCPUs back to the priority of every other replica, after a fork's child loaded at a
+        low one (``vcpu_nice`` of ``bring_up_from``): by ``Lifecycle.fork`` once every sibling runs, or by
+        adoption when the host agent that forked died in between."""
+        try:
+            self.virt.set_vcpu_nice(domain, 0)
+        except OsfleetError as exc:  # gone meanwhile or not answering QMP: the monitor sees to it
+            log.warning("%s: its vCPUs could not be set back to normal priority: %s", domain, exc)
+
     def desktop_drawn(self, domain: str) -> bool:
         """The replica's screen shows the desktop. On the reset path: QMP ``screendump`` straight into a
         file on tmpfs (about half of libvirt's screenshot stream), judged on every 4th pixel."""

@@ -14,7 +14,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,7 +254,8 @@ class Lifecycle:
                     for i in range(children)
                 ]
                 results = [f.result() for f in futures]
-            self._vcpus_at_normal_priority(r.record.domain for r in results)
+            for r in results:  # every child runs: back to the priority of every other replica
+                self.gen.vcpus_at_normal_priority(r.record.domain)
         except Exception as exc:
             taken = set(made)
             self.forks.release_slots(s for s in slots if s.replica_id not in taken)
@@ -299,14 +300,6 @@ class Lifecycle:
             took = time.monotonic() - start
             self.registry.counters.inc("fork_children")
             return Child(rec.model_copy(deep=True), lease, took, dict(stages.seconds))
-
-    def _vcpus_at_normal_priority(self, domains: Iterable[str]) -> None:
-        """Every child runs: back to the priority of every other replica (``CHILD_LOADING_NICE``)."""
-        for domain in domains:
-            try:
-                self.gen.virt.set_vcpu_nice(domain, 0)
-            except OsfleetError as exc:  # gone meanwhile (retired, crashed): the monitor sees to it
-                log.warning("%s: its vCPUs could not be set back to normal priority: %s", domain, exc)
 
     def collect_forks(self) -> list[str]:
         """Remove saved forks no replica uses any more (a child reset or retired was the last user)."""
