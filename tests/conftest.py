@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from fabric import Connection
 
+from osfleet.cli_support import interrupt_on_signals
 from osfleet.config import NAME_PREFIX, Settings
 from osfleet.errors import ImageNotFoundError
 from osfleet.images import GoldenImage, load
@@ -104,6 +106,13 @@ class Sshd:
 # a person at a terminal, so their commands start with SIGINT handled as Python does by default.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# A run ended with SIGTERM (a CI timeout, ``kill``) or a hang-up would die without tearing fixtures down,
+# leaving their replicas, tmpfs mounts and servers behind; as an interrupt (the CLI's own handling), pytest stops
+# and runs every finalizer first, and a second SIGTERM does not cut that short.
+if threading.current_thread() is threading.main_thread():
+    interrupt_on_signals()
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marker added here counts
