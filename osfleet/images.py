@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +51,14 @@ class GoldenImage:
 
     @property
     def shape(self) -> ReplicaShape:
-        """The replica shape this image asks for: its recipe's ``memory_mib`` (the OSWorld desktop's pre-started
-        applications need more than the default), else osfleet's default."""
-        memory = self.manifest["recipe"].get("memory_mib")
-        return ReplicaShape(memory_mib=int(memory)) if memory else ReplicaShape()
+        """The replica shape this image asks for: its recipe's ``memory_mib`` and ``tb_cache_mib`` (the OSWorld
+        desktop's pre-started applications need more than the default), else osfleet's default."""
+        recipe, default = self.manifest["recipe"], ReplicaShape()
+        return dataclasses.replace(
+            default,
+            memory_mib=int(recipe.get("memory_mib") or default.memory_mib),
+            tb_cache_mib=int(recipe.get("tb_cache_mib") or default.tb_cache_mib),
+        )
 
     @property
     def published(self) -> bool:

@@ -28,6 +28,7 @@ OPTIONAL_SINCE_V3 = (
     "code_server",
     "password",
     "memory_mib",
+    "tb_cache_mib",
 )
 HASH_LENGTH = 16
 
@@ -90,6 +91,11 @@ class Recipe(BaseModel):
     password: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
     # Guest RAM of this image's replicas (MiB); none: osfleet's default shape.
     memory_mib: int | None = Field(None, ge=256, le=16384)
+    # QEMU's translation cache under TCG (MiB, a ceiling: only what is translated is resident); none: osfleet's
+    # default shape (64, sized for hundreds of small desktops). A browser's code overflows 64: opening one
+    # Chromium tab after a restore flushed it 49-54 times and took 91-111 s; with 512, 43-52 s (README,
+    # "OSWorld tasks, offline"; scripts/measure-chrome-tabs).
+    tb_cache_mib: int | None = Field(None, ge=32, le=4096)
 
     @field_validator("packages", "kernel_modules", "initrd_modules")
     @classmethod

@@ -92,3 +92,4 @@ def test_readiness_waits_for_the_prestarted_apps_only_where_the_image_has_them(t
     desktop = GoldenImage(tmp_path / "d.json", {"recipe": load_recipe(builder.DEFAULT_RECIPE).model_dump()})
     assert prestarted_apps(office) == ["chrome", "libreoffice", "code-server"] and prestarted_apps(desktop) == []
     assert office.shape.memory_mib == 1536 and desktop.shape.memory_mib == 512
+    assert office.shape.tb_cache_mib == 512 and desktop.shape.tb_cache_mib == 64  # a browser overflows 64

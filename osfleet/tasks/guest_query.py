@@ -18,8 +18,6 @@ from typing import Any, Protocol
 
 from osfleet.errors import OsfleetError
 
-SLACK_SECONDS = 3.0  # the script stops its own waits this much before the guest command's timeout
-
 
 class GuestShell(Protocol):
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
@@ -39,9 +37,16 @@ def html_parse_js() -> str:
     return resources.files("osfleet.tasks").joinpath("guest/html_parse.js").read_text()
 
 
+def script_deadline(timeout: float) -> float:
+    """When the script stops its own waits: a tenth of ``timeout`` (3-10 s) before the guest command is killed,
+    time for python3 to start and answer in a guest that emulation slows, so a wait that runs out is reported by
+    the script ("Chrome's DevTools port did not answer") rather than as a killed command."""
+    return max(timeout - min(max(3.0, timeout / 10), 10.0), 1.0)
+
+
 def command(op: str, args: dict[str, Any], timeout: float) -> str:
     """The guest command line for ``op``; the script's own deadline leaves room for its answer."""
-    body = {**args, "deadline": max(timeout - SLACK_SECONDS, 1.0)}
+    body = {**args, "deadline": script_deadline(timeout)}
     return f"python3 -c {shlex.quote(script())} {shlex.quote(op)} {shlex.quote(json.dumps(body))}"
 
 

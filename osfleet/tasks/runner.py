@@ -57,7 +57,7 @@ class ReplicaHost(Protocol):
 
 
 CHECK_TIMEOUT_SECONDS = 30.0
-SETUP_BUDGET_SECONDS = 120.0  # all set-up steps of one reset together (Chrome opening a tab: 32-58 s under TCG)
+SETUP_BUDGET_SECONDS = 120.0  # all set-up steps of one reset together (Chrome opening a tab: 43-52 s under TCG)
 EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together
 METRIC_MIN_SECONDS = 10.0  # a metric's wall time, however little of the evaluation's budget is left
 

@@ -91,11 +91,13 @@ class Session:
         self.ws = websocket.create_connection(ws_url, timeout=max(deadline.left(), 1.0), suppress_origin=True)
         self.next_id = 0
 
-    def call(self, method, **params):
+    def call(self, method, within=None, **params):
+        """``within``: a Deadline shorter than the session's for this command (a page's share of the time)."""
         self.next_id += 1
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
-            self.ws.settimeout(max(self.deadline.left(), 0.5))
+            left = self.deadline.left() if within is None else min(self.deadline.left(), within.left())
+            self.ws.settimeout(max(left, 0.5))
             msg = json.loads(self.ws.recv())
             if msg.get("id") == self.next_id:
                 if "error" in msg:
@@ -118,14 +120,23 @@ def _pages(browser):
 
 
 def _page_session(target_id, deadline):
-    for t in _http("/json/list"):
+    """A session on one tab; a browser too busy to list its tabs (a window opening under emulation) is asked
+    again until ``deadline``."""
+    while True:
+        try:
+            listed = _http("/json/list", timeout=min(5.0, max(deadline.left(), 0.5)))
+            break
+        except OSError:
+            if deadline.over():
+                raise
+    for t in listed:
         if t.get("id") == target_id and t.get("webSocketDebuggerUrl"):
             return Session(t["webSocketDebuggerUrl"], deadline)
     raise RuntimeError(f"tab {target_id} is gone")
 
 
-def _evaluate(page, expression):
-    out = page.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+def _evaluate(page, expression, within=None):
+    out = page.call("Runtime.evaluate", within, expression=expression, returnByValue=True, awaitPromise=True)
     if out.get("exceptionDetails"):
         raise RuntimeError(out["exceptionDetails"].get("text", "script error"))
     return out.get("result", {}).get("value")
@@ -135,7 +146,7 @@ def _wait_loaded(page, deadline, settle=0.5):
     """Until the document has loaded (OSWorld waits for the load event / network idle), bounded."""
     while not deadline.over():
         try:
-            if _evaluate(page, "document.readyState") == "complete":
+            if _evaluate(page, "document.readyState", deadline) == "complete":
                 time.sleep(min(settle, deadline.left()))
                 return True
         except Exception:  # noqa: BLE001 (the context is replaced while the page navigates)
@@ -148,23 +159,68 @@ def _per_tab(deadline, share):
     return Deadline(min(deadline.left() / max(share, 1), 30.0))
 
 
+CHROME_NAMES = {"chromium", "chrome", "google-chrome", "google-chrome-stable"}
+LAUNCH_WINDOW_SECONDS = 20.0  # a handed-over command line becomes a window within this (TCG: ~5-10 s)
+
+
+def _chrome_launchers():
+    """Chromium processes on the profile (or ``google-chrome`` wrapper scripts) other than the running browser
+    and its helpers: a ``google-chrome ...`` a set-up step just started, which hands its command line to the
+    browser and exits."""
+    found, profile = [], f"--user-data-dir={PROFILE}"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{pid}/stat") as f:
+                started = int(f.read().rsplit(")", 1)[1].split()[19])
+        except (OSError, ValueError, IndexError):
+            continue
+        wrapper = len(argv) > 1 and os.path.basename(argv[1]) in CHROME_NAMES  # sh running google-chrome
+        browser = bool(argv) and os.path.basename(argv[0]) in CHROME_NAMES and profile in argv
+        if (wrapper or browser) and not any(a.startswith("--type=") for a in argv):
+            found.append((started, int(pid)))
+    return [pid for _, pid in sorted(found)[1:]]  # the oldest is the browser itself
+
+
+def _pages_after_launches(browser, deadline):
+    """The browser's tabs once a launch in flight has landed. OSWorld's tasks run ``google-chrome`` just before
+    ``chrome_open_tabs``, and closing "the tab that was open before" needs that launch's tab to exist: under
+    emulation the launcher takes seconds to hand over, and the window more to appear."""
+    pages, launched = _pages(browser), False
+    while _chrome_launchers() and not deadline.over():
+        launched = True
+        time.sleep(min(0.3, deadline.left()))
+    if launched:
+        window, known = Deadline(min(LAUNCH_WINDOW_SECONDS, deadline.left() / 3)), len(pages)
+        while len(pages) <= known and not window.over():
+            time.sleep(min(0.3, window.left()))
+            pages = _pages(browser)
+    return pages
+
+
 def chrome_open_tabs(args, deadline):
     """OSWorld's chrome_open_tabs: each URL in a new tab of the running browser; after the first, the tab that
     was open before is closed."""
     browser = _browser(deadline)
     try:
-        before = _pages(browser)
+        before = _pages_after_launches(browser, deadline)
         urls = args["urls"]
         for i, url in enumerate(urls):
             target = browser.call("Target.createTarget", url=url)["targetId"]
             try:
-                page = _page_session(target, deadline)
-                _wait_loaded(page, _per_tab(deadline, len(urls) - i))
+                share = _per_tab(deadline, len(urls) - i)
+                page = _page_session(target, share)
+                _wait_loaded(page, share)
                 page.close()
             except Exception:  # noqa: BLE001 (a page that does not load in time is left loading, as OSWorld does)
                 pass
-            if i == 0 and before:
-                browser.call("Target.closeTarget", targetId=before[0]["targetId"])
+            if i == 0:
+                # A launch's window can land after the launcher has gone: once the first tab has loaded (OSWorld
+                # closes its first page then too), a tab that is not ours is the one that was open before.
+                earlier = before or [p for p in _pages(browser) if p["targetId"] != target]
+                if earlier:
+                    browser.call("Target.closeTarget", targetId=earlier[0]["targetId"])
         return len(urls)
     finally:
         browser.close()
@@ -221,11 +277,9 @@ def chrome_tabs(args, deadline):
         for i, t in enumerate(pages):
             title = t.get("title", "")
             try:
-                page = _page_session(t["targetId"], deadline)
-                if not _wait_loaded(page, _per_tab(deadline, len(pages) - i)):
-                    title = "Load timeout"
-                else:
-                    title = _evaluate(page, "document.title")
+                share = _per_tab(deadline, len(pages) - i)
+                page = _page_session(t["targetId"], share)
+                title = _evaluate(page, "document.title") if _wait_loaded(page, share) else "Load timeout"
                 page.close()
             except Exception:  # noqa: BLE001 (as OSWorld: a tab it cannot read is reported, not fatal)
                 title = "Error encountered"
