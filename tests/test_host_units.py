@@ -19,6 +19,7 @@ import pytest
 
 from osfleet.config import Mode, Settings
 from osfleet.errors import DiskFullError, GuestTimeoutError, HostIOError, InternalError, OsfleetError, VirtError
+from osfleet.replicas import leases
 from osfleet.replicas.adoption import adopt
 from osfleet.replicas.errors import LeaseLostError, NoReplicaAvailableError
 from osfleet.replicas.generations import Generations
@@ -78,6 +79,34 @@ def test_a_released_replica_cannot_be_leased_until_its_reset_is_done(tmp_path: P
     releasing.join(WAIT)
     rec, lease = book.lease("b")
     assert rec.id == "r-1" and lease.holder == "b"
+
+
+@pytest.mark.parametrize(("held", "leased"), [(0.5, True), (leases.BUSY_READY_WAIT_SECONDS + 2, False)])
+def test_a_ready_replica_busy_for_a_moment_is_waited_for(tmp_path: Path, held: float, leased: bool) -> None:
+    """CI's lease right after the warm replica came up met its lock held while it was parked and got 503
+    with a replica ready for it: the lease waits a moment for such a replica (never for a reset)."""
+    reg = registry_with(tmp_path, ready_record("r-1"))
+    book = LeaseBook(reg, lambda rec, then: None)
+    holding, t0 = threading.Event(), time.monotonic()
+
+    def park_slowly() -> None:
+        with reg.locked("r-1"):
+            holding.set()
+            time.sleep(held)
+
+    parker = threading.Thread(target=park_slowly)
+    parker.start()
+    assert holding.wait(WAIT)
+    if leased:
+        rec, lease = book.lease("b")
+        assert rec.id == "r-1" and lease.holder == "b" and reg.get("r-1").state == State.LEASED
+    else:
+        with pytest.raises(NoReplicaAvailableError):
+            book.lease("b")
+        assert reg.get("r-1").state == State.READY
+    took = time.monotonic() - t0
+    parker.join(WAIT)
+    assert took < leases.BUSY_READY_WAIT_SECONDS + 1, took
 
 
 def test_release_and_lease_raced_many_times_never_share_a_replica(tmp_path: Path) -> None:

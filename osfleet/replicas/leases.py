@@ -37,6 +37,10 @@ from osfleet.replicas.registry import Registry
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SECONDS = 600.0
+# How long a lease waits for a ready replica that is busy for a moment (being parked after its bring-up or
+# reset, a QMP call or two) when no other is free: a client asking then would otherwise get 503 while the
+# host has a replica for it (a CI run's lease met exactly that right after the warm replica came up).
+BUSY_READY_WAIT_SECONDS = 3.0
 EXPIRED_LEASES_REMEMBERED = 10000
 
 ResetLocked = Callable[[ReplicaRecord, State], object]
@@ -83,34 +87,52 @@ class LeaseBook:
     def lease(
         self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS, owner: str = ""
     ) -> tuple[ReplicaRecord, Lease]:
-        """Hand out a ready replica (never one booting, resetting or being worked on) to ``owner``."""
+        """Hand out a ready replica (never one booting, resetting or being worked on) to ``owner``. A ready
+        replica whose lock is held for a moment (being parked right after its bring-up, its liveness probed)
+        is waited for up to ``BUSY_READY_WAIT_SECONDS`` when no other is free, rather than answered "none"."""
+        busy = []
         for rec in self.registry.all():
             if rec.state != State.READY:
                 continue
             try:
                 with self.registry.locked(rec.id, wait=False) as live:
-                    if live.state != State.READY:
-                        continue
-                    if live.parked and self._unpark_locked is not None:
-                        try:
-                            self._unpark_locked(live)
-                        except Exception as exc:  # the monitor rebuilds it; the next ready replica is tried
-                            self.registry.fail(
-                                live, f"resuming the parked replica failed: {as_osfleet(exc, 'resuming')}"
-                            )
-                            continue
-                    live.lease = _new_lease(holder, seconds, owner)
-                    live.move(State.LEASED)
-                    try:
-                        self.registry.save(live)
-                    except OsfleetError:
-                        live.lease = None
-                        live.move(State.READY)
-                        raise
-                    return live.model_copy(deep=True), live.lease
+                    if (taken := self._take_locked(live, holder, seconds, owner)) is not None:
+                        return taken
+            except ReplicaBusyError:
+                busy.append(rec.id)
+            except ReplicaNotFoundError:
+                continue
+        until = time.monotonic() + BUSY_READY_WAIT_SECONDS
+        for rid in busy:
+            try:
+                with self.registry.locked(rid, timeout=max(until - time.monotonic(), 0.0)) as live:
+                    if (taken := self._take_locked(live, holder, seconds, owner)) is not None:
+                        return taken
             except (ReplicaNotFoundError, ReplicaBusyError):
                 continue
         raise NoReplicaAvailableError("no ready replica to lease; try again shortly")
+
+    def _take_locked(
+        self, live: ReplicaRecord, holder: str, seconds: float, owner: str
+    ) -> tuple[ReplicaRecord, Lease] | None:
+        """Lease ``live`` (its lock held) if it is still ready; None when it is not (or could not resume)."""
+        if live.state != State.READY:
+            return None
+        if live.parked and self._unpark_locked is not None:
+            try:
+                self._unpark_locked(live)
+            except Exception as exc:  # the monitor rebuilds it; the next ready replica is tried
+                self.registry.fail(live, f"resuming the parked replica failed: {as_osfleet(exc, 'resuming')}")
+                return None
+        live.lease = _new_lease(holder, seconds, owner)
+        live.move(State.LEASED)
+        try:
+            self.registry.save(live)
+        except OsfleetError:
+            live.lease = None
+            live.move(State.READY)
+            raise
+        return live.model_copy(deep=True), live.lease
 
     def grant(self, rec: ReplicaRecord, holder: str, seconds: float, owner: str = "") -> Lease:
         """Lease the ready replica ``rec``, whose lock the caller holds, to ``holder``/``owner`` (a fork's

@@ -74,14 +74,14 @@ class Registry:
             return replica_id in self._records
 
     @contextmanager
-    def locked(self, replica_id: str, wait: bool = True) -> Iterator[ReplicaRecord]:
+    def locked(self, replica_id: str, wait: bool = True, timeout: float | None = None) -> Iterator[ReplicaRecord]:
         """The live record under its lock. ``wait=False`` raises ``ReplicaBusyError`` instead of waiting
-        for another thread's operation (a reset) to finish."""
+        for another thread's operation (a reset) to finish; ``timeout`` does after waiting that long."""
         with self._lock:
             lock = self._locks.get(replica_id)
         if lock is None:
             raise ReplicaNotFoundError(f"no replica {replica_id}")
-        if not lock.acquire(blocking=wait):
+        if not (lock.acquire(timeout=timeout) if wait and timeout is not None else lock.acquire(blocking=wait)):
             raise ReplicaBusyError(f"replica {replica_id} is busy")
         try:
             with self._lock:
