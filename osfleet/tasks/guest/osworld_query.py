@@ -129,6 +129,7 @@ def _page_session(target_id, deadline):
         except OSError:
             if deadline.over():
                 raise
+            time.sleep(min(0.3, deadline.left()))  # a refused connection fails at once: no busy loop
     for t in listed:
         if t.get("id") == target_id and t.get("webSocketDebuggerUrl"):
             return Session(t["webSocketDebuggerUrl"], deadline)
