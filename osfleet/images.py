@@ -1,4 +1,11 @@
-"""Golden images on this host: find them by name, hash prefix or path; read their manifests."""
+"""Golden images on this host: find them by name, hash prefix or path; read their manifests.
+
+osfleet writes images into three kinds of folder, and a name is found in any of them: the image store
+(``$OSFLEET_HOME/images``, published), the default build folder (``$OSFLEET_HOME/build``) and the folders of
+other recipes' builds beside it (``$OSFLEET_HOME/build-<recipe name>``, e.g. ``build-office``, where a suite's or
+a benchmark's ``--recipe`` image is built so that it does not become every command's newest image). Only the
+"newest image" default (no name given) is limited to the store and the default build folder, for that reason.
+"""
 
 from __future__ import annotations
 
@@ -79,10 +86,20 @@ def load(manifest_path: Path) -> GoldenImage:
     return image
 
 
-def list_images(settings: Settings) -> list[GoldenImage]:
-    """Published images first, then built-but-unpublished ones; newest first within each."""
+def image_folders(settings: Settings, *, default_only: bool = False) -> list[Path]:
+    """Where osfleet puts golden images, in the order they are preferred: the store, ``build/``, then every
+    ``build-<recipe name>/`` (sorted); ``default_only`` stops after ``build/`` (the newest-image default)."""
+    folders = [settings.image_store, settings.build_dir]
+    if not default_only:
+        folders += sorted(p for p in settings.home.glob("build-*") if p.is_dir())
+    return folders
+
+
+def list_images(settings: Settings, *, default_only: bool = False) -> list[GoldenImage]:
+    """Published images first, then built-but-unpublished ones (``build/``, then the other recipes' build
+    folders); newest first within each folder."""
     found: list[GoldenImage] = []
-    for directory in (settings.image_store, settings.build_dir):
+    for directory in image_folders(settings, default_only=default_only):
         manifests = sorted(directory.glob(f"{GOLDEN_PREFIX}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
         for m in manifests:
             try:
@@ -93,12 +110,13 @@ def list_images(settings: Settings) -> list[GoldenImage]:
 
 
 def find_image(ref: str | None, settings: Settings) -> GoldenImage:
-    """Resolve ``ref`` (a path, ``golden-<hash>``, a hash prefix, or None for the newest image)."""
+    """Resolve ``ref``: a path, ``golden-<hash>`` or a hash prefix (looked up in every folder of
+    ``image_folders``), or None for the newest image of the store and ``build/``."""
     if ref:
         path = Path(ref)
         if path.suffix in (".qcow2", ".json") and (path.exists() or "/" in ref):
             return load(path.with_suffix(".json"))
-    images = list_images(settings)
+    images = list_images(settings, default_only=not ref)
     if not ref:
         if not images:
             raise ImageNotFoundError(

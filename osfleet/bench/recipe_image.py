@@ -1,10 +1,10 @@
 """The golden image of a recipe for a benchmark (``--recipe``): found by the recipe's hash, built if missing.
 
 A recipe's image is named by its hash (recipe values + guest files + builder version), so the image of
-an unchanged recipe is found wherever it was built: the image store, ``$OSFLEET_HOME/build`` or
-``$OSFLEET_HOME/build-<recipe name>``. A missing one is built into ``build-<recipe name>``, beside the
-default build folder rather than in it: benches without ``--image`` take the newest image of
-``build/``, and a second recipe's image there would silently become everyone's default.
+an unchanged recipe is found wherever osfleet builds images (``osfleet.images.image_folders``: the image
+store, ``$OSFLEET_HOME/build``, ``$OSFLEET_HOME/build-<recipe name>``). A missing one is built into
+``build-<recipe name>``, beside the default build folder rather than in it: benches without ``--image`` take the
+newest image of ``build/``, and a second recipe's image there would silently become everyone's default.
 """
 
 from __future__ import annotations
@@ -14,11 +14,7 @@ from pathlib import Path
 
 from osfleet.config import GOLDEN_PREFIX, Settings
 from osfleet.errors import ImageNotFoundError, OsfleetError
-from osfleet.images import GoldenImage, load
-
-
-def folders(settings: Settings, recipe_name: str) -> list[Path]:
-    return [settings.image_store, settings.build_dir, settings.home / f"build-{recipe_name}"]
+from osfleet.images import GoldenImage, image_folders, load
 
 
 def recipe_image(path: Path, settings: Settings, say: Callable[[str], None], build: bool = True) -> GoldenImage:
@@ -31,7 +27,7 @@ def recipe_image(path: Path, settings: Settings, say: Callable[[str], None], bui
     except OSError as exc:
         raise OsfleetError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
     stem = f"{GOLDEN_PREFIX}{image_hash_for(recipe)}"
-    for folder in folders(settings, recipe.name):
+    for folder in image_folders(settings):
         manifest = folder / f"{stem}.json"
         if manifest.exists():
             try:

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from osfleet.config import Settings
 from osfleet.errors import ImageNotFoundError, first_problem
-from osfleet.images import GoldenImage, load
+from osfleet.images import GoldenImage, image_folders, load
 from osfleet.replicas.actions import Action
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.importer import task_files
@@ -68,7 +68,7 @@ def suite_image(name: str, settings: Settings) -> GoldenImage:
     suite_folder(name)
     recipe = DEFAULT_RECIPE.parent / SUITE_RECIPE[name]
     image = f"golden-{image_hash_for(load_recipe(recipe))}"
-    for folder in (settings.image_store, settings.build_dir, settings.home / SUITE_BUILD_DIR):
+    for folder in image_folders(settings):
         if (folder / f"{image}.json").exists():
             return load(folder / f"{image}.json")
     raise ImageNotFoundError(
