@@ -115,13 +115,68 @@ if threading.current_thread() is threading.main_thread():
     interrupt_on_signals()
 
 
+# Fixtures that boot replicas or build an image: a test that asks for one is a ``vm`` test whatever it is marked.
+VM_FIXTURES = frozenset({"golden", "office_image", "replica_hosts"})
+UNIT_CLASH = pytest.StashKey[list[str]]()
+CALL_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marker added here counts
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that boots replicas is ``slow`` (run by ``pytest -m slow`` and by CI) unless it is one of the
-    few marked ``vm_smoke``, which the default run keeps so that it still boots, resets and forks a desktop."""
+    """The tiers (CONTRIBUTING.md, "Tests") derived where the markers allow it: every test that boots replicas is
+    ``slow`` (run by ``pytest -m slow`` and by CI) unless it is one of the few marked ``vm_smoke``, which the
+    default run keeps so that it still boots, resets and forks a desktop; a test marked ``unit`` that is also
+    ``vm`` or ``integration``, or asks for a fixture that boots replicas, is a mistake in its markers and fails."""
     for item in items:
-        if item.get_closest_marker("vm") and not item.get_closest_marker("vm_smoke"):
+        vm = item.get_closest_marker("vm") is not None
+        if vm and not item.get_closest_marker("vm_smoke"):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("unit"):
+            clash = [m for m in ("vm", "integration") if item.get_closest_marker(m)]
+            clash += sorted(VM_FIXTURES & set(getattr(item, "fixturenames", ())))
+            if clash:
+                item.stash[UNIT_CLASH] = clash
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fails a test whose markers clash before its fixtures run (a ``golden`` fixture would build an image)."""
+    clash = item.stash.get(UNIT_CLASH, None)
+    if clash:
+        pytest.fail(f"marked unit but it is also {', '.join(clash)}: a unit test boots nothing", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_FAILED] = report.failed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_vm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A ``unit`` test may not open libvirt on a real hypervisor (so it cannot start a VM): the attempt raises in
+    whatever thread made it, and the test fails at teardown even if that thread swallowed the error. libvirt's
+    ``test:///`` driver stays allowed."""
+    if not request.node.get_closest_marker("unit"):
+        yield
+        return
+    import libvirt
+
+    attempts: list[str] = []
+    real_open = libvirt.open
+
+    def guarded_open(uri: str | None = None) -> Any:
+        if uri and uri.startswith("test:"):
+            return real_open(uri)
+        attempts.append(str(uri))
+        raise RuntimeError(f"a unit test opened libvirt at {uri!r}: mark it vm (or integration), not unit")
+
+    monkeypatch.setattr(libvirt, "open", guarded_open)
+    yield
+    if attempts and not request.node.stash.get(CALL_FAILED, False):  # a failed test already says why
+        pytest.fail(f"marked unit but opened libvirt at {', '.join(attempts)}: mark it vm (or integration)")
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from osfleet.client import (
 from osfleet.client.messages import anthropic_content, for_model, from_anthropic, from_openai, openai_content
 from osfleet.gym import DesktopEnvError, InvalidDesktopAction
 from osfleet.replicas.actions import Action, ActionResult, check_actions
+from osfleet.replicas.errors import LeaseError as ReplicaLeaseError
 from osfleet.replicas.leases import Claim
 from tests.fakes import FakeHost
 from tests.test_fleet import TASK, Agent, free_port
@@ -329,7 +330,7 @@ def test_a_client_killed_mid_episode_leaves_no_lease_past_its_ttl(agent: Agent) 
     # The lease is no longer honoured after its TTL: anyone's step with it is refused, and the host's monitor
     # (on a real host: every 2 s) takes the replica back.
     lease_id = agent.host.get(rid).lease.id  # type: ignore[union-attr]
-    with pytest.raises(Exception, match="expired"):
+    with pytest.raises(ReplicaLeaseError, match="expired"):
         agent.host.check_lease(rid, lease_id)
     assert agent.host.leases.expired_leases() != []
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from osfleet.config import ReplicaShape, Settings
+from osfleet.errors import HostIOError
 from osfleet.replicas import forks, template_memory
 from osfleet.replicas.errors import CapacityError
 from osfleet.replicas.forks import Forks
@@ -33,7 +34,7 @@ def test_an_overlay_is_copied_sparse_and_in_place_into_the_file_waiting_domains_
     inode = waiting.stat().st_ino
     forks._copy_sparse(src, waiting, in_place=True)
     assert waiting.stat().st_ino == inode and waiting.read_bytes() == src.read_bytes()
-    with pytest.raises(Exception, match="copying"):
+    with pytest.raises(HostIOError, match="copying .*File exists"):
         forks._copy_sparse(src, tmp_path / "new.qcow2", in_place=False)  # never overwrites a new fork's file
 
 

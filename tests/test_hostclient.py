@@ -467,6 +467,7 @@ def test_a_refused_connection_is_a_connect_error_that_keeps_its_cause() -> None:
 
 
 # --- the measurement that keeps this client: faster than aiohttp on the same calls ------------------------------
+@pytest.mark.perf
 def test_it_stays_cheaper_than_aiohttp_per_call() -> None:
     """``osfleet bench hostclient``'s method, shortened: if this fails, the reason to maintain our own parser is
     gone (README, "The gateway's HTTP client")."""

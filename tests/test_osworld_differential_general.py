@@ -11,8 +11,8 @@ A case whose reference needs a package this machine lacks (a stand-in is used) c
 metric must then be listed in ``REFERENCE_CANNOT_RUN`` with the reason, and has osfleet unit tests on real
 files in ``tests/test_osworld_metrics_general.py``.
 
-The table ``metric | cases | equal``: ``python -m tests.test_osworld_differential_general`` (or ``pytest -s``
-on this file, whose last test prints it).
+The table ``metric | cases | equal``: ``python -m tests.test_osworld_differential_general`` (a script, not a test:
+a test that only printed what earlier tests left behind asserted nothing and depended on their order).
 """
 
 from __future__ import annotations
@@ -1687,9 +1687,6 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Case]]:
     return by_metric
 
 
-OUTCOMES: dict[str, list[Outcome]] = {}
-
-
 def covered_metrics() -> list[str]:
     return sorted(set(METRICS) - OFFICE)
 
@@ -1698,7 +1695,6 @@ def covered_metrics() -> list[str]:
 def test_osfleet_scores_as_osworld(metric: str, reference: Reference, cases: dict[str, list[Case]]) -> None:
     assert metric in cases, f"no differential cases for {metric}"
     outcomes = [score_both(reference, case) for case in cases[metric]]
-    OUTCOMES[metric] = outcomes
     unequal = [o for o in outcomes if o.theirs is not None and not o.equal]
     assert not unequal, "\n".join(
         f"{o.case.label}: osfleet {o.ours} ({o.reason}) vs OSWorld {o.theirs} {o.theirs_note}" for o in unequal
@@ -1719,14 +1715,6 @@ def table(outcomes: dict[str, list[Outcome]]) -> str:
     ran = [o for o in total if o.theirs is not None]
     lines.append(f"**{len(outcomes)} metrics** | {len(total)} | {sum(o.equal for o in ran)} | {len(total) - len(ran)}")
     return "\n".join(lines)
-
-
-def test_print_the_table() -> None:
-    """The closing note's table (shown with ``pytest -s``)."""
-    if OUTCOMES:
-        print("\n" + table(OUTCOMES))
-        for metric, reason in REFERENCE_CANNOT_RUN.items():
-            print(f"reference not run for {metric}: {reason}")
 
 
 if __name__ == "__main__":
