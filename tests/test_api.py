@@ -213,7 +213,8 @@ def test_a_killed_agent_restarts_and_the_episode_goes_on(
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["replicas"].get("ready"):
+                health = httpx.get(f"http://127.0.0.1:{port}/health", headers=AUTH, timeout=2).json()
+                if health["replicas"].get("ready"):
                     return proc
             except (httpx.HTTPError, ValueError):
                 pass

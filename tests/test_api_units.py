@@ -278,7 +278,7 @@ def test_an_unexpected_error_is_a_503_infrastructure_not_a_500(fake: FakeHost, c
 def test_health_fails_when_a_background_thread_died(fake: FakeHost, client: TestClient) -> None:
     assert client.get("/health").status_code == 200
     fake.alive = False
-    r = client.get("/health")
+    r = client.get("/health", headers=AUTH)
     assert r.status_code == 503 and r.json()["status"] == "failing" and "stopped" in r.json()["problem"]
 
 

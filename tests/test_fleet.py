@@ -183,15 +183,15 @@ def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go
         assert r.json()["error"] != "" and "reward" not in r.json()
         nxt = gw.post("/v1/leases", json={"holder": "t"}, headers=AUTH)
         assert nxt.status_code == 201 and not nxt.json()["replica_id"].startswith(f"{dead}.")
-        health = gw.get("/health").json()
+        health = gw.get("/health", headers=AUTH).json()
         assert health["status"] == "ok" and health["hosts"][dead]["healthy"] is False
         metrics = gw.get("/metrics", headers=AUTH).text
         assert f'osfleet_gateway_drains{{host="{dead}"}} 1.0' in metrics
         agents[dead].start()  # it comes back: the next good poll lets it rejoin
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not gw.get("/health").json()["hosts"][dead]["healthy"]:
+        while time.monotonic() < deadline and not gw.get("/health", headers=AUTH).json()["hosts"][dead]["healthy"]:
             time.sleep(0.2)
-        assert gw.get("/health").json()["hosts"][dead]["healthy"] is True
+        assert gw.get("/health", headers=AUTH).json()["hosts"][dead]["healthy"] is True
 
 
 def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, Agent], tmp_path: Path) -> None:

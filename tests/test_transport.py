@@ -217,7 +217,7 @@ def test_a_host_the_gateway_cannot_verify_is_refused_with_the_reason(
         with Served(create_gateway(GATEWAY_TOKEN, [entry]), None) as gw:
             deadline = time.monotonic() + 15  # drained after two failed polls, 2 s apart
             while True:
-                state = _get(f"{gw.url}/health", {})[1]["hosts"]["h1"]
+                state = _get(f"{gw.url}/health", {"Authorization": f"Bearer {GATEWAY_TOKEN}"})[1]["hosts"]["h1"]
                 if state["healthy"] is False and "TLS" in state["reason"] or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
@@ -258,7 +258,10 @@ def test_fleet_serve_listens_over_https_and_verifies_its_hosts_from_the_command_
             while True:
                 assert proc.poll() is None, log.read_text()[-500:]
                 try:
-                    with urllib.request.urlopen(f"https://127.0.0.1:{port}/health", timeout=3, context=ctx) as r:
+                    ask = urllib.request.Request(
+                        f"https://127.0.0.1:{port}/health", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+                    )
+                    with urllib.request.urlopen(ask, timeout=3, context=ctx) as r:
                         body = json.load(r)
                         break
                 except (OSError, urllib.error.URLError):

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from osfleet import __version__
@@ -69,23 +69,31 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
         responses=documented(401, 413, 422),
     )
 
-    @app.get("/health", tags=["meta"], responses={503: {"model": Health, "description": "a background thread died"}})
-    async def health() -> Response:
-        """Open to anyone: 200 while the agent works, 503 when its monitor or warm pool has died. Answered on
-        the event loop from memory: never waits for a thread, however many steps are under way."""
+    @app.get(
+        "/health",
+        tags=["meta"],
+        response_model=Health,
+        response_model_exclude_none=True,
+        responses={503: {"model": Health, "description": "a background thread died"}},
+    )
+    async def health(request: Request) -> Response:
+        """Up or down, to anyone: 200 while the agent works, 503 when its monitor or warm pool has died, and
+        nothing else without a token (an open port must not tell how busy the host is). A token adds the image
+        and the accelerator; the operator's adds the replicas by state and the problem. Answered on the event
+        loop from memory: never waits for a thread, however many steps are under way."""
         s = state()
-        counts: dict[str, int] = {}
-        for rec in s.host.replicas():
-            counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
         ok = s.host.background_alive()
-        body = Health(
-            status="ok" if ok else "failing",
-            image=s.host.image.name,
-            accelerator=s.host.accel,
-            replicas=counts,
-            problem=None if ok else "the failure monitor or the warm pool has stopped",
-        )
-        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+        body = Health(status="ok" if ok else "failing")
+        who = auth.principal_if_any(request)
+        if who is not None:
+            body.image, body.accelerator = s.host.image.name, s.host.accel
+        if who is not None and who.operator:
+            counts: dict[str, int] = {}
+            for rec in s.host.replicas():
+                counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
+            body.replicas = counts
+            body.problem = None if ok else "the failure monitor or the warm pool has stopped"
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=200 if ok else 503)
 
     async def render_metrics() -> bytes:
         s = state()

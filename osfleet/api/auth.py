@@ -3,7 +3,8 @@
 A caller is a ``Principal``: the **operator** (the server's own token, ``--token-file``: may do everything),
 a **client** (a tenant named in ``--clients-file``: sees and touches only its own replicas, leases and
 episodes), or an **OSGym caller by address** (``--osgym-allow``; OSGym clients send no token), a principal of
-its own named ``ip:<address>``. ``/health`` is open; ``/metrics`` is open to loopback only.
+its own named ``ip:<address>``. ``/health`` is open (up or down; more with a token); ``/metrics`` is open
+to loopback only.
 
 The gateway reaches its hosts with their operator token and names the client it acts for in
 ``X-Osfleet-Client``; a host honours that header only from the operator's token, and the gateway (the edge)
@@ -153,6 +154,14 @@ def authenticate(conn: HTTPConnection) -> Principal | None:
                 raise _unauthorized(f"{ON_BEHALF_OF} must name a client (letters, digits, '.', '_', '-')")
             return Principal(acting_for)
     return who
+
+
+def principal_if_any(conn: HTTPConnection) -> Principal | None:
+    """The caller where a token is optional (``/health``): a missing, wrong or malformed credential is no one."""
+    try:
+        return authenticate(conn)
+    except HTTPException:
+        return None
 
 
 def _unauthorized(detail: str = "missing or wrong bearer token") -> HTTPException:

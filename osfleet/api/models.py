@@ -168,10 +168,13 @@ class StepResponse(BaseModel):
 
 
 class Health(BaseModel):
+    """``/health``: ``status`` to anyone; the rest only to a token holder (``replicas`` and ``problem`` to the
+    operator's token), so an open port tells nobody how busy the host is."""
+
     status: Literal["ok", "failing"]
-    image: str
-    accelerator: str
-    replicas: dict[str, int]
+    image: str | None = None
+    accelerator: str | None = None
+    replicas: dict[str, int] | None = Field(None, description="replicas by state (the operator's token only)")
     problem: str | None = None
 
 

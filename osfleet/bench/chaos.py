@@ -233,7 +233,7 @@ class Sampler:
     def now(self) -> dict[str, Any]:
         sample: dict[str, Any] = {"time": time.time(), "hosts": {}, "replicas": []}
         try:
-            _, health = _get(f"{self.gateway.url}/health", timeout=5)
+            _, health = _get(f"{self.gateway.url}/health", headers=self.gateway.headers, timeout=5)
             sample["hosts"] = {n: h["healthy"] for n, h in (health or {}).get("hosts", {}).items()}
             status, reps = _get(f"{self.gateway.url}/v1/replicas", headers=self.gateway.headers, timeout=10)
             if status == 200:

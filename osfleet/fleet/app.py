@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 
@@ -99,13 +99,14 @@ def create_gateway(
     )
 
     @app.get("/health", tags=["meta"], responses={503: {"description": "no host is healthy"}})
-    async def health() -> Response:
-        """200 while at least one host is healthy; every host's state either way."""
+    async def health(request: Request) -> Response:
+        """200 while at least one host is healthy, else 503; ``status`` only without the operator's token, and
+        with it every host's state and why (host names and addresses are the operator's to know)."""
         pool = gw().pool
-        body = {
-            "status": "ok" if pool.healthy() else "failing",
-            "hosts": {h.name: {"healthy": h.healthy, "reason": h.reason} for h in pool.hosts},
-        }
+        body: dict[str, object] = {"status": "ok" if pool.healthy() else "failing"}
+        who = auth.principal_if_any(request)
+        if who is not None and who.operator:
+            body["hosts"] = {h.name: {"healthy": h.healthy, "reason": h.reason} for h in pool.hosts}
         return JSONResponse(body, status_code=200 if pool.healthy() else 503)
 
     async def render_metrics() -> bytes:
