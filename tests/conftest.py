@@ -256,3 +256,30 @@ def replica_hosts(golden: GoldenImage, settings: Settings, no_leftovers: None) -
             h.down([r.id for r in h.replicas() if r.id not in before])
         finally:
             h.close()
+
+
+@pytest.fixture
+def served() -> Iterator[Callable[..., str]]:
+    """``served(app, **uvicorn_options)``: ``app`` under a real uvicorn on loopback in a thread; returns its
+    ``http://127.0.0.1:PORT`` URL. Every server is stopped after the test."""
+    import uvicorn
+
+    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def serve(app: Any, **options: Any) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", **options))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        running.append((server, thread))
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, _ in running:
+        server.should_exit = True
+    for _, thread in running:
+        thread.join(20)

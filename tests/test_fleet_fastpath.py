@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from osfleet.config import ClientToken
+from osfleet.fleet import fastpath
 from osfleet.fleet.app import create_gateway
 from osfleet.fleet.fastpath import StepFastPath
 from osfleet.fleet.hosts import HostEntry
@@ -103,14 +104,14 @@ def test_a_plain_step_reaches_the_host_as_the_route_would_send_it(
     host: StubHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plain: list[bool] = []
-    original = StepFastPath._plain
+    original = fastpath._plain
 
-    def spy(self: StepFastPath, *args: Any) -> Any:
-        out = original(self, *args)
+    def spy(*args: Any) -> Any:
+        out = original(*args)
         plain.append(out is not None)
         return out
 
-    monkeypatch.setattr(StepFastPath, "_plain", spy)
+    monkeypatch.setattr(fastpath, "_plain", spy)
     answers, sent = [], []
     for fast in (True, False):
         host.received.clear()

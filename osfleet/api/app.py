@@ -4,7 +4,8 @@ State (the replica host and the episodes) is created in the app's lifespan; noth
 Routes live one module per resource in ``osfleet.api.routes`` (leases, replicas, episodes, OSGym's) and are
 joined here with their shared auth and error docs. Handlers that block on libvirt are plain (threaded)
 functions, in a thread pool sized to the host's replicas; what must always answer (``/health``, ``/v1/host``,
-``/metrics``) never waits for that pool. Request bodies over the limit are refused before anything else.
+``/metrics``) never waits for that pool. Request bodies over the limit are refused before anything else, and a
+body is read only once its caller is known (``auth.AuthBeforeBody``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     app = FastAPI(title="osfleet host agent", version=__version__, lifespan=lifespan)
     app.state.config = config
     errors.install(app, on_error=lambda kind: state().metrics.failure(kind) if "state" in holder else None)
-    app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)
+    app.add_middleware(auth.AuthBeforeBody)
+    app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 
     shared = {
         "dependencies": [Depends(auth.require_principal)],

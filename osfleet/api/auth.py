@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, status
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from osfleet.api.errors import Forbidden
 from osfleet.config import AgentConfig, ClientToken
@@ -35,6 +37,11 @@ CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # What the gateway may name on a host: a client, or an OSGym caller it let in by address.
 ACTING_FOR = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}|ip:[0-9A-Za-z.:%-]{1,64})$")
 MIN_TOKEN_CHARS = 16
+# OSGym's endpoints, where an allow-listed address stands in for a token (``require_principal_or_osgym_ip``).
+OSGYM_PATHS = frozenset({"/reset", "/step", "/shutdown", "/screenshot"})
+# What anyone may ask without a token; the dashboard (``/ui``) checks its sessions itself, and reads its small
+# bodies (login 4 KiB) only after that or under their own limit.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,65 @@ async def require_loopback_or_token(request: HTTPConnection) -> None:
     except ValueError:
         pass
     await require_operator(request)
+
+
+class AuthBeforeBody:
+    """ASGI middleware: a request with a body is authenticated from its headers before a byte of the body is
+    read, and refused 401 unread when it would be refused anyway.
+
+    FastAPI reads and parses a route's body before it runs the route's dependencies (where ``require_principal``
+    lives), so without this anyone who reached the port could make the server take in ``--max-body-mib`` (16
+    MiB) per request before being told to authenticate. Inside ``BodyLimit`` (which answers an oversized one
+    first) and in front of everything else, the gateway's step fast path included. The refusal is the route's
+    own (same status, body and ``WWW-Authenticate``); a request without a body goes on, for its route to answer.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _has_body(scope) or _open(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        conn = HTTPConnection(scope)
+        try:
+            known = authenticate(conn) is not None
+            detail = "missing or wrong bearer token"
+        except HTTPException as exc:  # a malformed X-Osfleet-Client: the route's own words
+            known, detail = False, str(exc.detail)
+        if not known and scope["path"] in OSGYM_PATHS:
+            known = client_address(conn) in _config(conn).osgym_allowed_ips
+            detail = "send a bearer token, or call from an address in the OSGym allow-list"
+        if known:
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps({"error": detail, "kind": "unauthorized"}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                    (b"connection", b"close"),  # the body is never read: the connection ends with the answer
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return value.strip() not in (b"", b"0")
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
+def _open(path: str) -> bool:
+    return path in OPEN_PATHS or path == "/ui" or path.startswith("/ui/")
 
 
 Caller = Annotated[Principal, Depends(require_principal)]

@@ -83,6 +83,7 @@ def create_gateway(
     )
     errors.install(app)
     app.add_middleware(StepFastPath, gw=gw)
+    app.add_middleware(auth.AuthBeforeBody)  # no body is read, by the fast path or a route, for a stranger
     app.add_middleware(BodyLimit, limit=lambda: max_body_bytes)  # outermost: in front of the fast path too
     app.include_router(
         routes.native(gw),

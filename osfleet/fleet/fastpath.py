@@ -7,7 +7,9 @@ function behind the route's dependency), the body parses and validates as ``Step
 model, validated the same way as the route does), and the step goes to ``Gateway.step``, the function the route
 calls, whose errors the app's own handler answers. Anything else (no valid token, a body that is not JSON or
 not a valid step) is handed to the documented route with the body it came with, so every refusal is the
-route's own answer. Bodies are bounded before they get here (``BodyLimit``, outermost).
+route's own answer. The caller is known before the body is read: a body from no one is never read here (and
+``auth.AuthBeforeBody``, in front, refuses it 401 unread); bodies are bounded before that (``BodyLimit``,
+outermost).
 """
 
 from __future__ import annotations
@@ -44,12 +46,15 @@ class StepFastPath:
         if match is None:
             await self.app(scope, receive, send)
             return
+        who = _caller(scope)
+        if who is None:  # the route refuses it (a body from a stranger was refused unread by AuthBeforeBody)
+            await self.app(scope, receive, send)
+            return
         body, extra = await _read_body(receive)
-        plain = None if extra else self._plain(scope, body)
-        if plain is None:
+        req = None if extra else _plain(scope, body)
+        if req is None:
             await self.app(scope, _replay(body, extra, receive), send)
             return
-        who, req = plain
         try:
             response = await self.gw().step(match.group(1), req, who)
         except OsfleetError as exc:
@@ -58,22 +63,24 @@ class StepFastPath:
             response = await _error(scope, as_osfleet(exc, f"POST {scope['path']}"))
         await response(scope, receive, send)
 
-    def _plain(self, scope: Scope, body: bytes) -> tuple[Principal, StepRequest] | None:
-        """(the caller, the validated request) when the route would accept them as they are; None otherwise."""
-        request = Request(scope)
-        try:
-            who = auth.authenticate(request)
-        except HTTPException:
-            return None
-        if who is None:
-            return None
-        content_type = request.headers.get("content-type", "")
-        if content_type.split(";", 1)[0].strip().lower() != "application/json":
-            return None
-        try:
-            return who, StepRequest.model_validate(json.loads(body))
-        except (ValueError, RecursionError, ValidationError):  # the route names what is wrong
-            return None
+
+def _caller(scope: Scope) -> Principal | None:
+    """Who the route's dependency would say is calling, from the headers alone (before any body is read)."""
+    try:
+        return auth.authenticate(Request(scope))
+    except HTTPException:
+        return None
+
+
+def _plain(scope: Scope, body: bytes) -> StepRequest | None:
+    """The validated request when the route would accept it as it is; None otherwise (the route says why)."""
+    content_type = Request(scope).headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        return None
+    try:
+        return StepRequest.model_validate(json.loads(body))
+    except (ValueError, RecursionError, ValidationError):  # the route names what is wrong
+        return None
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, list[Message]]:
