@@ -101,6 +101,12 @@ AnyTask = Annotated[
 ]
 
 
+ObservationPart = Literal["accessibility_tree", "terminal", "cursor"]
+INCLUDE_DOC = (
+    "more in the observation: accessibility_tree (OSWorld's AT-SPI tree as XML), terminal (the text of the focused "
+    "terminal, as OSWorld's /terminal), cursor (the mouse pointer drawn into the screenshot, as OSWorld shows it)"
+)
+INCLUDE_PATTERN = r"^((accessibility_tree|terminal|cursor)(,(accessibility_tree|terminal|cursor))*)?$"
 QUALITY_DOC = f"JPEG/WebP quality, 1 (smallest) to 100; default {DEFAULT_QUALITY}; ignored for png"
 FORMAT_DOC = "image format of the observation: png (lossless), or jpeg / webp (several times smaller)"
 
@@ -112,6 +118,7 @@ class ObserveOptions(_Strict):
     observation_quality: Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)] | None = Field(
         None, description=QUALITY_DOC
     )
+    observation_include: list[ObservationPart] = Field(default_factory=list, max_length=3, description=INCLUDE_DOC)
 
 
 class ResetRequest(LeaseBody, ObserveOptions):
@@ -126,6 +133,11 @@ class Observation(BaseModel):
     quality: int | None = Field(None, description="the JPEG/WebP quality it was encoded at; null for png")
     width: int
     height: int
+    accessibility_tree: str | None = Field(None, description="OSWorld's accessibility tree (XML), when included")
+    terminal: str | None = Field(None, description="the focused terminal's text, when included (null: none)")
+    unavailable: dict[str, str] | None = Field(
+        None, description="parts that were asked for but could not be read from the guest, with the reason"
+    )
 
 
 class ResetResponse(BaseModel):

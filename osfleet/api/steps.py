@@ -18,7 +18,7 @@ from osfleet.api.observe import observe
 from osfleet.api.policy import refuse_root_actions
 from osfleet.api.state import AgentState, LeasedHost, LiveEpisode
 from osfleet.errors import OsfleetError
-from osfleet.replicas.actions import Terminate
+from osfleet.replicas.actions import declares_infeasible, ends_episode
 from osfleet.replicas.episodes import AppliedStep
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.input import InputError
@@ -48,7 +48,7 @@ def step(s: AgentState, rid: str, req: StepRequest, who: Principal) -> StepRespo
             s.metrics.replays.inc()
             applied = kept
         if seen is None and req.observe:
-            seen = observe(leased, rid, req.observation_format, req.observation_quality)
+            seen = observe(leased, rid, req.observation_format, req.observation_quality, req.observation_include)
     return StepResponse(
         action_id=req.action_id,
         replayed=kept is not None,
@@ -81,12 +81,11 @@ def _apply(s: AgentState, live: LiveEpisode, leased: LeasedHost, req: StepReques
         raise
     took = time.monotonic() - start
     s.metrics.step.observe(took)
-    last = req.actions[-1]
     applied = AppliedStep(
         action_id=req.action_id,
-        done=any(a.type == "terminate" for a in req.actions),
+        done=any(ends_episode(a) for a in req.actions),
         results=[x.model_dump(mode="json") for x in results],
-        declared_infeasible=isinstance(last, Terminate) and last.status == "failure",
+        declared_infeasible=declares_infeasible(req.actions[-1]),
     )
     with stage("persist"):
         s.store.applied(live.data, applied)
@@ -101,7 +100,11 @@ def _record(
     if s.recorder is None:
         return None
     rid = live.data.replica_id
-    seen = observe(leased, rid, req.observation_format, req.observation_quality) if req.observe else None
+    seen = (
+        observe(leased, rid, req.observation_format, req.observation_quality, req.observation_include)
+        if req.observe
+        else None
+    )
     with stage("record"):
         s.recorder.step(
             rid,

@@ -24,7 +24,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, overload
 
-from osfleet.api.models import ForkResponse, LeaseResponse, Observation, ReplicaView, ResetResponse, StepResponse
+from osfleet.api.models import (
+    ForkResponse,
+    LeaseResponse,
+    Observation,
+    ObservationPart,
+    ReplicaView,
+    ResetResponse,
+    StepResponse,
+)
 from osfleet.client.errors import FleetError, InvalidRequestError, LeaseError, NotFoundError
 from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Transport, Verify
 from osfleet.client.types import (
@@ -92,12 +100,14 @@ class AsyncSession:
         observe: bool = True,
         format: ImageFormat | None = None,
         quality: int | None = None,
+        include: Sequence[ObservationPart] = (),
         timeout: float | None = None,
     ) -> ResetResult:
-        """Back to the image's initial state, then the task's set-up (``task=None``: no task)."""
+        """Back to the image's initial state, then the task's set-up (``task=None``: no task). ``include``: OSWorld's
+        observation parts with the screen (``accessibility_tree``, ``terminal``, ``cursor``)."""
         self._live()
         body: dict[str, Any] = {"lease_id": self.lease_id, "observe": observe, **task_body(task)}
-        body |= self.fleet._observe_options(format, quality)
+        body |= self.fleet._observe_options(format, quality, include)
         data = await self.fleet._t.call(
             "POST", f"{self._path}/reset", body, retry="idempotent", timeout=timeout, what=f"reset {self.replica_id}"
         )
@@ -113,17 +123,20 @@ class AsyncSession:
         observe: bool = True,
         format: ImageFormat | None = None,
         quality: int | None = None,
+        include: Sequence[ObservationPart] = (),
         metadata: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> StepResult:
-        """Apply a batch of actions once: retried with the same ``action_id`` on connection failures and 503s."""
+        """Apply a batch of actions once: retried with the same ``action_id`` on connection failures and 503s.
+        Actions are osfleet's, or OSWorld's (``{"type": "pyautogui", "command": CODE}``, ``{"type": "computer_13",
+        "action": {...}}``); ``include`` as for ``reset``."""
         self._live()
         body: dict[str, Any] = {
             "lease_id": self.lease_id,
             "action_id": action_id or uuid.uuid4().hex,
             "actions": [a.model_dump(mode="json") for a in actions_of(actions)],
             "observe": observe,
-            **self.fleet._observe_options(format, quality),
+            **self.fleet._observe_options(format, quality, include),
         }
         if metadata is not None:
             body["metadata"] = metadata
@@ -138,13 +151,21 @@ class AsyncSession:
         )
 
     async def observe(
-        self, *, format: ImageFormat | None = None, quality: int | None = None, timeout: float | None = None
+        self,
+        *,
+        format: ImageFormat | None = None,
+        quality: int | None = None,
+        include: Sequence[ObservationPart] = (),
+        timeout: float | None = None,
     ) -> Screen:
+        """The screen now; ``include`` adds OSWorld's parts (``accessibility_tree``, ``terminal``, ``cursor``)."""
         self._live()
         opts = self.fleet._observe_options(format, quality)
         params: dict[str, Any] = {"lease_id": self.lease_id, "format": opts["observation_format"]}
         if "observation_quality" in opts:
             params["quality"] = opts["observation_quality"]
+        if include:
+            params["include"] = ",".join(include)
         data = await self.fleet._t.call(
             "GET",
             f"{self._path}/observation",
@@ -303,11 +324,15 @@ class AsyncFleet:
     def __repr__(self) -> str:
         return f"<AsyncFleet {self.url}>"
 
-    def _observe_options(self, fmt: ImageFormat | None, quality: int | None) -> dict[str, Any]:
+    def _observe_options(
+        self, fmt: ImageFormat | None, quality: int | None, include: Sequence[ObservationPart] = ()
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {"observation_format": fmt or self.observation_format}
         q = quality if quality is not None else self.observation_quality
         if q is not None and out["observation_format"] != "png":
             out["observation_quality"] = q
+        if include:
+            out["observation_include"] = list(include)
         return out
 
     async def _lease(self, holder: str, ttl: float | None, wait: float) -> AsyncSession:

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from osfleet.api.models import ReplicaView
+from osfleet.api.models import ObservationPart, ReplicaView
 from osfleet.client.fleet import DEFAULT_LEASE_WAIT, AsyncFleet, AsyncGroup, AsyncSession
 from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Verify
 from osfleet.client.types import ActionLike, ResetResult, Screen, StepResult, TaskLike
@@ -75,9 +75,15 @@ class Session:
         return self._loop.run(self.inner.step(actions, **options))
 
     def observe(
-        self, *, format: ImageFormat | None = None, quality: int | None = None, timeout: float | None = None
+        self,
+        *,
+        format: ImageFormat | None = None,
+        quality: int | None = None,
+        include: Sequence[ObservationPart] = (),
+        timeout: float | None = None,
     ) -> Screen:
-        return self._loop.run(self.inner.observe(format=format, quality=quality, timeout=timeout))
+        """The screen now; ``include`` adds OSWorld's parts (``accessibility_tree``, ``terminal``, ``cursor``)."""
+        return self._loop.run(self.inner.observe(format=format, quality=quality, include=include, timeout=timeout))
 
     def evaluate(self, *, timeout: float | None = None) -> Evaluation:
         return self._loop.run(self.inner.evaluate(timeout=timeout))

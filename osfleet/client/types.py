@@ -43,12 +43,27 @@ class Screen:
     width: int
     height: int
     quality: int | None = None
+    accessibility_tree: str | None = None
+    """OSWorld's accessibility tree (XML) when the observation asked for it (``include``)."""
+    terminal: str | None = None
+    """The focused terminal's text when the observation asked for it (``include``)."""
+    unavailable: dict[str, str] | None = None
+    """Parts asked for that the guest could not give, with the reason."""
 
     @classmethod
     def of(cls, obs: Observation | None) -> Screen | None:
         if obs is None or obs.screenshot is None:
             return None
-        return cls(base64.b64decode(obs.screenshot), obs.format, obs.width, obs.height, obs.quality)
+        return cls(
+            base64.b64decode(obs.screenshot),
+            obs.format,
+            obs.width,
+            obs.height,
+            obs.quality,
+            obs.accessibility_tree,
+            obs.terminal,
+            obs.unavailable,
+        )
 
     def image(self) -> Image.Image:
         from PIL import Image

@@ -16,6 +16,8 @@ from osfleet.api.contract import BoundaryRoute
 from osfleet.api.contract import errors as documented
 from osfleet.api.models import (
     FORMAT_DOC,
+    INCLUDE_DOC,
+    INCLUDE_PATTERN,
     QUALITY_DOC,
     ForkRequest,
     ForkResponse,
@@ -137,11 +139,17 @@ def native(gw: Callable[[], Gateway]) -> APIRouter:
         lease_id: str = Query(min_length=1, max_length=400),
         format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
         quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
+        include: Annotated[
+            str, Query(max_length=100, pattern=INCLUDE_PATTERN, description=INCLUDE_DOC + "; comma-separated")
+        ] = "",
     ) -> Response:
+        """The screen now; ``include=accessibility_tree,terminal,cursor`` adds OSWorld's observation parts."""
         host, local = ids.split(rid)
         params: dict[str, Any] = {"lease_id": lease_on(host, lease_id), "format": format}
         if quality is not None:
             params["quality"] = quality
+        if include:
+            params["include"] = include
         path = f"/v1/replicas/{local}/observation"
         return passthrough(await gw().call("quick", gw().pool.get(host), "GET", path, who, params=params))
 

@@ -12,7 +12,9 @@ rollouts that branch from one desktop.
 
 from __future__ import annotations
 
+import string
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, SupportsFloat
 
@@ -20,12 +22,15 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from osfleet.api.models import ObservationPart
 from osfleet.client import Fleet, FleetError, InfrastructureError, InvalidActionError, Session
 from osfleet.client.types import Screen, TaskLike
-from osfleet.gym.spaces import action_space, instruction_space, native_actions, screen_space, to_action
+from osfleet.gym.spaces import ACTION_SPACES, ActionSpaceName, actions_in, instruction_space, screen_space, space_for
 from osfleet.screen import ImageFormat
 
 ObservationKind = Literal["screen", "dict"]
+MAX_DESKTOP_TEXT = 16 * 2**20  # an accessibility tree of a big window
+DESKTOP_TEXT_CHARS = frozenset(string.printable)
 
 
 class DesktopEnvError(gymnasium.error.Error):
@@ -81,6 +86,8 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
         quality: int | None = None,
         *,
         token_file: str | Path | None = None,
+        action_space: ActionSpaceName = "osfleet",
+        include: Sequence[ObservationPart] = (),
         holder: str = "gymnasium",
         lease_seconds: float | None = None,
         lease_wait: float = 600.0,
@@ -94,6 +101,12 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
             raise DesktopEnvError(f"observation must be 'screen' or 'dict', not {observation!r}")
         if render_mode not in (None, "rgb_array"):
             raise DesktopEnvError(f"render_mode must be None or 'rgb_array', not {render_mode!r}")
+        if action_space not in ACTION_SPACES:
+            raise DesktopEnvError(f"action_space must be one of {', '.join(ACTION_SPACES)}, not {action_space!r}")
+        if include and observation != "dict":
+            raise DesktopEnvError("include= needs observation='dict' (its parts are keys of the observation)")
+        self.action_space_name: ActionSpaceName = action_space
+        self._include = tuple(include)
         self.task, self.max_steps, self.observation_kind = task, max_steps, observation
         self.render_mode = render_mode
         self._format, self._quality = format, quality
@@ -122,12 +135,17 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
         if _session is not None:
             self._instruction = _session.instruction or ""
             self._steps = _session.steps
-        self.action_space = action_space(self.width, self.height)
+        self.action_space = space_for(action_space, self.width, self.height)
         self.observation_space: spaces.Space[Any] = screen_space(self.width, self.height)
         if observation == "dict":
-            self.observation_space = spaces.Dict(
-                {"screen": screen_space(self.width, self.height), "instruction": instruction_space()}
-            )
+            parts: dict[str, spaces.Space[Any]] = {
+                "screen": screen_space(self.width, self.height),
+                "instruction": instruction_space(),
+            }
+            for part in ("accessibility_tree", "terminal"):
+                if part in self._include:
+                    parts[part] = spaces.Text(MAX_DESKTOP_TEXT, min_length=0, charset=DESKTOP_TEXT_CHARS)
+            self.observation_space = spaces.Dict(parts)
 
     # --- the Gymnasium API ---------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -138,7 +156,7 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
         if options and "task" in options:
             self.task = options["task"]
         try:
-            r = self._session.reset(self.task)
+            r = self._session.reset(self.task, include=self._include)
         except FleetError as exc:
             raise _translate(exc) from None
         self._instruction = r.instruction or ""
@@ -151,18 +169,19 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
         }
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        """One action (a sample of ``action_space``, or native osfleet action dicts). The reward is 0 until the
-        episode ends, then the verifier's reward."""
+        """One action: a sample of ``action_space``; in the ``pyautogui`` space a code string (or ``WAIT``, ``DONE``,
+        ``FAIL``), in ``computer_13`` OSWorld's action dict; native osfleet action dicts in any space. The reward is
+        0 until the episode ends (``DONE``, ``FAIL``, ``terminate`` or ``max_steps``), then the verifier's."""
         self._check_open()
         if self._done:
             raise gymnasium.error.ResetNeeded("the episode is over: call reset()")
-        actions = native_actions(action)
+        actions = actions_in(self.action_space_name, action, self.action_space)
         if actions is None:
-            if not self.action_space.contains(action):
-                raise InvalidDesktopAction(f"action {action!r} is not in the action space")
-            actions = [to_action(action)]
+            raise InvalidDesktopAction(
+                f"action {str(action)[:200]!r} is not in the action space ({self.action_space_name})"
+            )
         try:
-            r = self._session.step(actions)
+            r = self._session.step(actions, include=self._include)
         except FleetError as exc:
             raise _translate(exc) from None
         self._steps += 1
@@ -219,6 +238,8 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
                     format=self._format,
                     quality=self._quality,
                     render_mode=self.render_mode,
+                    action_space=self.action_space_name,
+                    include=self._include,
                     _shared=self._shared,
                     _session=child,
                 )
@@ -247,7 +268,17 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
 
     def _observation(self, screen: Screen) -> Any:
         self._last = screen.array()
-        return self._package(self._last, self._instruction)
+        seen = self._package(self._last, self._instruction)
+        if isinstance(seen, dict):
+            for part in self._include:
+                if part in ("accessibility_tree", "terminal"):
+                    text = getattr(screen, part) or ""
+                    space = self.observation_space[part]  # type: ignore[index]
+                    if not set(text) <= set(space.character_set):  # widened, as for the instruction
+                        chars = "".join(sorted(set(space.character_set) | set(text)))
+                        self.observation_space[part] = spaces.Text(MAX_DESKTOP_TEXT, min_length=0, charset=chars)  # type: ignore[index]
+                    seen[part] = text
+        return seen
 
     def _package(self, array: np.ndarray, instruction: str) -> Any:
         if self.observation_kind == "screen":

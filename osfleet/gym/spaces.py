@@ -1,4 +1,9 @@
-"""Gymnasium spaces for a desktop: the screen as an image, osfleet's GUI actions as a ``Dict`` space.
+"""Gymnasium spaces for a desktop: the screen as an image, and one of three action spaces.
+
+``osfleet`` (the default): osfleet's GUI actions. ``pyautogui``: OSWorld's, a string of Python code using
+``pyautogui`` (or ``WAIT``, ``DONE``, ``FAIL``), run in the guest as OSWorld runs it. ``computer_13``: OSWorld's 16
+structured actions, sampled from a flat ``Dict`` like osfleet's, or given as OSWorld's own dicts
+(``{"action_type": "CLICK", "parameters": {...}}``).
 
 The action space is one flat ``Dict`` (an action ``type`` plus every parameter any type takes), because every
 RL library can sample, batch and flatten a ``Dict`` of simple spaces, while a union of differently shaped
@@ -10,10 +15,12 @@ as native osfleet action dicts to ``step``.
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from gymnasium import spaces
+
+from osfleet.replicas.input import PYAUTOGUI_KEYS
 
 ACTION_TYPES = ("click", "double_click", "right_click", "move", "drag", "scroll", "type", "hotkey", "wait", "terminate")
 BUTTONS = ("left", "right", "middle")
@@ -84,4 +91,89 @@ def native_actions(action: Any) -> list[dict[str, Any]] | None:
         return [action]
     if isinstance(action, list) and action and all(isinstance(a, dict) for a in action):
         return list(action)
+    return None
+
+
+# --- OSWorld's action spaces ---------------------------------------------------------------------------------------
+ActionSpaceName = Literal["osfleet", "pyautogui", "computer_13"]
+ACTION_SPACES: tuple[ActionSpaceName, ...] = ("osfleet", "pyautogui", "computer_13")
+MAX_CODE = 100000
+CODE_CHARS = string.printable
+C13_TYPES = (
+    "MOVE_TO", "CLICK", "MOUSE_DOWN", "MOUSE_UP", "RIGHT_CLICK", "DOUBLE_CLICK", "DRAG_TO", "SCROLL", "TYPING",
+    "PRESS", "KEY_DOWN", "KEY_UP", "HOTKEY", "WAIT", "FAIL", "DONE",
+)  # fmt: skip
+C13_KEYS = tuple(sorted(PYAUTOGUI_KEYS)) + tuple(c for c in TYPEABLE if c not in PYAUTOGUI_KEYS)
+
+
+def pyautogui_space() -> spaces.Text:
+    """OSWorld's ``pyautogui`` space: code (printable ASCII; ``step`` also takes any other string)."""
+    return spaces.Text(MAX_CODE, min_length=1, charset=CODE_CHARS)
+
+
+def computer13_space(width: int, height: int) -> spaces.Dict:
+    """OSWorld's ``computer_13`` space as one flat ``Dict`` (``to_computer13`` picks what the type uses)."""
+    return spaces.Dict(
+        {
+            "action_type": spaces.Discrete(len(C13_TYPES)),
+            "x": spaces.Discrete(width),
+            "y": spaces.Discrete(height),
+            "button": spaces.Discrete(len(BUTTONS)),
+            "num_clicks": spaces.Discrete(3, start=1),
+            "dx": spaces.Discrete(2 * SCROLL_CLICKS + 1, start=-SCROLL_CLICKS),
+            "dy": spaces.Discrete(2 * SCROLL_CLICKS + 1, start=-SCROLL_CLICKS),
+            "text": spaces.Text(MAX_TEXT, min_length=1, charset=TYPEABLE),
+            "key": spaces.Discrete(len(C13_KEYS)),
+            "hotkey": spaces.Discrete(len(HOTKEYS)),
+        }
+    )
+
+
+def to_computer13(sample: Any) -> dict[str, Any]:
+    """The ``computer_13`` action (OSWorld's dict) that a sample of ``computer13_space`` stands for."""
+    kind = C13_TYPES[int(sample["action_type"])]
+    x, y, button = int(sample["x"]), int(sample["y"]), BUTTONS[int(sample["button"])]
+    params: dict[str, Any] = {}
+    if kind in ("MOVE_TO", "DRAG_TO", "RIGHT_CLICK", "DOUBLE_CLICK"):
+        params = {"x": x, "y": y}
+    elif kind == "CLICK":
+        params = {"x": x, "y": y, "button": button, "num_clicks": int(sample["num_clicks"])}
+    elif kind in ("MOUSE_DOWN", "MOUSE_UP"):
+        params = {"button": button}
+    elif kind == "SCROLL":
+        params = {"dx": int(sample["dx"]), "dy": int(sample["dy"])}
+    elif kind == "TYPING":
+        params = {"text": str(sample["text"])}
+    elif kind in ("PRESS", "KEY_DOWN", "KEY_UP"):
+        params = {"key": C13_KEYS[int(sample["key"])]}
+    elif kind == "HOTKEY":
+        params = {"keys": list(HOTKEYS[int(sample["hotkey"])])}
+    return {"action_type": kind, "parameters": params}
+
+
+def space_for(name: ActionSpaceName, width: int, height: int) -> spaces.Space[Any]:
+    if name == "pyautogui":
+        return pyautogui_space()
+    if name == "computer_13":
+        return computer13_space(width, height)
+    return action_space(width, height)
+
+
+def actions_in(name: ActionSpaceName, action: Any, space: spaces.Space[Any]) -> list[dict[str, Any]] | None:
+    """``action`` as osfleet actions for the ``name`` space: a sample of ``space``, OSWorld's own forms (a code
+    string for ``pyautogui``, a ``{"action_type", "parameters"}`` dict or ``"WAIT"``/``"DONE"``/``"FAIL"`` for
+    ``computer_13``), or native osfleet action dicts in any space; None when it is none of these."""
+    native = native_actions(action)
+    if native is not None:
+        return native
+    if name == "pyautogui" and isinstance(action, str) and action.strip():
+        return [{"type": "pyautogui", "command": action}]
+    if name == "computer_13":
+        if isinstance(action, str) or (isinstance(action, dict) and isinstance(action.get("action_type"), str)):
+            return [{"type": "computer_13", "action": action}]
+        if space.contains(action):
+            return [{"type": "computer_13", "action": to_computer13(action)}]
+        return None
+    if name == "osfleet" and space.contains(action):
+        return [to_action(action)]
     return None

@@ -30,7 +30,9 @@ from osfleet.screen import ImageFormat
 class DesktopAction(Action):
     """A batch of osfleet actions, applied once, in order (the host agent's ``step`` schema)."""
 
-    actions: list[dict[str, Any]] = Field(min_length=1, max_length=100, description="osfleet actions")
+    actions: list[dict[str, Any]] = Field(
+        min_length=1, max_length=100, description="osfleet actions, OSWorld's pyautogui and computer_13 ones too"
+    )
 
 
 class DesktopObservation(Observation):

@@ -13,12 +13,14 @@ import math
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetError
+from osfleet.replicas import pyautogui_code
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
+from osfleet.replicas.pyautogui_code import CodeFailedError
 from osfleet.virt import GuestAgentUnavailableError, Virt
-from osfleet.wire import JsonInt
+from osfleet.wire import JsonInt, integral
 
 MAX_READ_BYTES = 8 * 2**20
 READ_FILE_SECONDS = 60.0  # one guest file read, whatever the guest agent does
@@ -119,6 +121,199 @@ class ReadFile(_Action):
     max_bytes: JsonInt = Field(1 << 20, gt=0, le=MAX_READ_BYTES)
 
 
+PYAUTOGUI_SPECIAL = ("WAIT", "DONE", "FAIL")  # OSWorld's step strings that are not code
+OSWORLD_WAIT_SECONDS = 1.0  # what WAIT waits, here as in osfleet's OSGym action strings
+
+
+class PyAutoGUI(_Action):
+    """OSWorld's ``pyautogui`` action space: Python run in the guest as OSWorld runs it (``pyautogui`` and ``time``
+    imported, ``FAILSAFE`` off), as the desktop user on its display; or ``WAIT``, ``DONE``, ``FAIL`` (the agent
+    declares the task infeasible; the episode ends)."""
+
+    type: Literal["pyautogui"]
+    command: str = Field(min_length=1, max_length=100000, description="Python code, or WAIT, DONE or FAIL")
+    timeout: float = Field(60.0, gt=0, le=600, description="seconds the code may run (cut to the step's budget)")
+
+
+class _C13(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+Coordinate = Annotated[float, Field(ge=0, le=100000, description="screen pixels from the left or top edge")]
+MouseButton = Literal["left", "right", "middle"]
+KeyName = Annotated[str, Field(min_length=1, max_length=40, description="a pyautogui key name or one character")]
+
+
+class C13Position(_C13):
+    """Where to act: both ``x`` and ``y``, or neither (where the pointer is)."""
+
+    x: Coordinate | None = None
+    y: Coordinate | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> C13Position:
+        if (self.x is None) != (self.y is None):
+            raise ValueError("give both x and y, or neither (where the pointer is)")
+        return self
+
+
+class C13Point(_C13):
+    x: Coordinate
+    y: Coordinate
+
+
+class C13ClickParams(C13Position):
+    button: MouseButton = "left"
+    num_clicks: Annotated[int, Field(ge=1, le=3), BeforeValidator(integral)] = 1
+
+
+class C13ButtonParams(_C13):
+    button: MouseButton = "left"
+
+
+class C13ScrollParams(_C13):
+    dx: Annotated[int, Field(ge=-50, le=50), BeforeValidator(integral)] = 0
+    dy: Annotated[int, Field(ge=-50, le=50), BeforeValidator(integral)] = 0
+
+
+class C13TextParams(_C13):
+    text: str = Field(max_length=10000)
+
+
+class C13KeyParams(_C13):
+    key: KeyName
+
+
+class C13KeysParams(_C13):
+    keys: list[KeyName] = Field(min_length=1, max_length=8)
+
+
+class C13NoParams(_C13):
+    pass
+
+
+def _flat_parameters(value: Any) -> Any:
+    """OSWorld's own forms too: ``"WAIT"`` for ``{"action_type": "WAIT"}``, and parameters beside
+    ``action_type`` when there is no ``parameters`` key (OSWorld's controller takes both)."""
+    if isinstance(value, str) and value in PYAUTOGUI_SPECIAL:
+        return {"action_type": value}
+    if isinstance(value, dict) and "parameters" not in value and len(value) > 1:
+        rest = {k: v for k, v in value.items() if k != "action_type"}
+        return {"action_type": value.get("action_type"), "parameters": rest}
+    return value
+
+
+class C13MoveTo(_C13):
+    action_type: Literal["MOVE_TO"]
+    parameters: C13Point
+
+
+class C13Click(_C13):
+    action_type: Literal["CLICK"]
+    parameters: C13ClickParams = Field(default_factory=C13ClickParams)
+
+
+class C13MouseDown(_C13):
+    action_type: Literal["MOUSE_DOWN"]
+    parameters: C13ButtonParams = Field(default_factory=C13ButtonParams)
+
+
+class C13MouseUp(_C13):
+    action_type: Literal["MOUSE_UP"]
+    parameters: C13ButtonParams = Field(default_factory=C13ButtonParams)
+
+
+class C13RightClick(_C13):
+    action_type: Literal["RIGHT_CLICK"]
+    parameters: C13Position = Field(default_factory=C13Position)
+
+
+class C13DoubleClick(_C13):
+    action_type: Literal["DOUBLE_CLICK"]
+    parameters: C13Position = Field(default_factory=C13Position)
+
+
+class C13DragTo(_C13):
+    action_type: Literal["DRAG_TO"]
+    parameters: C13Point
+
+
+class C13Scroll(_C13):
+    action_type: Literal["SCROLL"]
+    parameters: C13ScrollParams
+
+
+class C13Typing(_C13):
+    action_type: Literal["TYPING"]
+    parameters: C13TextParams
+
+
+class C13Press(_C13):
+    action_type: Literal["PRESS"]
+    parameters: C13KeyParams
+
+
+class C13KeyDown(_C13):
+    action_type: Literal["KEY_DOWN"]
+    parameters: C13KeyParams
+
+
+class C13KeyUp(_C13):
+    action_type: Literal["KEY_UP"]
+    parameters: C13KeyParams
+
+
+class C13Hotkey(_C13):
+    action_type: Literal["HOTKEY"]
+    parameters: C13KeysParams
+
+
+class C13Wait(_C13):
+    action_type: Literal["WAIT"]
+    parameters: C13NoParams = Field(default_factory=C13NoParams)
+
+
+class C13Fail(_C13):
+    action_type: Literal["FAIL"]
+    parameters: C13NoParams = Field(default_factory=C13NoParams)
+
+
+class C13Done(_C13):
+    action_type: Literal["DONE"]
+    parameters: C13NoParams = Field(default_factory=C13NoParams)
+
+
+Computer13Action = Annotated[
+    C13MoveTo
+    | C13Click
+    | C13MouseDown
+    | C13MouseUp
+    | C13RightClick
+    | C13DoubleClick
+    | C13DragTo
+    | C13Scroll
+    | C13Typing
+    | C13Press
+    | C13KeyDown
+    | C13KeyUp
+    | C13Hotkey
+    | C13Wait
+    | C13Fail
+    | C13Done,
+    Field(discriminator="action_type"),
+    BeforeValidator(_flat_parameters),
+]
+
+
+class Computer13(_Action):
+    """OSWorld's ``computer_13`` action space: one of its 16 actions (MOVE_TO, CLICK, MOUSE_DOWN, MOUSE_UP,
+    RIGHT_CLICK, DOUBLE_CLICK, DRAG_TO, SCROLL, TYPING, PRESS, KEY_DOWN, KEY_UP, HOTKEY, WAIT, FAIL, DONE), sent
+    as QEMU input events like osfleet's own. Without ``x``/``y`` a click happens where the pointer is."""
+
+    type: Literal["computer_13"]
+    action: Computer13Action
+
+
 Action = Annotated[
     Click
     | DoubleClick
@@ -132,7 +327,9 @@ Action = Annotated[
     | Shell
     | CliCommand
     | Terminate
-    | ReadFile,
+    | ReadFile
+    | PyAutoGUI
+    | Computer13,
     Field(discriminator="type"),
 ]
 ACTIONS: TypeAdapter[list[Action]] = TypeAdapter(list[Action])
@@ -166,6 +363,29 @@ def check_actions(actions: list[Action], size: tuple[int, int]) -> None:
         if isinstance(a, Hotkey):
             for k in a.keys:
                 qcode(k)
+        if isinstance(a, Computer13):
+            from osfleet.replicas import computer13  # it builds on this module's models
+
+            computer13.check(a.action, size)
+
+
+def ends_episode(action: Action) -> bool:
+    """The agent says the episode is over: ``terminate``, or OSWorld's ``DONE`` / ``FAIL`` (either space)."""
+    if isinstance(action, PyAutoGUI):
+        return action.command.strip() in ("DONE", "FAIL")
+    if isinstance(action, Computer13):
+        return isinstance(action.action, C13Done | C13Fail)
+    return isinstance(action, Terminate)
+
+
+def declares_infeasible(action: Action) -> bool:
+    """The agent declares the task infeasible (scored as OSWorld scores it when it is the step's last action):
+    ``terminate`` with ``failure``, or OSWorld's ``FAIL``."""
+    if isinstance(action, PyAutoGUI):
+        return action.command.strip() == "FAIL"
+    if isinstance(action, Computer13):
+        return isinstance(action.action, C13Fail)
+    return isinstance(action, Terminate) and action.status == "failure"
 
 
 def run_actions(
@@ -190,6 +410,9 @@ def run_actions(
         try:
             extra = _run_one(virt, domain, pointer, _within(action, left), left)
             results.append(ActionResult(type=action.type, ok=True, seconds=time.monotonic() - start, **extra))
+        except CodeFailedError as exc:  # the agent's code ran and failed: its error, and what it printed
+            took = time.monotonic() - start
+            results.append(ActionResult(type=action.type, ok=False, seconds=took, error=str(exc), **exc.output))
         except OsfleetError as exc:
             results.append(ActionResult(type=action.type, ok=False, seconds=time.monotonic() - start, error=str(exc)))
     return results
@@ -199,7 +422,7 @@ def _within(action: Action, left: float) -> Action:
     """The action with its wait or guest-command timeout cut to ``left`` seconds."""
     if isinstance(action, Wait) and action.seconds > left:
         return action.model_copy(update={"seconds": left})
-    if isinstance(action, Shell | CliCommand) and action.timeout > left:
+    if isinstance(action, Shell | CliCommand | PyAutoGUI) and action.timeout > left:
         return action.model_copy(update={"timeout": max(left, 0.1)})
     return action
 
@@ -233,6 +456,16 @@ def _run_one(virt: Virt, domain: str, pointer: Input, action: Action, left: floa
         case ReadFile(path=path, max_bytes=max_bytes):
             data = read_file(virt, domain, path, max_bytes, timeout=left)
             return {"content_base64": base64.b64encode(data).decode()}
+        case PyAutoGUI(command=command, timeout=timeout):
+            special = command.strip()
+            if special == "WAIT":
+                time.sleep(max(0.0, min(OSWORLD_WAIT_SECONDS, left)))
+            elif special not in PYAUTOGUI_SPECIAL:
+                return pyautogui_code.run(lambda cmd, t: shell(virt, domain, cmd, t), command, timeout)
+        case Computer13():
+            from osfleet.replicas import computer13  # it builds on this module's models
+
+            computer13.apply(pointer, action.action, left)
     return {}
 
 

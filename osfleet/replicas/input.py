@@ -93,6 +93,68 @@ KEY_NAMES = {
     **{k: v for k, v in _PLAIN.items() if k.strip()},
 }
 BUTTONS = {"left": "left", "right": "right", "middle": "middle"}
+# pyautogui's key names (OSWorld's computer_13 ``KEYBOARD_KEYS``) that name a key of the guest's PC keyboard, as
+# QEMU qcodes; single characters go through ``key_for_char``. Names with no such key (accept, clear, execute,
+# final, fn, junja, kanji, modechange, select) are refused by name.
+PYAUTOGUI_KEYS = {
+    **KEY_NAMES,
+    "altleft": "alt",
+    "altright": "alt_r",
+    "option": "alt",
+    "optionleft": "alt",
+    "optionright": "alt_r",
+    "ctrlleft": "ctrl",
+    "ctrlright": "ctrl_r",
+    "shiftleft": "shift",
+    "shiftright": "shift_r",
+    "winleft": "meta_l",
+    "winright": "meta_r",
+    "command": "meta_l",
+    "apps": "compose",
+    "numlock": "num_lock",
+    "scrolllock": "scroll_lock",
+    "pause": "pause",
+    "print": "print",
+    "printscreen": "print",
+    "prntscrn": "print",
+    "prtsc": "print",
+    "prtscr": "print",
+    "add": "kp_add",
+    "subtract": "kp_subtract",
+    "multiply": "kp_multiply",
+    "divide": "kp_divide",
+    "decimal": "kp_decimal",
+    "separator": "kp_comma",
+    **{f"num{i}": f"kp_{i}" for i in range(10)},
+    **{f"f{i}": f"f{i}" for i in range(13, 25)},
+    "volumeup": "volumeup",
+    "volumedown": "volumedown",
+    "volumemute": "audiomute",
+    "playpause": "audioplay",
+    "nexttrack": "audionext",
+    "prevtrack": "audioprev",
+    "stop": "audiostop",
+    "browserback": "ac_back",
+    "browserforward": "ac_forward",
+    "browserrefresh": "ac_refresh",
+    "browserhome": "ac_home",
+    "browsersearch": "ac_search",
+    "browserstop": "ac_stop",
+    "browserfavorites": "ac_bookmarks",
+    "launchmail": "mail",
+    "launchmediaselect": "mediaselect",
+    "launchapp1": "computer",
+    "launchapp2": "calculator",
+    "help": "help",
+    "sleep": "sleep",
+    "yen": "yen",
+    "convert": "henkan",
+    "nonconvert": "muhenkan",
+    "kana": "katakanahiragana",
+    "hangul": "lang1",
+    "hanguel": "lang1",
+    "hanja": "lang2",
+}
 
 
 class InputError(OsfleetError):
@@ -117,6 +179,17 @@ def qcode(name: str) -> str:
     if key is None:
         raise InputError(f"unknown key {name!r}")
     return key
+
+
+def pyautogui_key(name: str) -> tuple[str, bool]:
+    """(qcode, needs shift) for one of pyautogui's key names, or a single character as pyautogui presses it
+    (``"A"`` is shift+a, ``"!"`` shift+1, ``"\\n"`` enter)."""
+    if len(name) == 1:
+        return key_for_char(name)
+    key = PYAUTOGUI_KEYS.get(name.lower())
+    if key is None:
+        raise InputError(f"unknown key {name!r}: not a key of the guest's keyboard")
+    return key, False
 
 
 def _key(code: str, down: bool) -> dict[str, Any]:
@@ -172,6 +245,69 @@ class Input:
             self._send([_btn(BUTTONS[button], True)])
             self._send([_btn(BUTTONS[button], False)])
 
+    def button(self, button: str, down: bool) -> None:
+        """Press or release a mouse button where the pointer is (OSWorld's MOUSE_DOWN / MOUSE_UP)."""
+        if button not in BUTTONS:
+            raise InputError(f"unknown mouse button {button!r} (left, right, middle)")
+        self._send([_btn(BUTTONS[button], down)])
+
+    def click_here(self, button: str = "left", count: int = 1) -> None:
+        """Click where the pointer is, without moving it."""
+        for i in range(count):
+            if i:
+                time.sleep(CLICK_GAP_SECONDS)
+            self.button(button, True)
+            self.button(button, False)
+
+    def drag_to(self, x: int, y: int) -> None:
+        """Press the left button where the pointer is, move to (x, y), release (pyautogui's ``dragTo``)."""
+        self._abs(x, y)  # validate before pressing
+        self._send([_btn("left", True)])
+        try:
+            time.sleep(CLICK_GAP_SECONDS)
+            self.move(x, y)
+            time.sleep(CLICK_GAP_SECONDS)
+        finally:  # a failed move must not leave the guest's button held down for the next action
+            self._send([_btn("left", False)])
+
+    def wheel(self, clicks: int, horizontal: bool = False) -> None:
+        """Turn the wheel where the pointer is: positive ``clicks`` scroll down (or right), negative up (or left)."""
+        if horizontal:
+            button = "wheel-right" if clicks > 0 else "wheel-left"
+        else:
+            button = "wheel-down" if clicks > 0 else "wheel-up"
+        for _ in range(abs(clicks)):
+            self._send([_btn(button, True)])
+            self._send([_btn(button, False)])
+
+    def key(self, name: str, down: bool) -> None:
+        """Press (``down``) or release one key by pyautogui's name. A character that needs shift is pressed
+        with shift held only around the key, as pyautogui's ``keyDown`` does on X."""
+        code, shift = pyautogui_key(name)
+        events = [_key(code, down)]
+        if shift and down:
+            events = [_key("shift", True), *events, _key("shift", False)]
+        self._send(events)
+
+    def press(self, names: list[str]) -> None:
+        """Press and release each key by pyautogui's name, in turn (``pyautogui.press``)."""
+        for name in names:
+            code, shift = pyautogui_key(name)
+            events = [_key(code, True), _key(code, False)]
+            if shift:
+                events = [_key("shift", True), *events, _key("shift", False)]
+            self._send(events)
+            time.sleep(KEY_GAP_SECONDS)
+        self.keyboard.drain()
+
+    def key_combo(self, names: list[str]) -> None:
+        """Press keys by pyautogui's names together and release them in reverse order (``pyautogui.hotkey``)."""
+        if not names:
+            raise InputError("a hotkey needs at least one key")
+        codes = [pyautogui_key(n)[0] for n in names]
+        self._send([_key(c, True) for c in codes])
+        self._send([_key(c, False) for c in reversed(codes)])
+
     def drag(self, x1: int, y1: int, x2: int, y2: int, steps: int = 8) -> None:
         self.move(x1, y1)
         self._abs(x2, y2)  # validate before pressing
@@ -186,10 +322,7 @@ class Input:
     def scroll(self, x: int, y: int, clicks: int) -> None:
         """Positive ``clicks`` scroll down, negative up."""
         self.move(x, y)
-        button = "wheel-down" if clicks > 0 else "wheel-up"
-        for _ in range(abs(clicks)):
-            self._send([_btn(button, True)])
-            self._send([_btn(button, False)])
+        self.wheel(clicks)
 
     def type_text(self, text: str) -> None:
         keys = [key_for_char(ch) for ch in text]  # refuse the whole text before typing any of it

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
@@ -20,12 +20,15 @@ from osfleet.api.contract import errors as documented
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.models import (
     FORMAT_DOC,
+    INCLUDE_DOC,
+    INCLUDE_PATTERN,
     QUALITY_DOC,
     ForkChild,
     ForkRequest,
     ForkResponse,
     LeaseBody,
     Observation,
+    ObservationPart,
     ResetRequest,
     ResetResponse,
     StepRequest,
@@ -85,7 +88,11 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
             took = time.monotonic() - start
             s.metrics.reset.observe(took)
             s.set_task(live, task, leased.claim.generation or 0)
-            seen = observe(leased, rid, req.observation_format, req.observation_quality) if req.observe else None
+            seen = (
+                observe(leased, rid, req.observation_format, req.observation_quality, req.observation_include)
+                if req.observe
+                else None
+            )
             with stage("record"):
                 recorded.begin(s, leased, live, seen)
         _timed(response, stages)
@@ -106,11 +113,16 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
         lease_id: str = Query(min_length=1, max_length=200),
         format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
         quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
+        include: Annotated[
+            str, Query(max_length=100, pattern=INCLUDE_PATTERN, description=INCLUDE_DOC + "; comma-separated")
+        ] = "",
     ) -> Observation:
+        """The screen now; ``include=accessibility_tree,terminal,cursor`` adds OSWorld's observation parts."""
         s = state()
         live = s.episode(rid, lease_id, who)
+        parts = cast(list[ObservationPart], [p for p in include.split(",") if p])
         with collecting() as stages:
-            seen = observe(live.on(s.host, who), rid, format, quality)
+            seen = observe(live.on(s.host, who), rid, format, quality, parts)
         _timed(response, stages)
         return seen
 
