@@ -22,6 +22,7 @@ from osfleet.replicas.input import InputError, pyautogui_key
 from osfleet.replicas.pyautogui_code import PRELUDE, command_line, fix_less_than
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
 TOKEN = "test-token-osworld-spaces"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
