@@ -7,26 +7,102 @@ way it is stopped.
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import click
 
 from osfleet import __version__, logs
-from osfleet.api.cli import host
-from osfleet.bench.cli import bench
-from osfleet.chaos.cli import chaos
 from osfleet.cli_support import interrupt_on_signals
-from osfleet.fleet.cli import fleet
-from osfleet.imaging.cli import accel_cmd, disk, image
-from osfleet.lab.cli import lab
-from osfleet.lab.infra_cli import infra
-from osfleet.openenv.cli import openenv
-from osfleet.plan import plan_cmd
-from osfleet.recording.cli import trajectories
-from osfleet.replicas.cli import replicas
-from osfleet.report.cli import report_cmd
-from osfleet.tasks.cli import tasks
+
+# Each command, imported only when it is used: a client-only install (``pip install osfleet``) has the client's
+# packages alone, so a host's commands must not be imported to run ``osfleet mcp serve`` or print the help.
+COMMANDS = {
+    "image": "osfleet.imaging.cli:image",
+    "disk": "osfleet.imaging.cli:disk",
+    "accel": "osfleet.imaging.cli:accel_cmd",
+    "bench": "osfleet.bench.cli:bench",
+    "replicas": "osfleet.replicas.cli:replicas",
+    "host": "osfleet.api.cli:host",
+    "fleet": "osfleet.fleet.cli:fleet",
+    "tasks": "osfleet.tasks.cli:tasks",
+    "report": "osfleet.report.cli:report_cmd",
+    "lab": "osfleet.lab.cli:lab",
+    "infra": "osfleet.lab.infra_cli:infra",
+    "chaos": "osfleet.chaos.cli:chaos",
+    "plan": "osfleet.plan:plan_cmd",
+    "trajectories": "osfleet.recording.cli:trajectories",
+    "openenv": "osfleet.openenv.cli:openenv",
+}
+# Which extra brings a package a command imports (everything else comes with the "host" extra).
+EXTRA_OF = {
+    "mcp": "mcp",
+    "gymnasium": "client",
+    "numpy": "client",
+    "openenv": "sdk",
+    "pulumi": "infra",
+    "pulumi_aws": "infra",
+    "pulumi_kubernetes": "infra",
+    "locust": "loadtest",
+    "matplotlib": "reports",
+    "pyarrow": "parquet",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """The root group: commands are listed from ``COMMANDS`` and imported when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = COMMANDS.get(cmd_name)
+        if spec is None:  # one added with cli.add_command
+            return super().get_command(ctx, cmd_name)
+        module, attribute = spec.split(":")
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").split(".")[0]
+            if not missing or missing == "osfleet":
+                raise
+            return _not_installed(cmd_name, missing)
+        command = getattr(loaded, attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def invoke(self, ctx: click.Context) -> object:
+        """A command that imports a package this install lacks (most import what they need when they run) ends
+        in one line naming the extra that brings it."""
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").split(".")[0]
+            if not missing or missing == "osfleet":
+                raise
+            click.echo(f"osfleet: error: {_needs(missing)}", err=True)
+            sys.exit(1)
+
+
+def _needs(package: str) -> str:
+    extra = EXTRA_OF.get(package, "host")
+    return f"needs the '{extra}' extra (no module {package}): pip install 'osfleet[{extra}]'"
+
+
+def _not_installed(name: str, package: str) -> click.Command:
+    """A stand-in for a command whose packages this install lacks: it says which extra brings them."""
+    why = _needs(package)
+
+    @click.command(name, help=f"(not installed: {why})", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def stand_in(args: tuple[str, ...]) -> None:
+        click.echo(f"osfleet: error: {why}", err=True)
+        sys.exit(1)
+
+    return stand_in
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="osfleet")
 @click.option(
     "--log-level",
@@ -40,26 +116,6 @@ from osfleet.tasks.cli import tasks
 def cli(log_level: str) -> None:
     """osfleet: fleets of copy-on-write desktop VM replicas for computer-use agents."""
     logs.configure(log_level)
-
-
-for command in (
-    image,
-    disk,
-    accel_cmd,
-    bench,
-    replicas,
-    host,
-    fleet,
-    tasks,
-    report_cmd,
-    lab,
-    infra,
-    chaos,
-    plan_cmd,
-    trajectories,
-    openenv,
-):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from osfleet.errors import ConfigError
+from osfleet.protocol.models import Mode
 
 DEFAULT_HOME = Path("/var/lib/osfleet")
 DEFAULT_LIBVIRT_URI = "qemu:///system"
@@ -27,9 +28,8 @@ Tenancy = Literal["single", "multi"]
 ``multi``, host settings that share pages between replicas' private memory (KSM) stay off."""
 TENANCIES: tuple[Tenancy, ...] = get_args(Tenancy)
 
-Mode = Literal["cold", "snapshot"]
-"""How a replica is brought up and reset: a cold boot, or a restore of the image's saved running state."""
-MODES: tuple[Mode, ...] = get_args(Mode)
+# How a replica is brought up and reset (a cold boot, or a restore of the image's saved running state): part of
+# the contract (a client may ask for one when scaling up).
 
 
 @dataclass(frozen=True)

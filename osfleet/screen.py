@@ -4,15 +4,12 @@ for clients."""
 from __future__ import annotations
 
 import io
-from typing import Literal
 
 from PIL import Image
 
+from osfleet.protocol.models import DEFAULT_QUALITY, ImageFormat
 from osfleet.timing import stage
 
-ImageFormat = Literal["png", "jpeg", "webp"]
-FORMATS: tuple[ImageFormat, ...] = ("png", "jpeg", "webp")
-DEFAULT_QUALITY = 85  # JPEG and WebP when the client names none (what OSGym's screenshots have always used)
 PNG_LEVEL = 1  # zlib's fastest: a desktop compresses nearly as well as at 6, in a fraction of the time
 WEBP_METHOD = 0  # libwebp's fastest effort: ~20 ms for 1280x800 here instead of ~200 ms at its default (4)
 

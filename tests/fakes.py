@@ -19,9 +19,10 @@ from typing import Any
 
 from PIL import Image
 
-from osfleet.config import Mode, Settings
+from osfleet.config import Settings
 from osfleet.errors import OsfleetError
-from osfleet.replicas.actions import Action, ActionResult
+from osfleet.protocol.actions import Action, ActionResult
+from osfleet.protocol.models import ImageFormat, Mode
 from osfleet.replicas.adoption import AdoptReport
 from osfleet.replicas.errors import CapacityError, LeaseError, ReplicaBusyError
 from osfleet.replicas.forks import ForkInfo
@@ -29,7 +30,7 @@ from osfleet.replicas.leases import Claim, LeaseBook
 from osfleet.replicas.lifecycle import Child, Forked, Timed
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
-from osfleet.screen import ImageFormat, encode
+from osfleet.screen import encode
 
 
 @dataclass

@@ -36,7 +36,8 @@ from osfleet.client import (
 )
 from osfleet.client.messages import anthropic_content, for_model, from_anthropic, from_openai, openai_content
 from osfleet.gym import DesktopEnvError, InvalidDesktopAction
-from osfleet.replicas.actions import Action, ActionResult, check_actions
+from osfleet.protocol.actions import Action, ActionResult
+from osfleet.replicas.actions import check_actions
 from osfleet.replicas.errors import LeaseError as ReplicaLeaseError
 from osfleet.replicas.leases import Claim
 from tests.fakes import FakeHost

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
 from osfleet.config import AgentConfig
+from osfleet.protocol.actions import ActionResult
 from osfleet.replicas import episodes
-from osfleet.replicas.actions import ActionResult
 from osfleet.replicas.episodes import AppliedStep, Episode, EpisodeStore
 from tests.fakes import FakeHost
 

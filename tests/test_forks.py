@@ -10,7 +10,7 @@ import pytest
 from PIL import Image, ImageChops
 
 from osfleet.config import Settings
-from osfleet.replicas.actions import ACTIONS
+from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.errors import LeaseError
 from osfleet.replicas.forks import SCREEN
 from osfleet.replicas.manager import ReplicaHost

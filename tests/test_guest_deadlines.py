@@ -171,7 +171,7 @@ def test_an_evaluation_on_a_stuck_guest_agent_is_an_infrastructure_error_within_
 def test_a_result_file_over_the_cap_scores_zero_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(actions, "MAX_READ_BYTES", 2**20)
+    monkeypatch.setattr("osfleet.tasks.runner.MAX_READ_BYTES", 2**20)
     monkeypatch.setattr("osfleet.tasks.getters.MAX_READ_BYTES", 2**20)
     host = AgentHost(FakeAgent("ok", b"PK" + b"\0" * 2**20))
     evaluation = runner.evaluate(host, "r-1", xlsx_task())  # type: ignore[arg-type]

@@ -17,8 +17,9 @@ from typing import Any
 import libvirt
 import pytest
 
-from osfleet.config import Mode, Settings
+from osfleet.config import Settings
 from osfleet.errors import DiskFullError, GuestTimeoutError, HostIOError, InternalError, OsfleetError, VirtError
+from osfleet.protocol.models import Mode
 from osfleet.replicas import leases
 from osfleet.replicas.adoption import adopt
 from osfleet.replicas.errors import LeaseLostError, NoReplicaAvailableError

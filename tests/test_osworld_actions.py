@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from osfleet.api.app import create_app
 from osfleet.config import AgentConfig
 from osfleet.gym.spaces import actions_in, computer13_space, pyautogui_space, space_for, to_computer13
+from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas import actions as acts
-from osfleet.replicas.actions import ACTIONS, declares_infeasible, ends_episode, run_actions
+from osfleet.replicas.actions import declares_infeasible, ends_episode, run_actions
 from osfleet.replicas.input import InputError, pyautogui_key
 from osfleet.replicas.pyautogui_code import PRELUDE, command_line, fix_less_than
 from tests.fakes import FakeHost

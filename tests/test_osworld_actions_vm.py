@@ -20,7 +20,7 @@ from osfleet.api.observe import observe
 from osfleet.api.state import LeasedHost
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
-from osfleet.replicas.actions import ACTIONS
+from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.leases import Claim
 from osfleet.replicas.manager import ReplicaHost
 

@@ -19,7 +19,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from osfleet.errors import GuestFileTooLargeError
-from osfleet.replicas.actions import Action, ActionResult
+from osfleet.protocol.actions import Action, ActionResult
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.importer import import_folder

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import libvirt
 import pytest
 
-from osfleet.replicas.actions import ACTIONS
+from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import State
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from osfleet.domain_xml import QEMU_NS, DiskSpec, DomainSpec
 from osfleet.errors import OsfleetError
-from osfleet.replicas.actions import ACTIONS
+from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.replicas.records import InvalidTransitionError, Lease, RecordStore, ReplicaRecord, State
 

@@ -17,7 +17,7 @@ from PIL import ImageChops
 
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
-from osfleet.replicas.actions import ACTIONS
+from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.manager import NoReplicaAvailableError, ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec

@@ -26,8 +26,9 @@ from osfleet.api.models import StepRequest
 from osfleet.bench import step as bench_step
 from osfleet.config import AgentConfig
 from osfleet.errors import VirtError
+from osfleet.protocol.models import DEFAULT_QUALITY
 from osfleet.replicas.capture import ScreenCapture
-from osfleet.screen import DEFAULT_QUALITY, encode
+from osfleet.screen import encode
 from osfleet.timing import Stages, collecting, parse_server_timing, stage
 from tests.conftest import free_port
 from tests.fakes import FakeHost

@@ -11,7 +11,7 @@ from PIL import Image
 
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
-from osfleet.replicas.actions import Click
+from osfleet.protocol.actions import Click
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.timing import collecting
 

@@ -97,11 +97,12 @@ def test_an_installed_wheel_works_without_the_checkout(tmp_path: Path) -> None:
     )
     (wheel,) = (tmp_path / "dist").glob("osfleet-*.whl")
 
-    # A fresh virtualenv with only the wheel's own dependencies (plus the reports extra for matplotlib).
+    # A fresh virtualenv with only the wheel's own dependencies (plus the host and reports extras).
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
     python = str(venv / "bin" / "python")
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", f"{wheel}[reports]"], tmp_path, env, 600)
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q"]
+    _run([*pip, f"{wheel}[host,reports]"], tmp_path, env, 600)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -14,15 +14,15 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from osfleet import __version__
 from osfleet.api import auth, errors
-from osfleet.api.contract import add_metrics_route
-from osfleet.api.contract import errors as documented
+from osfleet.api.contract import Routes, add_metrics_route
 from osfleet.api.limits import BodyLimit, size_thread_pool
 from osfleet.api.models import Health
+from osfleet.api.operations import OPERATIONS
 from osfleet.api.routes import episodes, leases, osgym, replicas
 from osfleet.api.state import AgentState
 from osfleet.config import AgentConfig
@@ -57,19 +57,10 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     app.add_middleware(auth.AuthBeforeBody)
     app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 
-    shared = {
-        "dependencies": [Depends(auth.require_principal)],
-        "tags": ["replicas"],
-        "responses": documented(401, 413, 422),
-    }
-    for resource in (leases, replicas, episodes):
-        app.include_router(resource.router(state), prefix="/v1", **shared)  # type: ignore[arg-type]
-    app.include_router(
-        osgym.router(state),
-        dependencies=[Depends(auth.require_principal_or_osgym_ip)],
-        tags=["osgym"],
-        responses=documented(401, 413, 422),
-    )
+    routes = Routes(OPERATIONS)
+    for resource in (leases, replicas, episodes, osgym):
+        resource.mount(routes, state)
+    app.include_router(routes.complete())
 
     @app.get(
         "/health",

@@ -12,7 +12,8 @@ import click
 
 from osfleet.cli_support import api_token, serve, tenant_options
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import MODES, Mode, Settings
+from osfleet.config import Settings
+from osfleet.protocol.models import MODES, Mode
 from osfleet.tls import Listener, listener_options
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,47 +1,32 @@
-"""What every operation can answer besides success, in one place, so the published OpenAPI is the truth.
+"""How an operation of the table (``osfleet.api.operations``) becomes a route, the same way on the host agent and
+the gateway, so the published OpenAPI is the truth on both.
 
-Each route lists its error statuses with ``errors(...)``; the bodies are ``ErrorBody`` everywhere (the
-handlers in errors.py make them). ``BoundaryRoute`` is the last line of defence: an exception that is not
+``Routes`` mounts a server's handler for each operation with everything the table says (path, method, status,
+answer model, error statuses and their ``ErrorBody``, who may call it, its description) and checks the handler
+against it: its path parameters, its body or query model and its caller must be the operation's, and nothing
+else may be declared, so a handler cannot publish a parameter the table does not have. ``complete()`` refuses
+a server that leaves an operation out. ``BoundaryRoute`` is the last line of defence: an exception that is not
 one of osfleet's own becomes an ``InternalError`` (503, kind infrastructure) instead of a bare 500.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from osfleet.api import auth
+from osfleet.api.operations import Auth, Operation
 from osfleet.errors import OsfleetError, as_osfleet
-
-
-class ErrorBody(BaseModel):
-    """Every error: one readable line, and a kind a client can branch on."""
-
-    error: str = Field(description="what went wrong, in one line")
-    kind: str = Field(
-        description="unauthorized | forbidden | not_found | too_large | lease | busy | conflict | invalid_request | "
-        "invalid_action | invalid_task | capacity | infrastructure"
-    )
-    detail: list[dict[str, Any]] | None = Field(None, description="for invalid_request: every problem found")
-
+from osfleet.protocol.errors import WHY, ErrorBody
 
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}}
-WHY = {
-    401: "missing or wrong bearer token",
-    403: "the operator's token is needed: scale-up, /v1/host, replicas of the warm pool, or a shell as_root "
-    "(unless the host runs with --allow-agent-root)",
-    404: "unknown replica, task or vm id, or one that is another client's (not confirmed to exist)",
-    409: "the lease is expired, released or does not hold the replica, or the replica is busy",
-    413: "the request body is over the server's limit (refused before it is read)",
-    422: "malformed request, action or task (the problem is named)",
-    503: "no capacity right now, or the replica or guest failed (kind: infrastructure, never a reward of 0)",
-}
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -72,6 +57,100 @@ class BoundaryRoute(APIRoute):
                 raise as_osfleet(exc, f"{request.method} {request.url.path}") from exc
 
         return guarded
+
+
+CALLERS: dict[Auth, Any] = {"caller": auth.Caller, "operator": auth.Operator, "osgym": auth.OsgymCaller}
+EVERY_ROUTE_MAY_ANSWER = (401, 413, 422)
+Endpoint = Callable[..., Any]
+
+
+class Routes:
+    """One server's handlers for the operations of the table, mounted as the table says."""
+
+    def __init__(self, operations: Sequence[Operation]) -> None:
+        self.operations = tuple(operations)
+        self.router = APIRouter(route_class=BoundaryRoute)
+        self.bound: dict[str, Endpoint] = {}
+
+    def __call__(self, op: Operation) -> Callable[[Endpoint], Endpoint]:
+        """``@routes(RESET)`` above a handler: mounts it for that operation."""
+
+        def mount(endpoint: Endpoint) -> Endpoint:
+            self.mount(op, endpoint)
+            return endpoint
+
+        return mount
+
+    def mount(self, op: Operation, endpoint: Endpoint) -> None:
+        if op not in self.operations:
+            raise RuntimeError(f"{op.name} is not one of this server's operations")
+        if op.name in self.bound:
+            raise RuntimeError(f"{op.name} has two handlers")
+        check_handler(op, endpoint)
+        self.bound[op.name] = endpoint
+        self.router.add_api_route(
+            op.path,
+            endpoint,
+            methods=[op.method],
+            status_code=op.status,
+            response_model=op.response,
+            responses=errors(*sorted({*EVERY_ROUTE_MAY_ANSWER, *op.errors})),
+            dependencies=[Depends(CALLERS[op.auth].__metadata__[0].dependency)],
+            tags=[op.tag],
+            summary=op.summary,
+            description=op.doc,
+            operation_id=op.name,
+        )
+
+    def complete(self) -> APIRouter:
+        """The router, once every operation has its handler (a server that leaves one out does not start)."""
+        missing = [op.name for op in self.operations if op.name not in self.bound]
+        if missing:
+            raise RuntimeError("operations without a handler: " + ", ".join(missing))
+        return self.router
+
+
+def check_handler(op: Operation, endpoint: Endpoint) -> None:
+    """Refuse a handler whose parameters are not the operation's: its path parameters (text), its body or query
+    model, its caller, and the request or response objects; nothing else."""
+    hints = typing.get_type_hints(endpoint, include_extras=True)
+    expected: dict[str, Any] = {name: str for name in op.path_params}
+    seen: set[str] = set()
+    for name, param in inspect.signature(endpoint).parameters.items():
+        hint = hints.get(name, param.annotation)
+        problem = _parameter_problem(op, name, hint, expected)
+        if problem:
+            raise RuntimeError(f"{op.name} handler {endpoint.__qualname__}: parameter {name} {problem}")
+        seen.add(_role(op, name, hint))
+    wanted = {*op.path_params, "caller", *(["body"] if op.body else []), *(["query"] if op.query else [])}
+    if wanted - seen:
+        raise RuntimeError(f"{op.name} handler {endpoint.__qualname__} lacks: {', '.join(sorted(wanted - seen))}")
+
+
+def _role(op: Operation, name: str, hint: Any) -> str:
+    if name in op.path_params:
+        return name
+    if hint == CALLERS[op.auth]:
+        return "caller"
+    if op.body is not None and hint is op.body:
+        return "body"
+    if op.query is not None and typing.get_origin(hint) is typing.Annotated and hint.__origin__ is op.query:
+        return "query"
+    return "plumbing"
+
+
+def _parameter_problem(op: Operation, name: str, hint: Any, expected: dict[str, Any]) -> str | None:
+    if name in expected:
+        return None if hint is expected[name] else f"is a path parameter: must be {expected[name].__name__}"
+    role = _role(op, name, hint)
+    if role == "query":
+        meta = hint.__metadata__
+        return None if len(meta) == 1 and type(meta[0]) is type(Query()) else "must be Annotated[model, Query()]"
+    if role in ("caller", "body"):
+        return None
+    if inspect.isclass(hint) and issubclass(hint, Request | Response):
+        return None
+    return f"({hint!r}) is not in the operation's table entry (osfleet.api.operations)"
 
 
 PROMETHEUS = "text/plain; version=0.0.4"

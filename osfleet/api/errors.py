@@ -1,4 +1,5 @@
-"""Errors -> HTTP, in one place: each error kind has a precise status and a JSON reason.
+"""Errors -> HTTP, in one place: each of the server's errors has a kind, each kind its status (the protocol's one
+table, ``osfleet.protocol.errors``), and every answer a JSON reason.
 
 Client mistakes are 4xx; failures of the infrastructure (a replica's QEMU or guest agent, a set-up that
 cannot run) are 503 with ``"kind": "infrastructure"``, so a trainer never mistakes them for reward 0.
@@ -15,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from osfleet.api.osgym_actions import ActionStringError
 from osfleet.errors import GuestTimeoutError, ImageNotFoundError, OsfleetError, VirtError
+from osfleet.protocol.errors import STATUS, USUAL_KIND, ErrorKind, kind_of
 from osfleet.replicas.errors import (
     CapacityError,
     LeaseError,
@@ -26,23 +28,6 @@ from osfleet.replicas.input import InputError
 from osfleet.replicas.records import InvalidTransitionError
 from osfleet.tasks.model import TaskError
 from osfleet.tasks.runner import TaskSetupError, VerifierError
-
-STATUS: list[tuple[type[Exception], int, str]] = [
-    (ReplicaNotFoundError, 404, "not_found"),
-    (ImageNotFoundError, 404, "not_found"),
-    (LeaseError, 409, "lease"),
-    (ReplicaBusyError, 409, "busy"),
-    (InvalidTransitionError, 409, "busy"),
-    (InputError, 422, "invalid_action"),
-    (ActionStringError, 422, "invalid_action"),
-    (TaskError, 422, "invalid_task"),
-    (NoReplicaAvailableError, 503, "capacity"),
-    (CapacityError, 503, "capacity"),
-    (TaskSetupError, 503, "infrastructure"),
-    (VerifierError, 503, "infrastructure"),
-    (GuestTimeoutError, 503, "infrastructure"),
-    (VirtError, 503, "infrastructure"),
-]
 
 
 class NotFound(OsfleetError):
@@ -62,20 +47,52 @@ class PayloadTooLarge(OsfleetError):
     """A request body over the server's limit (refused before it is read)."""
 
 
-STATUS = [
-    (NotFound, 404, "not_found"),
-    (Conflict, 409, "conflict"),
-    (Forbidden, 403, "forbidden"),
-    (PayloadTooLarge, 413, "too_large"),
-    *STATUS,
+class Relayed(OsfleetError):
+    """An error a host agent answered, passed on by the gateway (or its dashboard) with the host's kind."""
+
+    def __init__(self, message: str, kind: ErrorKind) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# Which kind each of the server's exceptions is (its status comes from the protocol's one table); the first
+# match wins, so more precise classes come before the classes they derive from.
+KIND: list[tuple[type[Exception], ErrorKind]] = [
+    (NotFound, "not_found"),
+    (Conflict, "conflict"),
+    (Forbidden, "forbidden"),
+    (PayloadTooLarge, "too_large"),
+    (ReplicaNotFoundError, "not_found"),
+    (ImageNotFoundError, "not_found"),
+    (LeaseError, "lease"),
+    (ReplicaBusyError, "busy"),
+    (InvalidTransitionError, "busy"),
+    (InputError, "invalid_action"),
+    (ActionStringError, "invalid_action"),
+    (TaskError, "invalid_task"),
+    (NoReplicaAvailableError, "capacity"),
+    (CapacityError, "capacity"),
+    (TaskSetupError, "infrastructure"),
+    (VerifierError, "infrastructure"),
+    (GuestTimeoutError, "infrastructure"),
+    (VirtError, "infrastructure"),
 ]
 
 
-def classify(exc: Exception) -> tuple[int, str]:
-    for kind, code, name in STATUS:
-        if isinstance(exc, kind):
-            return code, name
-    return 503, "infrastructure"
+def classify(exc: Exception) -> tuple[int, ErrorKind]:
+    """The status and kind of one of osfleet's errors (anything unforeseen is an infrastructure failure)."""
+    if isinstance(exc, Relayed):
+        return STATUS[exc.kind], exc.kind
+    for cls, kind in KIND:
+        if isinstance(exc, cls):
+            return STATUS[kind], kind
+    return STATUS["infrastructure"], "infrastructure"
+
+
+def relayed(status: int, body: object, where: str) -> Relayed:
+    """A host's error answer as an exception the gateway's handlers answer the same way (kind and status)."""
+    reason = body.get("error") if isinstance(body, dict) else None
+    return Relayed(f"{where}: {reason or f'HTTP {status}'}", kind_of(status, body))
 
 
 def install(app: FastAPI, on_error: object = None) -> None:
@@ -94,7 +111,7 @@ def install(app: FastAPI, on_error: object = None) -> None:
             code = 422
         if code == 405:  # Starlette names only the first matching route's methods; a path may have several
             headers["Allow"] = ", ".join(sorted(_methods_of(app, request.url.path)))
-        kind = {401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "too_large"}.get(code, "invalid_request")
+        kind = USUAL_KIND.get(code, "invalid_request")
         return JSONResponse(status_code=code, content={"error": str(exc.detail), "kind": kind}, headers=headers)
 
     @app.exception_handler(RequestValidationError)

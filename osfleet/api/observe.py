@@ -16,7 +16,7 @@ from collections.abc import Collection
 from osfleet.api.models import Observation, ObservationPart
 from osfleet.api.state import LeasedHost
 from osfleet.errors import GuestTimeoutError
-from osfleet.screen import DEFAULT_QUALITY, ImageFormat
+from osfleet.protocol.models import DEFAULT_QUALITY, ImageFormat
 from osfleet.tasks import guest_query
 from osfleet.timing import stage
 

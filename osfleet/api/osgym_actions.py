@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from osfleet.errors import OsfleetError
-from osfleet.replicas.actions import ACTIONS, Action
+from osfleet.protocol.actions import ACTIONS, Action
 
 WAIT_SECONDS = 1.0
 SCROLL_UNIT = 10  # OSGym's +-50 becomes 5 wheel clicks

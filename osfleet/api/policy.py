@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from osfleet.api.auth import Principal
 from osfleet.api.errors import Forbidden
 from osfleet.config import AgentConfig
-from osfleet.replicas.actions import Action, Shell
+from osfleet.protocol.actions import Action, Shell
 from osfleet.tasks.model import CommandOutput, Run, Task
 
 ROOT_REFUSED = (

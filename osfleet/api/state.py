@@ -24,16 +24,17 @@ from osfleet.api.auth import Principal
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.metrics import Metrics
 from osfleet.config import AgentConfig
+from osfleet.protocol.actions import Action, ActionResult
+from osfleet.protocol.models import ImageFormat
 from osfleet.recording import Recorder, TrajectoryStore, store_dir
 from osfleet.recording.store import EndReason
-from osfleet.replicas.actions import READ_FILE_SECONDS, Action, ActionResult
+from osfleet.replicas.actions import READ_FILE_SECONDS
 from osfleet.replicas.episodes import Episode, EpisodeStore
 from osfleet.replicas.errors import LeaseError, LeaseLostError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.leases import Claim
 from osfleet.replicas.lifecycle import Timed
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
-from osfleet.screen import ImageFormat
 from osfleet.tasks.model import Task
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import MissingToolError, OsfleetError
 from osfleet.images import GoldenImage
-from osfleet.replicas.actions import MAX_READ_BYTES
+from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.stats import distribution
 

@@ -35,7 +35,7 @@ from osfleet.bench.load import LocalAgent
 from osfleet.cli_support import friendly
 from osfleet.errors import OsfleetError
 from osfleet.machine import describe
-from osfleet.screen import FORMATS, ImageFormat
+from osfleet.protocol.models import FORMATS, ImageFormat
 from osfleet.stats import distribution, percentile
 from osfleet.timing import parse_server_timing
 

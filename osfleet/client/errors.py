@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from osfleet.protocol.errors import ErrorKind, kind_of
+
 
 class FleetError(Exception):
     """Any refusal or failure of the fleet, with the server's one-line reason and its ``kind``."""
@@ -28,6 +30,12 @@ class AuthenticationError(FleetError):
     status = 401
 
 
+class ForbiddenError(FleetError):
+    """403: the caller may not do this (an operator's operation, or a root shell the host's policy refuses)."""
+
+    status = 403
+
+
 class NotFoundError(FleetError):
     """404: an unknown (or someone else's) replica, lease, task or vm id."""
 
@@ -36,6 +44,12 @@ class NotFoundError(FleetError):
 
 class LeaseError(FleetError):
     """409: the lease expired, was released, or the replica was taken back (a new lease is needed)."""
+
+    status = 409
+
+
+class ConflictError(FleetError):
+    """409: the request does not fit the episode as it is (evaluate before a task was set, task and task_id)."""
 
     status = 409
 
@@ -73,6 +87,23 @@ class InfrastructureError(FleetError):
     status = 503
 
 
+# One client exception per kind of the protocol's table (a test checks that every kind has one).
+BY_KIND: dict[ErrorKind, type[FleetError]] = {
+    "unauthorized": AuthenticationError,
+    "forbidden": ForbiddenError,
+    "not_found": NotFoundError,
+    "lease": LeaseError,
+    "busy": BusyError,
+    "conflict": ConflictError,
+    "too_large": InvalidRequestError,
+    "invalid_request": InvalidRequestError,
+    "invalid_action": InvalidActionError,
+    "invalid_task": InvalidTaskError,
+    "capacity": CapacityError,
+    "infrastructure": InfrastructureError,
+}
+
+
 def _about_task(body: Any) -> bool:
     """A request refused by the schema because of its task (``task``, OSGym's ``task_config``)."""
     detail = body.get("detail") if isinstance(body, dict) else None
@@ -83,23 +114,13 @@ def _about_task(body: Any) -> bool:
 
 
 def from_response(status: int, body: Any, what: str) -> FleetError:
-    """The exception for an error answer of the osfleet API (``{"error": ..., "kind": ...}``)."""
-    kind = body.get("kind") if isinstance(body, dict) else None
+    """The exception for an error answer of the osfleet API (``{"error": ..., "kind": ...}``): by its kind, or,
+    when it names none that fits its status (a proxy in between), by its status's usual kind."""
+    kind = kind_of(status, body)
     reason = body.get("error") if isinstance(body, dict) else None
     message = f"{what}: {reason or f'HTTP {status}'}"
-    cls: type[FleetError]
-    if status == 401:
-        cls = AuthenticationError
-    elif status == 404:
-        cls = NotFoundError
-    elif status == 409:
-        cls = BusyError if kind == "busy" else LeaseError
-    elif status in (400, 413, 422):
-        cls = {"invalid_action": InvalidActionError, "invalid_task": InvalidTaskError}.get(
-            kind or "", InvalidTaskError if _about_task(body) else InvalidRequestError
-        )
-    elif status == 503 and kind == "capacity":
-        cls = CapacityError
-    else:  # 503 infrastructure, and anything a well-behaved server does not answer (5xx, an odd status)
-        cls = InfrastructureError
-    return cls(message, status=status, kind=kind, body=body)
+    cls = BY_KIND[kind]
+    if kind == "invalid_request" and _about_task(body):
+        cls = InvalidTaskError
+    named = body.get("kind") if isinstance(body, dict) else None
+    return cls(message, status=status, kind=named if isinstance(named, str) else None, body=body)

@@ -24,15 +24,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, overload
 
-from osfleet.api.models import (
-    ForkResponse,
-    LeaseResponse,
-    Observation,
-    ObservationPart,
-    ReplicaView,
-    ResetResponse,
-    StepResponse,
-)
 from osfleet.client.errors import FleetError, InvalidRequestError, LeaseError, NotFoundError
 from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Transport, Verify
 from osfleet.client.types import (
@@ -44,8 +35,17 @@ from osfleet.client.types import (
     actions_of,
     task_body,
 )
-from osfleet.screen import ImageFormat
-from osfleet.tasks.model import Evaluation
+from osfleet.protocol.models import (
+    ForkResponse,
+    ImageFormat,
+    LeaseResponse,
+    Observation,
+    ObservationPart,
+    ReplicaView,
+    ResetResponse,
+    StepResponse,
+)
+from osfleet.protocol.tasks import Evaluation
 
 DEFAULT_LEASE_WAIT = 600.0  # seconds a lease waits for a free replica before CapacityError
 RELEASE_TIMEOUT = 60.0

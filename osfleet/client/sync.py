@@ -14,12 +14,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from osfleet.api.models import ObservationPart, ReplicaView
 from osfleet.client.fleet import DEFAULT_LEASE_WAIT, AsyncFleet, AsyncGroup, AsyncSession
 from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Verify
 from osfleet.client.types import ActionLike, ResetResult, Screen, StepResult, TaskLike
-from osfleet.screen import ImageFormat
-from osfleet.tasks.model import Evaluation
+from osfleet.protocol.models import ImageFormat, ObservationPart, ReplicaView
+from osfleet.protocol.tasks import Evaluation
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """What the client hands back: the server's own published models, plus decoded screens.
 
-The wire models are the ones the server publishes (``osfleet.api.models``, ``osfleet.tasks.model``), so a
-client and the server never disagree on a field; ``Screen`` adds the decoded image a trainer wants.
+The wire models are the ones the server publishes (``osfleet.protocol``), so a client and the server never
+disagree on a field; ``Screen`` adds the decoded image a trainer wants.
 """
 
 from __future__ import annotations
@@ -16,20 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from osfleet.api.models import Observation
-from osfleet.api.models import StepResult as ActionOutcome
 from osfleet.client.errors import InvalidActionError, InvalidTaskError
-from osfleet.replicas.actions import ACTIONS, Action
-from osfleet.tasks.model import Evaluation, Task
-from osfleet.tasks.osworld import OsworldTask
+from osfleet.protocol.actions import ACTIONS, Action
+from osfleet.protocol.models import Observation
+from osfleet.protocol.models import StepResult as ActionOutcome
+from osfleet.protocol.tasks import Evaluation, Task
 
 if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
-TaskLike = str | Task | OsworldTask | dict[str, Any] | Path
-"""A built-in task id (``"cli-write-note"``), an osfleet task, an OSWorld task (model or its JSON as a dict), or a
-task file (osfleet YAML/JSON or OSWorld JSON)."""
+TaskLike = str | Task | BaseModel | dict[str, Any] | Path
+"""A built-in task id (``"cli-write-note"``), an osfleet task, an OSWorld task (its JSON as a dict, or the host's
+``osfleet.tasks.osworld.OsworldTask`` model), or a task file (osfleet YAML/JSON or OSWorld JSON)."""
 
 ActionLike = Action | dict[str, Any]
 
@@ -143,7 +142,8 @@ def task_body(task: TaskLike | None) -> dict[str, Any]:
             raise InvalidTaskError(f"task file {task}: expected an object", status=422, kind="invalid_task")
         return {"task": data}
     if isinstance(task, BaseModel):
-        return {"task": task.model_dump(mode="json", exclude_unset=isinstance(task, OsworldTask))}
+        # OSWorld's model has optional parts its published schema does not allow as null: only what was given
+        return {"task": task.model_dump(mode="json", exclude_unset=not isinstance(task, Task))}
     if isinstance(task, dict):
         return {"task": task}
     raise InvalidTaskError(f"a task is an id, a Task, an OSWorld task or a file, not {type(task).__name__}")

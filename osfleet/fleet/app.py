@@ -20,14 +20,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 
 from osfleet import __version__
 from osfleet.api import auth, errors
 from osfleet.api.contract import add_metrics_route
-from osfleet.api.contract import errors as documented
 from osfleet.api.limits import BodyLimit
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, AgentConfig, ClientToken
 from osfleet.fleet import routes
@@ -85,19 +84,7 @@ def create_gateway(
     app.add_middleware(StepFastPath, gw=gw)
     app.add_middleware(auth.AuthBeforeBody)  # no body is read, by the fast path or a route, for a stranger
     app.add_middleware(BodyLimit, limit=lambda: max_body_bytes)  # outermost: in front of the fast path too
-    app.include_router(
-        routes.native(gw),
-        prefix="/v1",
-        dependencies=[Depends(auth.require_principal)],
-        tags=["replicas"],
-        responses=documented(401, 413, 422),
-    )
-    app.include_router(
-        routes.osgym(gw),
-        dependencies=[Depends(auth.require_principal_or_osgym_ip)],
-        tags=["osgym"],
-        responses=documented(401, 413, 422),
-    )
+    app.include_router(routes.routes(gw).complete())
 
     @app.get("/health", tags=["meta"], responses={503: {"description": "no host is healthy"}})
     async def health(request: Request) -> Response:

@@ -1,5 +1,12 @@
-"""The gateway's routes: the host agent's contract (native ``/v1`` and OSGym's), each call sent to the host its
-fleet id names, for the caller (the hosts apply each client's rules). Joined with their auth in app.py."""
+"""The gateway's handlers for the operations of the table (``osfleet.api.operations``): each call sent to the host
+its fleet id names, for the caller (the hosts apply each client's rules). Mounted with the table's own paths,
+models, statuses and callers (``osfleet.api.contract.Routes``), so the gateway publishes exactly the host
+agent's operations.
+
+Most operations on one replica need nothing but relaying: ``RELAYED`` names them with the ids of their answer
+that must become fleet ids, and ``relay`` makes their handlers from the table. The others (placement, fan-out
+to every host, OSGym's vm ids, a fork's children) have handlers of their own below.
+"""
 
 from __future__ import annotations
 
@@ -8,55 +15,107 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
-from osfleet.api.auth import Caller, Operator, OsgymCaller
-from osfleet.api.contract import BoundaryRoute
-from osfleet.api.contract import errors as documented
+from osfleet.api.auth import Caller, Operator, OsgymCaller, Principal
+from osfleet.api.contract import CALLERS, Endpoint, Routes
 from osfleet.api.models import (
-    FORMAT_DOC,
-    INCLUDE_DOC,
-    INCLUDE_PATTERN,
-    QUALITY_DOC,
     ForkRequest,
-    ForkResponse,
-    LeaseBody,
     LeaseRequest,
-    LeaseResponse,
-    Observation,
     OsgymReset,
-    OsgymResetResponse,
-    OsgymScreenshot,
     OsgymShutdown,
-    OsgymShutdownResponse,
     OsgymStep,
-    OsgymStepResponse,
-    Released,
-    ResetRequest,
-    ResetResponse,
-    Retired,
+    ReplicaView,
     ScaleRequest,
+    ScaleResponse,
     StepRequest,
-    StepResponse,
+)
+from osfleet.api.operations import (
+    FORK,
+    HOST_SAMPLE,
+    LEASE,
+    LIST_REPLICAS,
+    OPERATIONS,
+    OSGYM_RESET,
+    OSGYM_SCREENSHOT,
+    OSGYM_SHUTDOWN,
+    OSGYM_STEP,
+    SCALE_UP,
+    STEP,
+    Operation,
+    OsgymScreenshotQuery,
 )
 from osfleet.fleet import ids, placement
 from osfleet.fleet.gateway import Gateway, lease_on, passthrough, rewritten
 from osfleet.fleet.hostclient import HostResponse
 from osfleet.fleet.hosts import HostNotReachedError, HostState
 from osfleet.replicas.errors import CapacityError, NoReplicaAvailableError
-from osfleet.screen import ImageFormat
-from osfleet.tasks.model import Evaluation
+
+# Operations on one replica that are relayed as they are, with the ids in their answer that become fleet ids.
+RELAYED: dict[str, tuple[str, ...]] = {
+    "reset": ("replica_id",),
+    "observation": (),
+    "evaluate": (),
+    "release": ("replica_id",),
+    "retire": ("replica_id",),
+}
+
+
+def routes(gw: Callable[[], Gateway]) -> Routes:
+    """Every operation of the table, mounted for the gateway (it does not start if one is missing)."""
+    r = Routes(OPERATIONS)
+    for op in OPERATIONS:
+        if op.name in RELAYED:
+            r.mount(op, relay(op, RELAYED[op.name], gw))
+    native(r, gw)
+    osgym(r, gw)
+    return r
+
+
+def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) -> Endpoint:
+    """A handler that sends the operation to the replica's host with the host's own ids (the lease's too), and
+    answers with the host's answer, its ``fleet_ids`` made fleet ids."""
+    if op.path_params != ("rid",):
+        raise RuntimeError(f"{op.name}: only operations on one replica ({{rid}}) are relayed")
+
+    async def call(rid: str, who: Principal, req: BaseModel | None) -> Response:
+        g = gw()
+        host, local = ids.split(rid)
+        sent: dict[str, Any] = {}
+        if req is not None:
+            # what the caller gave (defaults are the host's to fill in), with the host's lease id
+            values = req.model_dump(mode="json", exclude_unset=op.body is not None, exclude_none=True, by_alias=True)
+            if "lease_id" in values:
+                values["lease_id"] = lease_on(host, values["lease_id"])
+            sent = {"json": values} if op.body is not None else {"params": values}
+        path = op.path.replace("{rid}", local)
+        resp = await g.call(op.name, g.pool.get(host), op.method, path, who, **sent)
+        return rewritten(resp, host, fleet_ids) if fleet_ids else passthrough(resp)
+
+    if op.body is None and op.query is None:
+
+        async def bare(rid: str, who: Caller) -> Response:
+            return await call(rid, who, None)
+
+        bare.__annotations__["who"] = CALLERS[op.auth]
+        return bare
+
+    async def with_input(rid: str, req: Any, who: Caller) -> Response:
+        return await call(rid, who, req)
+
+    with_input.__annotations__["req"] = op.body if op.body is not None else Annotated[op.query, Query()]
+    with_input.__annotations__["who"] = CALLERS[op.auth]
+    return with_input
 
 
 # --- native API ---------------------------------------------------------------------------------------------
-def native(gw: Callable[[], Gateway]) -> APIRouter:
-    r = APIRouter(route_class=BoundaryRoute)
-
-    @r.post("/leases", status_code=201, responses=documented(503), response_model=LeaseResponse)
+def native(r: Routes, gw: Callable[[], Gateway]) -> None:
+    @r(LEASE)
     async def lease(req: LeaseRequest, who: Caller) -> Response:
-        """Lease a ready replica on the host placement picks; another host only if that one was not reached
-        (drained, or it refused the connection): a host that timed out may have leased one all the same."""
+        # On the host placement picks; another host only if that one was not reached (drained, or it refused the
+        # connection): a host that timed out may have leased one all the same.
         g = gw()
         for i, host in enumerate(g.lease_hosts()):
             try:
@@ -71,23 +130,24 @@ def native(gw: Callable[[], Gateway]) -> APIRouter:
                 return passthrough(resp)
         raise NoReplicaAvailableError("no host has a ready replica to lease; try again shortly")
 
-    @r.get("/replicas")
-    async def replicas(who: Caller) -> list[dict[str, Any]]:
-        """Every host's replicas the caller may see (a client: the ones it holds a lease on)."""
+    @r(LIST_REPLICAS)
+    async def replicas(who: Caller) -> list[ReplicaView]:
         g = gw()
         hosts = g.pool.healthy()
         answers = await asyncio.gather(
             *(g.call("quick", h, "GET", "/v1/replicas", who) for h in hosts), return_exceptions=True
         )
-        out: list[dict[str, Any]] = []
+        out: list[ReplicaView] = []
         for host, resp in zip(hosts, answers, strict=True):
             if isinstance(resp, HostResponse) and resp.status_code == 200:
-                out += [{**x, "id": ids.join(host.name, x["id"]), "host": host.name} for x in resp.json()]
+                for x in resp.json():
+                    view = ReplicaView.model_validate(x)
+                    out.append(view.model_copy(update={"id": ids.join(host.name, view.id), "host": host.name}))
         return out
 
-    @r.post("/replicas", status_code=202, responses=documented(403, 503))
-    async def scale_up(req: ScaleRequest, who: Operator) -> dict[str, Any]:
-        """More replicas, placed by each host's room on its binding resource (best fit). The operator's."""
+    @r(SCALE_UP)
+    async def scale_up(req: ScaleRequest, who: Operator) -> Response:
+        # placed by each host's room on its binding resource (best fit)
         g = gw()
         plan = placement.scale_plan(g.rooms(), req.count)
         if not plan:
@@ -96,17 +156,13 @@ def native(gw: Callable[[], Gateway]) -> APIRouter:
             body = {"count": count, **({"mode": req.mode} if req.mode else {})}
             resp = await g.call("quick", g.pool.get(name), "POST", "/v1/replicas", who, json=body)
             if resp.status_code != 202:
-                return JSONResponse(resp.json(), status_code=resp.status_code)  # type: ignore[return-value]
-        return {"requested": req.count, "mode": req.mode or "snapshot", "placement": plan}
+                return passthrough(resp)
+        answer = ScaleResponse(requested=req.count, mode=req.mode or "snapshot", placement=plan)
+        return JSONResponse(answer.model_dump(mode="json"), status_code=202)
 
-    @r.delete("/replicas/{rid}", responses=documented(404, 409, 503), response_model=Retired)
-    async def retire(rid: str, who: Caller) -> Response:
-        host, local = ids.split(rid)
-        return rewritten(await gw().call("quick", gw().pool.get(host), "DELETE", f"/v1/replicas/{local}", who), host)
-
-    @r.get("/host", responses=documented(403))
+    @r(HOST_SAMPLE)
     async def fleet_sample(who: Operator) -> dict[str, Any]:
-        """Every host's own sample, health and room, for load tests and placement checks. The operator's."""
+        # every host's own sample, health and room
         g = gw()
         rooms = {r.host: r for r in g.rooms()}
         return {
@@ -124,43 +180,14 @@ def native(gw: Callable[[], Gateway]) -> APIRouter:
             },
         }
 
-    @r.post("/replicas/{rid}/reset", responses=documented(403, 404, 409, 503), response_model=ResetResponse)
-    async def reset(rid: str, req: ResetRequest, who: Caller) -> Response:
-        body = req.model_dump(mode="json", exclude_none=True, exclude={"task"})
-        if req.task is not None:
-            body["task"] = req.task.model_dump(mode="json", exclude_unset=True)
-        resp = await gw().forward("reset", rid, req.lease_id, "reset", body, who)
-        return rewritten(resp, ids.split(rid)[0], ("replica_id",))
-
-    @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503), response_model=Observation)
-    async def observation(
-        rid: str,
-        who: Caller,
-        lease_id: str = Query(min_length=1, max_length=400),
-        format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
-        quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
-        include: Annotated[
-            str, Query(max_length=100, pattern=INCLUDE_PATTERN, description=INCLUDE_DOC + "; comma-separated")
-        ] = "",
-    ) -> Response:
-        """The screen now; ``include=accessibility_tree,terminal,cursor`` adds OSWorld's observation parts."""
-        host, local = ids.split(rid)
-        params: dict[str, Any] = {"lease_id": lease_on(host, lease_id), "format": format}
-        if quality is not None:
-            params["quality"] = quality
-        if include:
-            params["include"] = include
-        path = f"/v1/replicas/{local}/observation"
-        return passthrough(await gw().call("quick", gw().pool.get(host), "GET", path, who, params=params))
-
-    @r.post("/replicas/{rid}/step", responses=documented(403, 404, 409, 503), response_model=StepResponse)
+    @r(STEP)
     async def step(rid: str, req: StepRequest, who: Caller) -> Response:
-        """Served by the fast path (fastpath.py) when nothing about it is unusual; here otherwise."""
+        # served by the fast path (fastpath.py) when nothing about it is unusual; here otherwise
         return await gw().step(rid, req, who)
 
-    @r.post("/replicas/{rid}/fork", status_code=201, responses=documented(404, 409, 503), response_model=ForkResponse)
+    @r(FORK)
     async def fork(rid: str, req: ForkRequest, who: Caller) -> Response:
-        """Children start on the parent's host, where its saved memory and disk are."""
+        # children start on the parent's host, where its saved memory and disk are
         host = ids.split(rid)[0]
         resp = await gw().forward("fork", rid, req.lease_id, "fork", {"children": req.children}, who)
         if resp.status_code >= 300:
@@ -172,23 +199,10 @@ def native(gw: Callable[[], Gateway]) -> APIRouter:
             child["lease_id"] = ids.join(host, child["lease_id"])
         return JSONResponse(body, status_code=resp.status_code)
 
-    @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503), response_model=Evaluation)
-    async def evaluate(rid: str, req: LeaseBody, who: Caller) -> Response:
-        return passthrough(await gw().forward("evaluate", rid, req.lease_id, "evaluate", {}, who))
-
-    @r.post("/replicas/{rid}/release", responses=documented(404, 409), response_model=Released)
-    async def release(rid: str, req: LeaseBody, who: Caller) -> Response:
-        resp = await gw().forward("release", rid, req.lease_id, "release", {}, who)
-        return rewritten(resp, ids.split(rid)[0], ("replica_id",))
-
-    return r
-
 
 # --- OSGym wire compatibility -------------------------------------------------------------------------------
-def osgym(gw: Callable[[], Gateway]) -> APIRouter:
-    r = APIRouter(route_class=BoundaryRoute)
-
-    @r.post("/reset", responses=documented(503), response_model=OsgymResetResponse)
+def osgym(r: Routes, gw: Callable[[], Gateway]) -> None:
+    @r(OSGYM_RESET)
     async def reset(req: OsgymReset, who: OsgymCaller) -> Response:
         g = gw()
         body = {"task_config": req.task_config.model_dump(mode="json", exclude_unset=True), "timeout": req.timeout}
@@ -209,13 +223,13 @@ def osgym(gw: Callable[[], Gateway]) -> APIRouter:
         index, local = ids.vm_from_fleet(fleet_vm)
         return gw().pool.by_index(index), local
 
-    @r.post("/step", responses=documented(404, 409, 503), response_model=OsgymStepResponse)
+    @r(OSGYM_STEP)
     async def step(req: OsgymStep, who: OsgymCaller) -> Response:
         host, local = vm_host(req.vm_id)
         body = {"action": req.action, "vm_id": local}
         return passthrough(await gw().call("step", host, "POST", "/step", who, json=body))
 
-    @r.post("/shutdown", responses=documented(404), response_model=OsgymShutdownResponse)
+    @r(OSGYM_SHUTDOWN)
     async def shutdown(req: OsgymShutdown, who: OsgymCaller) -> Response:
         g = gw()
         if req.vm_id == "all":
@@ -229,12 +243,11 @@ def osgym(gw: Callable[[], Gateway]) -> APIRouter:
         resp = await g.call("release", host, "POST", "/shutdown", who, json={"vm_id": local})
         return JSONResponse({"vm_id": req.vm_id}) if resp.status_code == 200 else passthrough(resp)
 
-    @r.get("/screenshot", responses=documented(404, 409, 503), response_model=OsgymScreenshot)
-    async def screenshot(who: OsgymCaller, vm_id: int = Query(alias="vmId")) -> Response:
+    @r(OSGYM_SCREENSHOT)
+    async def screenshot(query: Annotated[OsgymScreenshotQuery, Query()], who: OsgymCaller) -> Response:
+        vm_id = query.vm_id
         host, local = vm_host(vm_id)
         resp = await gw().call("quick", host, "GET", "/screenshot", who, params={"vmId": local})
         if resp.status_code != 200:
             return passthrough(resp)
         return JSONResponse({**resp.json(), "vm_id": vm_id})
-
-    return r

@@ -22,11 +22,10 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from osfleet.api.models import ObservationPart
 from osfleet.client import Fleet, FleetError, InfrastructureError, InvalidActionError, Session
 from osfleet.client.types import Screen, TaskLike
 from osfleet.gym.spaces import ACTION_SPACES, ActionSpaceName, actions_in, instruction_space, screen_space, space_for
-from osfleet.screen import ImageFormat
+from osfleet.protocol.models import ImageFormat, ObservationPart
 
 ObservationKind = Literal["screen", "dict"]
 MAX_DESKTOP_TEXT = 16 * 2**20  # an accessibility tree of a big window

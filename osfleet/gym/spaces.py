@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from gymnasium import spaces
 
-from osfleet.replicas.input import PYAUTOGUI_KEYS
+from osfleet.protocol.keys import PYAUTOGUI_KEYS
 
 ACTION_TYPES = ("click", "double_click", "right_click", "move", "drag", "scroll", "type", "hotkey", "wait", "terminate")
 BUTTONS = ("left", "right", "middle")

@@ -23,7 +23,7 @@ from osfleet.client.sync import _Loop
 from osfleet.client.types import Screen, StepResult, TaskLike
 from osfleet.gym.env import DesktopEnvError, InvalidDesktopAction, ObservationKind, _translate
 from osfleet.gym.spaces import action_space, instruction_space, native_actions, screen_space, to_action
-from osfleet.screen import ImageFormat
+from osfleet.protocol.models import ImageFormat
 
 
 async def _make(url: str, token: str | None, **options: Any) -> AsyncFleet:

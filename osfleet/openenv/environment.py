@@ -24,7 +24,7 @@ from pydantic import Field
 from osfleet import __version__
 from osfleet.client import Fleet, FleetError, LeaseError, Session
 from osfleet.client.types import Screen, TaskLike
-from osfleet.screen import ImageFormat
+from osfleet.protocol.models import ImageFormat
 
 
 class DesktopAction(Action):

@@ -16,7 +16,7 @@ from typing import Any
 from osfleet.client import Fleet
 from osfleet.client.types import TaskLike
 from osfleet.errors import OsfleetError
-from osfleet.screen import ImageFormat
+from osfleet.protocol.models import ImageFormat
 
 
 def create_openenv_app(

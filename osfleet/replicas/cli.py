@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 import click
 
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import MODES, Mode, Settings
+from osfleet.config import Settings
 from osfleet.errors import OsfleetError
+from osfleet.protocol.models import MODES, Mode
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from osfleet.replicas import actions as a
+from osfleet.protocol import actions as a
 from osfleet.replicas.input import Input, InputError, key_for_char, pyautogui_key
 
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from PIL import Image
 
 from osfleet import qcow2, screen
-from osfleet.config import Mode, ReplicaShape, Settings
+from osfleet.config import ReplicaShape, Settings
 from osfleet.domain_xml import Accel
 from osfleet.errors import GuestTimeoutError, OsfleetError, as_osfleet
 from osfleet.images import GoldenImage
+from osfleet.protocol.models import Mode
 from osfleet.readiness import wait_until_ready
 from osfleet.replicas import guest_clock, guest_control, saved_state
 from osfleet.replicas.forks import Slot

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from osfleet.errors import OsfleetError
+from osfleet.protocol.keys import KEY_NAMES, PLAIN, PYAUTOGUI_KEYS, SHIFTED
 from osfleet.replicas import keyboard_flow
 from osfleet.virt import Virt
 
@@ -19,142 +20,7 @@ ABS_MAX = 32767
 KEY_GAP_SECONDS = 0.008
 CLICK_GAP_SECONDS = 0.05
 
-_SHIFTED = {
-    "!": "1",
-    "@": "2",
-    "#": "3",
-    "$": "4",
-    "%": "5",
-    "^": "6",
-    "&": "7",
-    "*": "8",
-    "(": "9",
-    ")": "0",
-    "_": "minus",
-    "+": "equal",
-    "{": "bracket_left",
-    "}": "bracket_right",
-    "|": "backslash",
-    ":": "semicolon",
-    '"': "apostrophe",
-    "~": "grave_accent",
-    "<": "comma",
-    ">": "dot",
-    "?": "slash",
-}
-_PLAIN = {
-    " ": "spc",
-    "\n": "ret",
-    "\t": "tab",
-    "-": "minus",
-    "=": "equal",
-    "[": "bracket_left",
-    "]": "bracket_right",
-    "\\": "backslash",
-    ";": "semicolon",
-    "'": "apostrophe",
-    "`": "grave_accent",
-    ",": "comma",
-    ".": "dot",
-    "/": "slash",
-}
-KEY_NAMES = {
-    "ctrl": "ctrl",
-    "control": "ctrl",
-    "alt": "alt",
-    "shift": "shift",
-    "super": "meta_l",
-    "win": "meta_l",
-    "meta": "meta_l",
-    "cmd": "meta_l",
-    "enter": "ret",
-    "return": "ret",
-    "esc": "esc",
-    "escape": "esc",
-    "backspace": "backspace",
-    "tab": "tab",
-    "space": "spc",
-    "delete": "delete",
-    "del": "delete",
-    "insert": "insert",
-    "home": "home",
-    "end": "end",
-    "pageup": "pgup",
-    "pgup": "pgup",
-    "pagedown": "pgdn",
-    "pgdn": "pgdn",
-    "up": "up",
-    "down": "down",
-    "left": "left",
-    "right": "right",
-    "capslock": "caps_lock",
-    **{f"f{i}": f"f{i}" for i in range(1, 13)},
-    **{c: c for c in string.ascii_lowercase + string.digits},
-    **{k: v for k, v in _PLAIN.items() if k.strip()},
-}
 BUTTONS = {"left": "left", "right": "right", "middle": "middle"}
-# pyautogui's key names (OSWorld's computer_13 ``KEYBOARD_KEYS``) that name a key of the guest's PC keyboard, as
-# QEMU qcodes; single characters go through ``key_for_char``. Names with no such key (accept, clear, execute,
-# final, fn, junja, kanji, modechange, select) are refused by name.
-PYAUTOGUI_KEYS = {
-    **KEY_NAMES,
-    "altleft": "alt",
-    "altright": "alt_r",
-    "option": "alt",
-    "optionleft": "alt",
-    "optionright": "alt_r",
-    "ctrlleft": "ctrl",
-    "ctrlright": "ctrl_r",
-    "shiftleft": "shift",
-    "shiftright": "shift_r",
-    "winleft": "meta_l",
-    "winright": "meta_r",
-    "command": "meta_l",
-    "apps": "compose",
-    "numlock": "num_lock",
-    "scrolllock": "scroll_lock",
-    "pause": "pause",
-    "print": "print",
-    "printscreen": "print",
-    "prntscrn": "print",
-    "prtsc": "print",
-    "prtscr": "print",
-    "add": "kp_add",
-    "subtract": "kp_subtract",
-    "multiply": "kp_multiply",
-    "divide": "kp_divide",
-    "decimal": "kp_decimal",
-    "separator": "kp_comma",
-    **{f"num{i}": f"kp_{i}" for i in range(10)},
-    **{f"f{i}": f"f{i}" for i in range(13, 25)},
-    "volumeup": "volumeup",
-    "volumedown": "volumedown",
-    "volumemute": "audiomute",
-    "playpause": "audioplay",
-    "nexttrack": "audionext",
-    "prevtrack": "audioprev",
-    "stop": "audiostop",
-    "browserback": "ac_back",
-    "browserforward": "ac_forward",
-    "browserrefresh": "ac_refresh",
-    "browserhome": "ac_home",
-    "browsersearch": "ac_search",
-    "browserstop": "ac_stop",
-    "browserfavorites": "ac_bookmarks",
-    "launchmail": "mail",
-    "launchmediaselect": "mediaselect",
-    "launchapp1": "computer",
-    "launchapp2": "calculator",
-    "help": "help",
-    "sleep": "sleep",
-    "yen": "yen",
-    "convert": "henkan",
-    "nonconvert": "muhenkan",
-    "kana": "katakanahiragana",
-    "hangul": "lang1",
-    "hanguel": "lang1",
-    "hanja": "lang2",
-}
 
 
 class InputError(OsfleetError):
@@ -167,10 +33,10 @@ def key_for_char(ch: str) -> tuple[str, bool]:
         return ch, False
     if ch in string.ascii_uppercase:
         return ch.lower(), True
-    if ch in _PLAIN:
-        return _PLAIN[ch], False
-    if ch in _SHIFTED:
-        return _SHIFTED[ch], True
+    if ch in PLAIN:
+        return PLAIN[ch], False
+    if ch in SHIFTED:
+        return SHIFTED[ch], True
     raise InputError(f"cannot type {ch!r}: no key for it on the guest's US keyboard")
 
 

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from osfleet.config import Mode
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.private import private_dir
+from osfleet.protocol.models import Mode
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.forks import Forks, Slot

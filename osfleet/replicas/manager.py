@@ -21,11 +21,13 @@ from typing import Any
 
 from osfleet import screen
 from osfleet.accel import detect_accelerator
-from osfleet.config import MODES, Mode, ReplicaShape, Settings
+from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
+from osfleet.protocol.actions import Action, ActionResult
+from osfleet.protocol.models import FORMATS, MODES, ImageFormat, Mode
 from osfleet.replicas import adoption, network, saved_state, template_memory
-from osfleet.replicas.actions import READ_FILE_SECONDS, Action, ActionResult, read_file, run_actions, shell
+from osfleet.replicas.actions import READ_FILE_SECONDS, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
 from osfleet.replicas.capture import ScreenCapture
 from osfleet.replicas.errors import (
@@ -391,10 +393,10 @@ class ReplicaHost:
             yield self._running(replica_id, rec)
 
     def screenshot(
-        self, replica_id: str, fmt: screen.ImageFormat = "png", quality: int | None = None, claim: Claim | None = None
+        self, replica_id: str, fmt: ImageFormat = "png", quality: int | None = None, claim: Claim | None = None
     ) -> bytes:
         """The replica's screen as PNG, JPEG or WebP (``quality`` 1..100 for the last two; default 85)."""
-        if fmt not in screen.FORMATS:
+        if fmt not in FORMATS:
             raise OsfleetError(f"unknown screenshot format {fmt!r} (png, jpeg or webp)")
         with self._touching(replica_id, claim) as rec:
             grabbed = self.capture.grab(rec.domain)

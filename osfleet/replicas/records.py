@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from osfleet.config import Mode
 from osfleet.errors import OsfleetError
+from osfleet.protocol.models import Mode
 
 
 class State(StrEnum):

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from osfleet.errors import OsfleetError
-from osfleet.replicas.actions import MAX_READ_BYTES
+from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.tasks import guest_query
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.guest_files import CACHE_DIR

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from osfleet.errors import OsfleetError
+from osfleet.protocol.wire import JsonInt, integral
 from osfleet.tasks.assets import AssetStore
-from osfleet.wire import JsonInt, integral
 
 log = logging.getLogger(__name__)
 

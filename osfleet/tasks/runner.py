@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetError
+from osfleet.protocol.actions import MAX_READ_BYTES, Action, ActionResult
 from osfleet.replicas import actions
-from osfleet.replicas.actions import Action, ActionResult
 from osfleet.replicas.lifecycle import Timed
 from osfleet.tasks import evaluators, getters, guest_query, sandbox
 from osfleet.tasks.assets import AssetStore
@@ -259,7 +259,7 @@ def _check_file(host: Deadlined, rid: str, check: FileContent) -> tuple[bool, st
         return False, "missing"
     if check.match is None:
         return True, "present"
-    text = host.read_file(rid, check.path, actions.MAX_READ_BYTES).decode(errors="replace")
+    text = host.read_file(rid, check.path, MAX_READ_BYTES).decode(errors="replace")
     met = check.match.check(text)
     return met, text[-200:] if met else f"its content: {text[-200:]!r}"  # quoted: an empty file says so
 

@@ -22,14 +22,14 @@ from pydantic import BaseModel, TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
 from osfleet.api.auth import Principal
-from osfleet.api.errors import Conflict, Forbidden, NotFound
+from osfleet.api.errors import Conflict, NotFound, relayed
 from osfleet.api.policy import refuse_root_actions
 from osfleet.errors import OsfleetError
+from osfleet.protocol.actions import Action
 from osfleet.recording import TrajectoryError, TrajectoryStore, store_dir
 from osfleet.recording.store import TrajectoryMeta
-from osfleet.replicas.actions import Action, check_actions
+from osfleet.replicas.actions import check_actions
 from osfleet.replicas.errors import ReplicaNotFoundError
-from osfleet.replicas.input import InputError
 from osfleet.replicas.leases import Claim
 from osfleet.replicas.records import Lease, ReplicaRecord, State
 
@@ -262,11 +262,10 @@ class FleetBackend:
         if resp.status_code < 300:
             return resp
         try:
-            why = str(resp.json().get("error") or resp.status_code)
+            body = resp.json()
         except ValueError:
-            why = f"HTTP {resp.status_code}"
-        kind = {404: NotFound, 409: Conflict, 422: InputError, 403: Forbidden}.get(resp.status_code, OsfleetError)
-        raise kind(f"{host}: {why}")
+            body = None
+        raise relayed(resp.status_code, body, host)
 
     async def _each(self, path: str, who: Principal) -> list[tuple[str, Any]]:
         g = self._gw()

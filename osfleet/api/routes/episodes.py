@@ -8,36 +8,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated, cast
+from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 from fastapi.responses import Response
 
 from osfleet.api import recorded, steps
 from osfleet.api.auth import Caller
-from osfleet.api.contract import BoundaryRoute
-from osfleet.api.contract import errors as documented
+from osfleet.api.contract import Routes
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.models import (
-    FORMAT_DOC,
-    INCLUDE_DOC,
-    INCLUDE_PATTERN,
-    QUALITY_DOC,
     ForkChild,
     ForkRequest,
     ForkResponse,
     LeaseBody,
     Observation,
-    ObservationPart,
+    ObservationQuery,
     ResetRequest,
     ResetResponse,
     StepRequest,
     StepResponse,
 )
 from osfleet.api.observe import observe
+from osfleet.api.operations import EVALUATE, FORK, OBSERVATION, RESET, STEP
 from osfleet.api.policy import refuse_root_task
 from osfleet.api.state import AgentState
-from osfleet.screen import ImageFormat
 from osfleet.tasks import runner
 from osfleet.tasks.model import Evaluation, Task, TaskError, find_task
 from osfleet.tasks.osworld import OsworldTask, from_osworld
@@ -62,13 +57,9 @@ def task_from(req: ResetRequest) -> Task | None:
     return req.task
 
 
-def router(state: Callable[[], AgentState]) -> APIRouter:
-    r = APIRouter(route_class=BoundaryRoute)
-
-    @r.post("/replicas/{rid}/reset", responses=documented(403, 404, 409, 503))
+def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
+    @routes(RESET)
     def reset(rid: str, req: ResetRequest, response: Response, who: Caller) -> ResetResponse:
-        """Reset the replica to its initial state, then to the task's (``task_id``: built in; ``task``: inline,
-        osfleet's format or OSWorld's). 403 for a client's inline task that asks for root in the guest."""
         s = state()
         task = task_from(req)
         refuse_root_task(task, req.task is not None, who, s.config)
@@ -105,44 +96,26 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
             observation=seen,
         )
 
-    @r.get("/replicas/{rid}/observation", responses=documented(404, 409, 503))
+    @routes(OBSERVATION)
     def observation(
-        rid: str,
-        response: Response,
-        who: Caller,
-        lease_id: str = Query(min_length=1, max_length=200),
-        format: Annotated[ImageFormat, Query(description=FORMAT_DOC)] = "png",
-        quality: Annotated[int | None, Query(ge=1, le=100, description=QUALITY_DOC)] = None,
-        include: Annotated[
-            str, Query(max_length=100, pattern=INCLUDE_PATTERN, description=INCLUDE_DOC + "; comma-separated")
-        ] = "",
+        rid: str, query: Annotated[ObservationQuery, Query()], response: Response, who: Caller
     ) -> Observation:
-        """The screen now; ``include=accessibility_tree,terminal,cursor`` adds OSWorld's observation parts."""
         s = state()
-        live = s.episode(rid, lease_id, who)
-        parts = cast(list[ObservationPart], [p for p in include.split(",") if p])
+        live = s.episode(rid, query.lease_id, who)
         with collecting() as stages:
-            seen = observe(live.on(s.host, who), rid, format, quality, parts)
+            seen = observe(live.on(s.host, who), rid, query.format, query.quality, query.parts)
         _timed(response, stages)
         return seen
 
-    @r.post("/replicas/{rid}/step", responses=documented(403, 404, 409, 503))
+    @routes(STEP)
     def step(rid: str, req: StepRequest, response: Response, who: Caller) -> StepResponse:
-        """Apply a batch of actions once per ``action_id``: a retry (even after an agent restart) gets the
-        stored results back with ``replayed: true`` and a fresh observation. The ``Server-Timing`` header
-        says where the time went (act, persist, capture, encode, record, total). 403 for a client's ``shell``
-        with ``as_root`` (unless the host runs with ``--allow-agent-root``)."""
         with collecting() as stages:
             answer = steps.step(state(), rid, req, who)
         _timed(response, stages)
         return answer
 
-    @r.post("/replicas/{rid}/fork", status_code=201, responses=documented(404, 409, 503))
+    @routes(FORK)
     def fork(rid: str, req: ForkRequest, who: Caller) -> ForkResponse:
-        """Fork the leased replica mid-episode: ``children`` replicas start from its current state (screen,
-        memory, disk), each with its own identity, leased to the caller, with the parent's task and applied
-        steps (``evaluate`` works on each). The parent pauses only while it is saved, then goes on. 503
-        capacity when this host cannot hold that many more replicas."""
         s = state()
         live = s.episode(rid, req.lease_id, who)
         with live.lock:  # no step of the parent is half-applied in the saved state
@@ -171,7 +144,7 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
             children=children,
         )
 
-    @r.post("/replicas/{rid}/evaluate", responses=documented(404, 409, 503))
+    @routes(EVALUATE)
     def evaluate(rid: str, req: LeaseBody, who: Caller) -> Evaluation:
         s = state()
         live = s.episode(rid, req.lease_id, who)
@@ -183,5 +156,3 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
             if s.recorder is not None:
                 s.recorder.evaluated(rid, req.lease_id, result.reward, result.success)
             return result
-
-    return r

@@ -6,37 +6,28 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from fastapi import APIRouter
-
 from osfleet.api.auth import Caller, Principal
-from osfleet.api.contract import BoundaryRoute
-from osfleet.api.contract import errors as documented
+from osfleet.api.contract import Routes
 from osfleet.api.models import LeaseBody, LeaseRequest, LeaseResponse, Released
+from osfleet.api.operations import LEASE, RELEASE
 from osfleet.api.state import AgentState, LiveEpisode
 from osfleet.replicas.errors import LeaseError
 
 
-def router(state: Callable[[], AgentState]) -> APIRouter:
-    r = APIRouter(route_class=BoundaryRoute)
-
-    @r.post("/leases", status_code=201, responses=documented(503))
+def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
+    @routes(LEASE)
     def lease(req: LeaseRequest, who: Caller) -> LeaseResponse:
-        """Lease a ready replica (503 capacity with Retry-After when none is ready). It is the caller's: only
-        they (and the operator) see and touch it until it is released or the lease expires."""
         s = state()
         rec, lease_ = s.host.lease(req.holder, req.ttl_seconds or s.config.lease_seconds, owner=who.name)
         return LeaseResponse(replica_id=rec.id, lease_id=lease_.id, expires_at=lease_.expires_at)
 
-    @r.post("/replicas/{rid}/release", responses=documented(404, 409))
+    @routes(RELEASE)
     def release(rid: str, req: LeaseBody, who: Caller) -> Released:
-        """End the lease; the replica is reset before anyone else can lease it. Waits for a step under way."""
         s = state()
         live = s.episode(rid, req.lease_id, who)
         with live.lock:
             ready = release_episode(s, live, who)
         return Released(replica_id=rid, released=True, ready_again=ready)
-
-    return r
 
 
 def release_episode(s: AgentState, live: LiveEpisode, who: Principal, quiet: bool = False) -> bool:

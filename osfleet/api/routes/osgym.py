@@ -10,13 +10,13 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
+from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
 from osfleet.api import recorded
 from osfleet.api.auth import OsgymCaller
-from osfleet.api.contract import BoundaryRoute
-from osfleet.api.contract import errors as documented
+from osfleet.api.contract import Routes
 from osfleet.api.models import (
     OsgymReset,
     OsgymResetResponse,
@@ -25,6 +25,13 @@ from osfleet.api.models import (
     OsgymShutdownResponse,
     OsgymStep,
     OsgymStepResponse,
+)
+from osfleet.api.operations import (
+    OSGYM_RESET,
+    OSGYM_SCREENSHOT,
+    OSGYM_SHUTDOWN,
+    OSGYM_STEP,
+    OsgymScreenshotQuery,
 )
 from osfleet.api.osgym_actions import Parsed as ParsedAction
 from osfleet.api.osgym_actions import parse as parse_osgym
@@ -87,10 +94,8 @@ def _score(s: AgentState, live: LiveEpisode, leased: LeasedHost, task: Task, dec
     return evaluation.reward
 
 
-def router(state: Callable[[], AgentState]) -> APIRouter:
-    r = APIRouter(route_class=BoundaryRoute)
-
-    @r.post("/reset", responses=documented(503))
+def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
+    @routes(OSGYM_RESET)
     def reset(req: OsgymReset, who: OsgymCaller) -> OsgymResetResponse:
         s = state()
         task = from_osworld(req.task_config)
@@ -114,7 +119,7 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
             raise
         return OsgymResetResponse(screenshot=screenshot, problem=task.instruction, vm_id=vm_id)
 
-    @r.post("/step", responses=documented(404, 409, 503))
+    @routes(OSGYM_STEP)
     def step(req: OsgymStep, who: OsgymCaller) -> OsgymStepResponse:
         s = state()
         rid, live = s.vm(req.vm_id, who)
@@ -135,9 +140,8 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
                     release_episode(s, live, who, quiet=True)
         return OsgymStepResponse(screenshot=base64.b64encode(shot).decode(), is_finish=parsed.finish, reward=reward)
 
-    @r.post("/shutdown", responses=documented(404))
+    @routes(OSGYM_SHUTDOWN)
     def shutdown(req: OsgymShutdown, who: OsgymCaller) -> OsgymShutdownResponse:
-        """Release the caller's vm (or all of the caller's vms); another client's vms are never touched."""
         s = state()
         ids = s.vms_of(who) if req.vm_id == "all" else [req.vm_id]
         for vm_id in ids:
@@ -146,10 +150,8 @@ def router(state: Callable[[], AgentState]) -> APIRouter:
                 release_episode(s, live, who, quiet=True)
         return OsgymShutdownResponse(vm_id=req.vm_id)
 
-    @r.get("/screenshot", responses=documented(404, 409, 503))
-    def screenshot(who: OsgymCaller, vm_id: int = Query(alias="vmId")) -> OsgymScreenshot:
+    @routes(OSGYM_SCREENSHOT)
+    def screenshot(query: Annotated[OsgymScreenshotQuery, Query()], who: OsgymCaller) -> OsgymScreenshot:
         s = state()
-        rid, live = s.vm(vm_id, who)
-        return OsgymScreenshot(screenshot=_jpeg(live.on(s.host, who), rid), vm_id=vm_id)
-
-    return r
+        rid, live = s.vm(query.vm_id, who)
+        return OsgymScreenshot(screenshot=_jpeg(live.on(s.host, who), rid), vm_id=query.vm_id)

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from osfleet.config import Settings
 from osfleet.errors import ImageNotFoundError, first_problem
 from osfleet.images import GoldenImage, image_folders, load
-from osfleet.replicas.actions import Action
+from osfleet.protocol.actions import Action
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.importer import task_files
 from osfleet.tasks.model import Task, TaskError

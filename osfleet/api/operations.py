@@ -1,0 +1,255 @@
+"""Every operation of the API, once: the host agent serves each one, and the gateway serves the very same ones.
+
+An operation is its method and path, its body or query model, its answer, its statuses, who may call it and what
+it does (the published description). Both servers mount their handlers with ``osfleet.api.contract.Routes``,
+which takes all of that from here and refuses a handler whose parameters say otherwise (a query parameter
+declared by hand, another body model, another caller), and each server refuses to start unless every operation
+has a handler. So the gateway cannot drift from the host (a ``lease_id`` of 400 characters on one and 200 on the
+other), and an operation added here reaches the gateway or stops it from building.
+
+OSGym's operations are here too (its wire format, served by both for OSGym's clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from osfleet.api.models import (
+    ForkRequest,
+    ForkResponse,
+    LeaseBody,
+    LeaseRequest,
+    LeaseResponse,
+    Observation,
+    ObservationQuery,
+    OsgymReset,
+    OsgymResetResponse,
+    OsgymScreenshot,
+    OsgymShutdown,
+    OsgymShutdownResponse,
+    OsgymStep,
+    OsgymStepResponse,
+    Released,
+    ReplicaView,
+    ResetRequest,
+    ResetResponse,
+    Retired,
+    ScaleRequest,
+    ScaleResponse,
+    StepRequest,
+    StepResponse,
+)
+from osfleet.protocol.tasks import Evaluation
+
+Auth = Literal["caller", "operator", "osgym"]
+"""``caller``: any principal (the operator or a client); ``operator``: the operator's token only (403 for a
+client); ``osgym``: a principal, or an address let in with ``--osgym-allow`` (OSGym's clients send no token)."""
+
+
+class OsgymScreenshotQuery(BaseModel):
+    """The query of OSGym's ``GET /screenshot``."""
+
+    vm_id: int = Field(alias="vmId")
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str  # the operationId
+    method: Literal["GET", "POST", "PUT", "DELETE"]
+    path: str
+    doc: str
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    response: Any = None
+    status: int = 200
+    errors: tuple[int, ...] = ()  # besides 401, 413 and 422, which every operation can answer
+    auth: Auth = "caller"
+    tag: str = "replicas"
+    path_params: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = tuple(part[1:-1] for part in self.path.split("/") if part.startswith("{") and part.endswith("}"))
+        object.__setattr__(self, "path_params", names)
+
+    @property
+    def summary(self) -> str:
+        return self.name.replace("_", " ").capitalize()
+
+
+LEASE = Operation(
+    "lease",
+    "POST",
+    "/v1/leases",
+    "Lease a ready replica (503 capacity with Retry-After when none is ready). It is the caller's: only they (and "
+    "the operator) see and touch it until it is released or the lease expires.",
+    body=LeaseRequest,
+    response=LeaseResponse,
+    status=201,
+    errors=(503,),
+)
+RELEASE = Operation(
+    "release",
+    "POST",
+    "/v1/replicas/{rid}/release",
+    "End the lease; the replica is reset before anyone else can lease it. Waits for a step under way.",
+    body=LeaseBody,
+    response=Released,
+    errors=(404, 409),
+)
+LIST_REPLICAS = Operation(
+    "list_replicas",
+    "GET",
+    "/v1/replicas",
+    "Every replica for the operator; for a client, the replicas it holds a lease on (no others).",
+    response=list[ReplicaView],
+)
+SCALE_UP = Operation(
+    "scale_up",
+    "POST",
+    "/v1/replicas",
+    "Bring up more replicas in the background; watch them with GET /v1/replicas. 503 capacity when there is no "
+    "room for that many more. The operator's.",
+    body=ScaleRequest,
+    response=ScaleResponse,
+    status=202,
+    errors=(403, 503),
+    auth="operator",
+)
+RETIRE = Operation(
+    "retire",
+    "DELETE",
+    "/v1/replicas/{rid}",
+    "Take a replica down for good: any for the operator; for a client, one it holds a lease on.",
+    response=Retired,
+    errors=(404, 409, 503),
+)
+HOST_SAMPLE = Operation(
+    "host_sample",
+    "GET",
+    "/v1/host",
+    "A sample of the host (through a gateway: of every host) for load tests and placement: replicas by state, "
+    "disk bytes, CPU and memory. The operator's (it covers every tenant).",
+    response=dict[str, Any],
+    errors=(403,),
+    auth="operator",
+)
+RESET = Operation(
+    "reset",
+    "POST",
+    "/v1/replicas/{rid}/reset",
+    "Reset the replica to its initial state, then to the task's (``task_id``: built in; ``task``: inline, "
+    "osfleet's format or OSWorld's). 403 for a client's inline task that asks for root in the guest.",
+    body=ResetRequest,
+    response=ResetResponse,
+    errors=(403, 404, 409, 503),
+)
+OBSERVATION = Operation(
+    "observation",
+    "GET",
+    "/v1/replicas/{rid}/observation",
+    "The replica's screen now; ``include=accessibility_tree,terminal,cursor`` adds OSWorld's observation parts.",
+    query=ObservationQuery,
+    response=Observation,
+    errors=(404, 409, 503),
+)
+STEP = Operation(
+    "step",
+    "POST",
+    "/v1/replicas/{rid}/step",
+    "Apply a batch of actions once per ``action_id``: a retry (even after an agent restart) gets the stored "
+    "results back with ``replayed: true`` and a fresh observation. The ``Server-Timing`` header says where the "
+    "time went (act, persist, capture, encode, record, total). 403 for a client's ``shell`` with ``as_root`` "
+    "(unless the host runs with ``--allow-agent-root``).",
+    body=StepRequest,
+    response=StepResponse,
+    errors=(403, 404, 409, 503),
+)
+FORK = Operation(
+    "fork",
+    "POST",
+    "/v1/replicas/{rid}/fork",
+    "Fork the leased replica mid-episode: ``children`` replicas start from its current state (screen, memory, "
+    "disk), each with its own identity, leased to the caller, with the parent's task and applied steps "
+    "(``evaluate`` works on each). The parent pauses only while it is saved, then goes on. 503 capacity when its "
+    "host cannot hold that many more replicas.",
+    body=ForkRequest,
+    response=ForkResponse,
+    status=201,
+    errors=(404, 409, 503),
+)
+EVALUATE = Operation(
+    "evaluate",
+    "POST",
+    "/v1/replicas/{rid}/evaluate",
+    "The task's reward now. An evaluation the infrastructure could not finish is 503 (kind infrastructure), "
+    "never a reward of 0.",
+    body=LeaseBody,
+    response=Evaluation,
+    errors=(404, 409, 503),
+)
+
+OSGYM_RESET = Operation(
+    "osgym_reset",
+    "POST",
+    "/reset",
+    "OSGym's reset: lease a replica, set up the OSWorld task, answer its first screen and a vm id.",
+    body=OsgymReset,
+    response=OsgymResetResponse,
+    errors=(503,),
+    auth="osgym",
+    tag="osgym",
+)
+OSGYM_STEP = Operation(
+    "osgym_step",
+    "POST",
+    "/step",
+    "OSGym's step: one action string; a finishing one (DONE, FAIL) scores the task and releases the vm.",
+    body=OsgymStep,
+    response=OsgymStepResponse,
+    errors=(404, 409, 503),
+    auth="osgym",
+    tag="osgym",
+)
+OSGYM_SHUTDOWN = Operation(
+    "osgym_shutdown",
+    "POST",
+    "/shutdown",
+    "Release the caller's vm (or all of the caller's vms); another client's vms are never touched.",
+    body=OsgymShutdown,
+    response=OsgymShutdownResponse,
+    errors=(404,),
+    auth="osgym",
+    tag="osgym",
+)
+OSGYM_SCREENSHOT = Operation(
+    "osgym_screenshot",
+    "GET",
+    "/screenshot",
+    "OSGym's screenshot of a vm (JPEG, base64).",
+    query=OsgymScreenshotQuery,
+    response=OsgymScreenshot,
+    errors=(404, 409, 503),
+    auth="osgym",
+    tag="osgym",
+)
+
+OPERATIONS: tuple[Operation, ...] = (
+    LEASE,
+    RELEASE,
+    LIST_REPLICAS,
+    SCALE_UP,
+    RETIRE,
+    HOST_SAMPLE,
+    RESET,
+    OBSERVATION,
+    STEP,
+    FORK,
+    EVALUATE,
+    OSGYM_RESET,
+    OSGYM_STEP,
+    OSGYM_SHUTDOWN,
+    OSGYM_SCREENSHOT,
+)

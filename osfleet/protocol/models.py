@@ -1,0 +1,204 @@
+"""Request and response bodies of the ``/v1`` API: leases, replicas, reset, step, observation, fork.
+
+The host agent publishes these in its OpenAPI, the gateway serves the very same operations, and the client
+parses answers with them. Requests are strict (a ``true`` or ``"1"`` is not a number); responses are plain.
+An inline task in a reset may also be in OSWorld's format, which only the host parses: the server's reset
+request (``osfleet.api.models.ResetRequest``) extends ``ResetOptions`` with it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from osfleet.protocol.actions import Action, ActionResult
+from osfleet.protocol.wire import JsonInt, integral
+
+Mode = Literal["cold", "snapshot"]
+"""How a replica is brought up and reset: a cold boot, or a restore of the image's saved running state."""
+MODES: tuple[Mode, ...] = get_args(Mode)
+
+ImageFormat = Literal["png", "jpeg", "webp"]
+FORMATS: tuple[ImageFormat, ...] = get_args(ImageFormat)
+DEFAULT_QUALITY = 85  # JPEG and WebP when the client names none (what OSGym's screenshots have always used)
+ObservationPart = Literal["accessibility_tree", "terminal", "cursor"]
+INCLUDE_DOC = (
+    "more in the observation: accessibility_tree (OSWorld's AT-SPI tree as XML), terminal (the text of the focused "
+    "terminal, as OSWorld's /terminal), cursor (the mouse pointer drawn into the screenshot, as OSWorld shows it)"
+)
+INCLUDE_PATTERN = r"^((accessibility_tree|terminal|cursor)(,(accessibility_tree|terminal|cursor))*)?$"
+QUALITY_DOC = f"JPEG/WebP quality, 1 (smallest) to 100; default {DEFAULT_QUALITY}; ignored for png"
+FORMAT_DOC = "image format of the observation: png (lossless), or jpeg / webp (several times smaller)"
+
+MAX_ID = 200  # characters of a lease id, task id or action id
+MAX_FORK_CHILDREN = 64
+
+LeaseId = Annotated[str, Field(min_length=1, max_length=MAX_ID)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # no "1" or true where the schema says a number
+
+
+class LeaseRequest(_Strict):
+    holder: str = Field("anonymous", max_length=200)
+    ttl_seconds: float | None = Field(None, gt=0, le=86400)
+
+
+class LeaseResponse(BaseModel):
+    replica_id: str
+    lease_id: str
+    expires_at: float
+
+
+class ScaleRequest(_Strict):
+    count: JsonInt = Field(ge=1, le=1024)
+    mode: Mode | None = None
+
+
+class ScaleResponse(BaseModel):
+    requested: int
+    mode: Mode
+    placement: dict[str, int] | None = Field(None, description="through a gateway: how many each host brings up")
+
+
+class ReplicaView(BaseModel):
+    id: str
+    state: str
+    generation: int
+    mode: Mode
+    image: str
+    leased: bool
+    created_at: float
+    ready_at: float | None
+    host: str | None = Field(None, description="through a gateway: the host the replica runs on")
+
+
+class Retired(BaseModel):
+    replica_id: str
+    retired: bool
+
+
+class Released(BaseModel):
+    replica_id: str
+    released: bool
+    ready_again: bool = Field(description="false when the reset after release failed (the replica is rebuilt)")
+
+
+class LeaseBody(_Strict):
+    lease_id: LeaseId
+
+
+class ForkRequest(LeaseBody):
+    children: JsonInt = Field(1, ge=1, le=MAX_FORK_CHILDREN)
+
+
+class ForkChild(BaseModel):
+    replica_id: str
+    lease_id: str
+    expires_at: float
+    seconds: float = Field(description="this child's bring-up from the saved fork until ready")
+
+
+class ForkResponse(BaseModel):
+    parent_id: str
+    fork_id: str
+    memory_mode: Literal["template", "stream"]
+    save_seconds: float = Field(description="pausing the parent and saving its state (the parent then goes on)")
+    total_seconds: float = Field(description="from the request until every child was ready")
+    children: list[ForkChild]
+
+
+Quality = Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)]
+
+
+class ObserveOptions(_Strict):
+    """How the screen after a reset or step is sent back (only when ``observe`` is true)."""
+
+    observation_format: ImageFormat = Field("png", description=FORMAT_DOC)
+    observation_quality: Quality | None = Field(None, description=QUALITY_DOC)
+    observation_include: list[ObservationPart] = Field(default_factory=list, max_length=3, description=INCLUDE_DOC)
+
+
+class ObservationQuery(BaseModel):
+    """The query of ``GET /v1/replicas/{rid}/observation`` (query strings are text: not strict)."""
+
+    lease_id: LeaseId
+    format: ImageFormat = Field("png", description=FORMAT_DOC)
+    quality: int | None = Field(None, ge=1, le=100, description=QUALITY_DOC)
+    include: str = Field("", max_length=100, pattern=INCLUDE_PATTERN, description=INCLUDE_DOC + "; comma-separated")
+
+    @property
+    def parts(self) -> list[ObservationPart]:
+        return [p for p in self.include.split(",") if p]  # type: ignore[misc]  # the pattern admits these only
+
+
+class ResetOptions(LeaseBody, ObserveOptions):
+    """A reset's fields besides an inline task."""
+
+    task_id: str | None = Field(None, min_length=1, max_length=MAX_ID, description="a built-in task")
+    observe: bool = True
+
+
+class Observation(BaseModel):
+    screenshot: str | None = Field(None, description="base64 image")
+    format: ImageFormat = "png"
+    quality: int | None = Field(None, description="the JPEG/WebP quality it was encoded at; null for png")
+    width: int
+    height: int
+    accessibility_tree: str | None = Field(None, description="OSWorld's accessibility tree (XML), when included")
+    terminal: str | None = Field(None, description="the focused terminal's text, when included (null: none)")
+    unavailable: dict[str, str] | None = Field(
+        None, description="parts that were asked for but could not be read from the guest, with the reason"
+    )
+
+
+class ResetResponse(BaseModel):
+    replica_id: str
+    generation: int
+    task_id: str | None
+    instruction: str | None
+    seconds: float
+    observation: Observation | None
+
+
+class StepRequest(LeaseBody, ObserveOptions):
+    action_id: str = Field(min_length=1, max_length=MAX_ID, description="caller-chosen; a retry with it applies once")
+    actions: list[Action] = Field(min_length=1, max_length=100)
+    observe: bool = True
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="free JSON kept with the step when the host records episodes (model name, tokens, "
+        "log-probs, ...); over 256 KiB it is noted by size instead of kept",
+    )
+
+
+class StepResult(ActionResult):
+    """An action's result; a replayed step's long outputs may come back as digests (see ``digests``)."""
+
+    digests: dict[str, str] | None = Field(
+        None,
+        description="only in a replay: outputs that were over the host's cap on stored results (256 KiB a step, "
+        "1 MiB an episode) are null here and named with their digest, e.g. "
+        '{"content_base64": "sha256:<hex> (8388608 bytes)"}',
+    )
+
+
+class StepResponse(BaseModel):
+    action_id: str
+    replayed: bool = False
+    done: bool
+    results: list[StepResult]
+    observation: Observation | None
+
+
+class Health(BaseModel):
+    """``/health``: ``status`` to anyone; the rest only to a token holder (``replicas`` and ``problem`` to the
+    operator's token), so an open port tells nobody how busy the host is."""
+
+    status: Literal["ok", "failing"]
+    image: str | None = None
+    accelerator: str | None = None
+    replicas: dict[str, int] | None = Field(None, description="replicas by state (the operator's token only)")
+    problem: str | None = None
