@@ -265,15 +265,28 @@ def make_ca(common_name: str, days: int = CA_DAYS) -> KeyPair:
     return KeyPair(_cert_pem(cert), _key_pem(key))
 
 
-def issue(ca: KeyPair, names: Sequence[str], days: int = CERT_DAYS) -> KeyPair:
-    """A server certificate signed by ``ca`` for ``names`` (IP addresses and DNS names, in subjectAltName)."""
+def issue(
+    ca: KeyPair,
+    names: Sequence[str],
+    days: int = CERT_DAYS,
+    *,
+    common_name: str | None = None,
+    groups: Sequence[str] = (),
+    server: bool = True,
+    client: bool = False,
+) -> KeyPair:
+    """A certificate signed by ``ca``: for a server at ``names`` (IP addresses and DNS names, in subjectAltName),
+    and/or for a client (``client``) named ``common_name`` in ``groups`` (the subject's O=, as Kubernetes reads
+    a client certificate's user and groups)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    if not names:
+    if server and not names:
         raise ConfigError("a server certificate needs at least one address or DNS name")
+    if not server and not client:
+        raise ConfigError("a certificate is for a server, a client or both")
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.encode())
     ca_key = serialization.load_pem_private_key(ca.key_pem.encode(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -285,21 +298,26 @@ def issue(ca: KeyPair, names: Sequence[str], days: int = CERT_DAYS) -> KeyPair:
             alt.append(x509.IPAddress(ipaddress.ip_address(n)))
         except ValueError:
             alt.append(x509.DNSName(n))
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name or names[0]))
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     now = dt.datetime.now(dt.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .subject_name(x509.Name(subject))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
+    if alt:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
     return KeyPair(_cert_pem(cert), _key_pem(key))
 
 

@@ -248,7 +248,7 @@ def test_aws_bad_config_names_the_key(mocks: Mocks, ssh_key: str, over: dict[str
 
 
 def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: Mocks) -> None:
-    _stack(mocks, "k8s", {"containerImage": "registry.example.org/osfleet:0.1.0", "warm": "4"})
+    _stack(mocks, "k8s", {"containerImage": "registry.example.org/osfleet:0.1.0", "warm": "4", "checkCluster": "false"})
     _run_program()
     (ns,) = mocks.of("kubernetes:core/v1:Namespace")
     assert ns.inputs["metadata"]["name"] == "osfleet"
@@ -295,7 +295,11 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
     _stack(
         mocks,
         "k8s",
-        {"containerImage": "registry.example.org/osfleet:0.1.0", "kvmNodes": '["kvm-a=10.0.0.11", "kvm-b=10.0.0.12"]'},
+        {
+            "containerImage": "registry.example.org/osfleet:0.1.0",
+            "kvmNodes": '["kvm-a=10.0.0.11", "kvm-b=10.0.0.12"]',
+            "checkCluster": "false",
+        },
     )
     _run_program()
     deployments = {d.inputs["metadata"]["name"]: d for d in mocks.of("kubernetes:apps/v1:Deployment")}
@@ -347,3 +351,80 @@ def test_k8s_needs_a_container_image(mocks: Mocks) -> None:
     with pytest.raises(ConfigError) as err:
         run()
     assert str(err.value) == "osfleet:containerImage: missing; the container image with osfleet installed"
+
+
+def test_k8s_with_discovery_runs_two_gateways_that_find_the_agents_with_a_read_only_account(mocks: Mocks) -> None:
+    _stack(
+        mocks,
+        "k8s",
+        {"containerImage": "localhost/osfleet:0.1.0-abc", "gatewayDiscovery": "true", "fleetAddress": "10.9.8.7",
+         "namePrefix": "osfleet-k8s-", "memoryDir": "/dev/shm/osfleet-k8s", "checkCluster": "false"},
+    )  # fmt: skip
+    _run_program()
+    deployments = {d.inputs["metadata"]["name"]: d for d in mocks.of("kubernetes:apps/v1:Deployment")}
+    gw = deployments["osfleet-gateway"].inputs["spec"]
+    assert gw["replicas"] == 2
+    pod = gw["template"]["spec"]
+    assert pod["serviceAccountName"] == "osfleet-gateway" and pod["automountServiceAccountToken"] is True
+    (c,) = pod["containers"]
+    cmd = c["command"]
+    assert "--host" not in cmd
+    assert (
+        cmd[cmd.index("--discover-pods") + 1]
+        == "app.kubernetes.io/name=osfleet-agent,app.kubernetes.io/part-of=osfleet"
+    )
+    assert cmd[cmd.index("--hosts-tls-name") + 1] == "osfleet-agent.osfleet.svc"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    # Least privilege: read the agent pods of its namespace and the nodes; nothing else, no write.
+    (role,) = mocks.of("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert role.inputs["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    (cluster_role,) = mocks.of("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
+    assert cluster_role.inputs["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    for binding in mocks.of("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding") + mocks.of(
+        "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
+    ):
+        assert binding.inputs["subjects"] == [
+            {"kind": "ServiceAccount", "name": "osfleet-gateway", "namespace": "osfleet"}
+        ]
+    services = {s.inputs["metadata"]["name"]: s.inputs["spec"] for s in mocks.of("kubernetes:core/v1:Service")}
+    assert services["osfleet-gateway"]["type"] == "NodePort"
+    # The agents answer on their pods' addresses (not the nodes'), on every KVM-labelled node whatever its taints,
+    # with the node's replica prefix and RAM-file folder at the node's own path.
+    (ds,) = mocks.of("kubernetes:apps/v1:DaemonSet")
+    agent = ds.inputs["spec"]["template"]["spec"]
+    assert "hostNetwork" not in agent and agent["automountServiceAccountToken"] is False
+    assert agent["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    env = {e["name"]: e.get("value") for e in agent["containers"][0]["env"]}
+    assert env["OSFLEET_NAME_PREFIX"] == "osfleet-k8s-" and env["OSFLEET_MEMORY_DIR"] == "/dev/shm/osfleet-k8s"
+    assert {v["name"]: v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}[
+        "memory"
+    ] == "/dev/shm/osfleet-k8s"
+    secrets = {x.inputs["metadata"]["name"]: x.inputs["stringData"] for x in mocks.of("kubernetes:core/v1:Secret")}
+    assert_serves(secrets["osfleet-gateway-tls"]["value"]["tls.crt"], ca_pem(mocks), "10.9.8.7")  # the fleetUrl's
+    assert_serves(secrets["osfleet-agent-tls"]["value"]["tls.crt"], ca_pem(mocks), "osfleet-agent.osfleet.svc")
+    for role_name in ("master", "worker"):
+        locust = deployments[f"osfleet-locust-{role_name}"].inputs["spec"]["template"]["spec"]
+        assert locust["automountServiceAccountToken"] is False
+        assert locust["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "osfleet-gateway-token"
+
+
+@pytest.mark.parametrize(
+    ("over", "expected"),
+    [
+        ({"gatewayDiscovery": "true", "kvmNodes": '["a=10.0.0.1"]'}, "osfleet:gatewayDiscovery: true and a kvmNodes"),
+        ({"gatewayServiceType": "ExternalName"}, "osfleet:gatewayServiceType: 'ExternalName' is not one of"),
+        ({"gatewayReplicas": "0"}, "osfleet:gatewayReplicas: 0 is out of range 1..20"),
+        ({"imagePullPolicy": "Sometimes"}, "osfleet:imagePullPolicy: 'Sometimes' is not one of"),
+        ({"namePrefix": "lab-"}, "osfleet:namePrefix: 'lab-' must look like"),
+    ],
+)
+def test_k8s_bad_config_names_the_key(mocks: Mocks, over: dict[str, str], expected: str) -> None:
+    from osfleet_infra.program import run
+
+    _stack(mocks, "k8s", {"containerImage": "localhost/osfleet:1", "checkCluster": "false", **over})
+    with pytest.raises(ConfigError) as err:
+        run()
+    assert str(err.value).startswith(expected)
+    assert mocks.resources == []

@@ -1,7 +1,11 @@
 """The ``k8s`` stack: the host agent as a privileged DaemonSet on KVM-labelled nodes, its token in a Secret,
 and Locust master + workers with the locustfile in a ConfigMap.
 
-With ``kvmNodes``, a fleet gateway in front of the agents. The gateway has a token of its own (config
+With ``gatewayDiscovery: true``, a fleet gateway (``gatewayReplicas`` pods, default 2, behind a NodePort Service:
+``fleetUrl`` is a node's address and that port) that finds the agents in the cluster itself: it watches the
+DaemonSet's pods and the nodes with a service account that may read only those (``osfleet.fleet.discovery``), so
+nodes joining and leaving need no change of configuration. With a static ``kvmNodes`` list (hosts on their
+nodes' addresses), a gateway over that list instead. The gateway has a token of its own (config
 ``gatewayToken``, secret; by default derived one-way from the agents' token) that its clients — Locust
 included — use; only the gateway holds the agents' token (a mounted file), so a gateway client cannot call an
 agent as its operator.
@@ -10,6 +14,10 @@ Every listener speaks HTTPS with certificates the stack makes (``CertificateAuth
 agents' for their Service names and the KVM nodes' addresses (Secret ``osfleet-agent-tls``), the gateway's for its
 Service names (``osfleet-gateway-tls``); the CA's certificate alone (``osfleet-ca``) is what the gateway and
 Locust mount to verify them. Probes use HTTPS (the kubelet does not verify probe certificates).
+
+Before declaring anything the program asks the cluster (``k8s_cluster.py``): that it answers, that a node carries
+the KVM label, that an image nodes cannot pull is on one of them, and which address reaches a NodePort; each
+failure is one line. ``osfleet lab k8s up`` makes a cluster on this machine that fits.
 
 Nodes are expected to run libvirtd themselves (prepared like any KvmHost); the agent reaches it through the
 node's libvirt socket and keeps images and records in a hostPath store. The agent's requests reserve what
@@ -20,24 +28,32 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 
 from osfleet_infra.components import CertificateAuthority
-from osfleet_infra.settings import REPO, Common, ConfigError, list_value
+from osfleet_infra.settings import REPO, Common, ConfigError, bool_value, list_value
 
 DEFAULT_NAMESPACE = "osfleet"
 DEFAULT_NODE_LABEL = "osfleet.io/kvm=true"
 DEFAULT_STORE = "/var/lib/osfleet"
+DEFAULT_MEMORY_DIR = "/dev/shm/osfleet"
+DEFAULT_NAME_PREFIX = "osfleet-"
 DEFAULT_LOCUST_WORKERS = 2
+DEFAULT_GATEWAY_REPLICAS = 2
+SERVICE_TYPES = ("NodePort", "ClusterIP", "LoadBalancer")
+PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 # Per-replica footprint; set them from a run's measured figures (osfleet report prints them).
 DEFAULT_REPLICA_MEMORY_MIB = 350
 DEFAULT_REPLICA_CPU = 0.25
 AGENT_MEMORY_MIB = 512
 AGENT_CPU = 0.5
 LOCUSTFILE = REPO / "loadtest" / "trajectories.py"
+AGENT_LABELS = {"app.kubernetes.io/name": "osfleet-agent", "app.kubernetes.io/part-of": "osfleet"}
+GATEWAY_LABELS = {"app.kubernetes.io/name": "osfleet-gateway", "app.kubernetes.io/part-of": "osfleet"}
 
 
 GATEWAY_PORT = 8090
@@ -52,7 +68,7 @@ def service_names(service: str, namespace: str) -> list[str]:
 
 @dataclass(frozen=True)
 class K8sConfig:
-    kvm_nodes: tuple[tuple[str, str], ...]  # (name, address) of each KVM node: the gateway's host list
+    kvm_nodes: tuple[tuple[str, str], ...]  # (name, address) of each KVM node: a static host list for the gateway
     namespace: str
     container_image: str
     node_label: tuple[str, str]
@@ -60,6 +76,18 @@ class K8sConfig:
     locust_workers: int
     replica_memory_mib: int
     replica_cpu: float
+    discover: bool = False  # the gateway finds the agents in the cluster (pods of the DaemonSet) instead
+    gateway_replicas: int = DEFAULT_GATEWAY_REPLICAS
+    service_type: str = "NodePort"
+    fleet_address: str | None = None  # where clients reach the gateway (default: a node's, asked of the cluster)
+    memory_dir: str = DEFAULT_MEMORY_DIR
+    name_prefix: str = DEFAULT_NAME_PREFIX
+    pull_policy: str = "IfNotPresent"
+    check_cluster: bool = True
+
+    @property
+    def gateway(self) -> bool:
+        return bool(self.kvm_nodes) or self.discover
 
 
 def read_k8s(cfg: pulumi.Config) -> K8sConfig:
@@ -80,13 +108,31 @@ def read_k8s(cfg: pulumi.Config) -> K8sConfig:
         if not eq or not node or not addr:
             raise ConfigError("kvmNodes", f"{spec!r} is not name=address")
         nodes.append((node, addr))
+    discover = bool_value(cfg, "gatewayDiscovery", False)
+    if discover and nodes:
+        raise ConfigError("gatewayDiscovery", "true and a kvmNodes list: the gateway finds its hosts one way")
+    replicas = cfg.get_int("gatewayReplicas")
+    replicas = DEFAULT_GATEWAY_REPLICAS if replicas is None else replicas
+    if not 1 <= replicas <= 20:
+        raise ConfigError("gatewayReplicas", f"{replicas} is out of range 1..20")
+    service_type = cfg.get("gatewayServiceType") or "NodePort"
+    if service_type not in SERVICE_TYPES:
+        raise ConfigError("gatewayServiceType", f"{service_type!r} is not one of {', '.join(SERVICE_TYPES)}")
+    pull = cfg.get("imagePullPolicy") or "IfNotPresent"
+    if pull not in PULL_POLICIES:
+        raise ConfigError("imagePullPolicy", f"{pull!r} is not one of {', '.join(PULL_POLICIES)}")
+    prefix = cfg.get("namePrefix") or DEFAULT_NAME_PREFIX
+    if not re.fullmatch(r"osfleet-([a-z0-9]+-)?", prefix):
+        raise ConfigError("namePrefix", f"{prefix!r} must look like 'osfleet-' or 'osfleet-<letters/digits>-'")
     mem = cfg.get_int("replicaMemoryMiB") or DEFAULT_REPLICA_MEMORY_MIB
     cpu = cfg.get_float("replicaCpu") or DEFAULT_REPLICA_CPU
     return K8sConfig(
         kvm_nodes=tuple(nodes),
         namespace=cfg.get("namespace") or DEFAULT_NAMESPACE, container_image=image, node_label=(key, value),
         store=cfg.get("imageStorePath") or DEFAULT_STORE, locust_workers=workers, replica_memory_mib=mem,
-        replica_cpu=cpu,
+        replica_cpu=cpu, discover=discover, gateway_replicas=replicas, service_type=service_type,
+        fleet_address=cfg.get("fleetAddress") or None, memory_dir=cfg.get("memoryDir") or DEFAULT_MEMORY_DIR,
+        name_prefix=prefix, pull_policy=pull, check_cluster=bool_value(cfg, "checkCluster", True),
     )  # fmt: skip
 
 
@@ -108,8 +154,19 @@ def _secret_volume(core: Any, name: str, secret: str) -> Any:
     return core.VolumeArgs(name=name, secret=core.SecretVolumeSourceArgs(secret_name=secret))
 
 
+def _secret_env(core: Any, secret: str) -> Any:
+    """OSFLEET_API_TOKEN from a Secret's ``token`` key."""
+    return core.EnvVarArgs(
+        name="OSFLEET_API_TOKEN",
+        value_from=core.EnvVarSourceArgs(secret_key_ref=core.SecretKeySelectorArgs(name=secret, key="token")),
+    )
+
+
 class K8sFleet(pulumi.ComponentResource):
-    """Namespace, token Secret, host-agent DaemonSet + Service, Locust ConfigMap, master and workers."""
+    """Namespace, secrets and certificates; the host-agent DaemonSet + Service; with ``kvmNodes`` or
+    ``gatewayDiscovery`` the fleet gateway (Deployment + Service, and for discovery a service account that may only
+    read the agent pods and the nodes); Locust's ConfigMap, master and workers. Built in that order, one method per
+    stage."""
 
     def __init__(
         self,
@@ -118,72 +175,112 @@ class K8sFleet(pulumi.ComponentResource):
         common: Common,
         opts: pulumi.ResourceOptions | None = None,
         gateway_token: pulumi.Output[str] | None = None,
+        fleet_address: str | None = None,
     ) -> None:
-        """``gateway_token``: the gateway's own (default: derived from the agents' token, see ``derived_token``)."""
+        """``gateway_token``: the gateway's own (default: derived from the agents' token, see ``derived_token``);
+        ``fleet_address``: where clients reach the gateway's NodePort (``fleetUrl``)."""
+        super().__init__("osfleet:infra:K8sFleet", name, None, opts)
+        self.name, self.k, self.common = name, k, common
+        self.child = pulumi.ResourceOptions(parent=self)
+        self.agent_port = common.agent_port
+        self._namespace_and_secrets()
+        self._agent()
+        self.fleet_url: pulumi.Output[str] | None = None
+        self.gateway_token: pulumi.Output[str] | None = None
+        client_secret = "osfleet-agent-token"  # what Locust calls with: the agents' token without a gateway
+        if k.gateway:
+            self.gateway_token = gateway_token or pulumi.Output.secret(common.token.apply(derived_token))
+            self._gateway(fleet_address)
+            client_secret = "osfleet-gateway-token"
+        self.locust: list[pulumi.Resource] = []
+        if k.locust_workers:
+            self._locust(client_secret)
+        self.register_outputs({"agent_url": self.agent_url, "fleet_url": self.fleet_url})
+
+    def _kube(self) -> Any:
         import pulumi_kubernetes as kube
 
-        super().__init__("osfleet:infra:K8sFleet", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        meta = kube.meta.v1.ObjectMetaArgs
-        core, apps = kube.core.v1, kube.apps.v1
-        port = self.agent_port = common.agent_port
-        self.namespace = core.Namespace(name, metadata=meta(name=k.namespace), opts=child)
-        ns = self.namespace.metadata.name
-        self.ca = CertificateAuthority(f"{name}-tls", f"osfleet {pulumi.get_stack()} k8s CA", opts=child)
+        return kube
+
+    def _namespace_and_secrets(self) -> None:
+        """The namespace, the stack's CA, the agents' token and certificate, the CA's certificate."""
+        kube, k, name = self._kube(), self.k, self.name
+        meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
+        self.namespace = core.Namespace(name, metadata=meta(name=k.namespace), opts=self.child)
+        self.ns = ns = self.namespace.metadata.name
+        self.ca = CertificateAuthority(f"{name}-tls", f"osfleet {pulumi.get_stack()} k8s CA", opts=self.child)
         agent_names = service_names("osfleet-agent", k.namespace) + [addr for _, addr in k.kvm_nodes]
         self.agent_cert = self.ca.certificate(f"{name}-agent-tls", agent_names, self)
         self.tls_secret = core.Secret(
             f"{name}-agent-tls", metadata=meta(name="osfleet-agent-tls", namespace=ns), type="kubernetes.io/tls",
             string_data={"tls.crt": self.agent_cert.cert_pem, "tls.key": pulumi.Output.secret(self.agent_cert.key_pem)},
-            opts=child,
+            opts=self.child,
         )  # fmt: skip
         self.ca_secret = core.Secret(
             f"{name}-ca", metadata=meta(name="osfleet-ca", namespace=ns),
-            string_data={"ca.crt": self.ca.cert_pem}, opts=child,
+            string_data={"ca.crt": self.ca.cert_pem}, opts=self.child,
         )  # fmt: skip
         self.secret = core.Secret(
             f"{name}-token", metadata=meta(name="osfleet-agent-token", namespace=ns),
-            string_data={"token": common.token}, opts=child,
+            string_data={"token": self.common.token}, opts=self.child,
         )  # fmt: skip
-        token_env = core.EnvVarArgs(
-            name="OSFLEET_API_TOKEN",
-            value_from=core.EnvVarSourceArgs(
-                secret_key_ref=core.SecretKeySelectorArgs(name="osfleet-agent-token", key="token")
-            ),
-        )
-        agent_labels = {"app.kubernetes.io/name": "osfleet-agent"}
+
+    def _agent(self) -> None:
+        """``osfleet host serve`` as a privileged DaemonSet on the KVM nodes, with the node's /dev/kvm, libvirt
+        socket, store and RAM-file folder at the same paths as on the node (libvirtd there opens what it names)."""
+        kube, k, common, port, ns = self._kube(), self.k, self.common, self.agent_port, self.ns
+        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
         probe = core.ProbeArgs(
             http_get=core.HTTPGetActionArgs(path="/health", port=port, scheme="HTTPS"), period_seconds=10
         )
+        env = [_secret_env(core, "osfleet-agent-token"), core.EnvVarArgs(name="OSFLEET_HOME", value=k.store),
+               core.EnvVarArgs(name="OSFLEET_TENANCY", value=common.tenancy)]  # fmt: skip
+        mounts = [
+            core.VolumeMountArgs(name="kvm", mount_path="/dev/kvm"),
+            core.VolumeMountArgs(name="store", mount_path=k.store),
+            core.VolumeMountArgs(name="libvirt", mount_path="/var/run/libvirt"),
+            core.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True),
+        ]
+        volumes = [
+            _host_path(core, "kvm", "/dev/kvm", "CharDevice"),
+            _host_path(core, "store", k.store, "DirectoryOrCreate"),
+            _host_path(core, "libvirt", "/var/run/libvirt", "Directory"),
+            _secret_volume(core, "tls", "osfleet-agent-tls"),
+        ]
+        if k.discover:  # the shape of the one-machine lab and of nodes shared with other tenants' agents
+            env += [core.EnvVarArgs(name="OSFLEET_NAME_PREFIX", value=k.name_prefix),
+                    core.EnvVarArgs(name="OSFLEET_MEMORY_DIR", value=k.memory_dir)]  # fmt: skip
+            mounts.append(core.VolumeMountArgs(name="memory", mount_path=k.memory_dir))
+            volumes.append(_host_path(core, "memory", k.memory_dir, "DirectoryOrCreate"))
         self.daemonset = apps.DaemonSet(
-            f"{name}-agent",
-            metadata=meta(name="osfleet-agent", namespace=ns),
+            f"{self.name}-agent",
+            metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
             spec=apps.DaemonSetSpecArgs(
-                selector=kube.meta.v1.LabelSelectorArgs(match_labels=agent_labels),
+                selector=kube.meta.v1.LabelSelectorArgs(match_labels=AGENT_LABELS),
                 template=core.PodTemplateSpecArgs(
-                    metadata=meta(labels=agent_labels),
+                    metadata=meta(labels=AGENT_LABELS),
                     spec=core.PodSpecArgs(
                         node_selector={k.node_label[0]: k.node_label[1]},
-                        # With a gateway, each agent answers on its node's address (the gateway's host list).
+                        # A node daemon: the label picks the nodes, whatever NoSchedule taints they carry.
+                        tolerations=[core.TolerationArgs(operator="Exists", effect="NoSchedule")]
+                        if k.discover else None,
+                        # With a static host list, each agent answers on its node's address (the gateway's list).
                         host_network=bool(k.kvm_nodes) or None,
                         dns_policy="ClusterFirstWithHostNet" if k.kvm_nodes else None,
+                        automount_service_account_token=False,
+                        termination_grace_period_seconds=30,
                         containers=[
                             core.ContainerArgs(
                                 name="agent",
                                 image=k.container_image,
+                                image_pull_policy=k.pull_policy,
                                 command=["osfleet", "host", "serve", "--bind", "0.0.0.0", "--port", str(port),
                                          "--warm", str(common.warm), "--mode", common.mode,
                                          "--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"],
-                                env=[token_env, core.EnvVarArgs(name="OSFLEET_HOME", value=k.store),
-                                     core.EnvVarArgs(name="OSFLEET_TENANCY", value=common.tenancy)],
+                                env=env,
                                 ports=[core.ContainerPortArgs(container_port=port, name="api")],
                                 security_context=core.SecurityContextArgs(privileged=True),
-                                volume_mounts=[
-                                    core.VolumeMountArgs(name="kvm", mount_path="/dev/kvm"),
-                                    core.VolumeMountArgs(name="store", mount_path=k.store),
-                                    core.VolumeMountArgs(name="libvirt", mount_path="/var/run/libvirt"),
-                                    core.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True),
-                                ],
+                                volume_mounts=mounts,
                                 liveness_probe=probe,
                                 readiness_probe=probe,
                                 resources=core.ResourceRequirementsArgs(
@@ -192,64 +289,49 @@ class K8sFleet(pulumi.ComponentResource):
                                 ),
                             )
                         ],
-                        volumes=[
-                            _host_path(core, "kvm", "/dev/kvm", "CharDevice"),
-                            _host_path(core, "store", k.store, "DirectoryOrCreate"),
-                            _host_path(core, "libvirt", "/var/run/libvirt", "Directory"),
-                            _secret_volume(core, "tls", "osfleet-agent-tls"),
-                        ],
+                        volumes=volumes,
                     ),
                 ),
             ),
-            opts=child,
+            opts=self.child,
         )  # fmt: skip
         self.agent_service = core.Service(
-            f"{name}-agent-svc",
-            metadata=meta(name="osfleet-agent", namespace=ns),
-            spec=core.ServiceSpecArgs(selector=agent_labels, ports=[core.ServicePortArgs(port=port, target_port=port)]),
-            opts=child,
+            f"{self.name}-agent-svc",
+            metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
+            spec=core.ServiceSpecArgs(selector=AGENT_LABELS, ports=[core.ServicePortArgs(port=port, target_port=port)]),
+            opts=self.child,
         )
         self.agent_url = pulumi.Output.concat("https://osfleet-agent.", ns, f".svc:{port}")
-        self.fleet_url: pulumi.Output[str] | None = None
-        self.gateway_token: pulumi.Output[str] | None = None
-        client_env = token_env  # what Locust calls with: the agents' token without a gateway, else the gateway's
-        if k.kvm_nodes:
-            self.gateway_token = gateway_token or pulumi.Output.secret(common.token.apply(derived_token))
-            self.gateway_secret = core.Secret(
-                f"{name}-gateway-token", metadata=meta(name="osfleet-gateway-token", namespace=ns),
-                string_data={"token": self.gateway_token}, opts=child,
-            )  # fmt: skip
-            client_env = core.EnvVarArgs(
-                name="OSFLEET_API_TOKEN",
-                value_from=core.EnvVarSourceArgs(
-                    secret_key_ref=core.SecretKeySelectorArgs(name="osfleet-gateway-token", key="token")
-                ),
-            )
-            self._gateway(name, k, ns, client_env, child)
-        self.locust: list[pulumi.Resource] = []
-        if k.locust_workers:
-            self._locust(name, k, ns, client_env, child)
-        self.register_outputs({"agent_url": self.agent_url, "fleet_url": self.fleet_url})
 
-    def _gateway(
-        self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
-    ) -> None:
-        """``osfleet fleet serve`` over the KVM nodes' agents, as a Deployment behind a Service: its clients' token
-        (``token_env``) is its own; the agents' token is a file only it mounts."""
-        import pulumi_kubernetes as kube
-
+    def _gateway(self, fleet_address: str | None) -> None:
+        """``osfleet fleet serve`` over the agents, as a Deployment behind a Service: its clients' token is its
+        own; the agents' token is a file only it mounts. With discovery it watches the agent pods and the nodes
+        with a service account that may read only those."""
+        kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
-        labels = {"app.kubernetes.io/name": "osfleet-gateway"}
-        hosts = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")]
-        probe = core.ProbeArgs(
-            http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT, scheme="HTTPS"), period_seconds=10
-        )
-        gateway_cert = self.ca.certificate(f"{name}-gateway-tls", service_names("osfleet-gateway", k.namespace), self)
+        core.Secret(
+            f"{name}-gateway-token", metadata=meta(name="osfleet-gateway-token", namespace=ns),
+            string_data={"token": self.gateway_token}, opts=child,
+        )  # fmt: skip
+        address = k.fleet_address or fleet_address
+        names = service_names("osfleet-gateway", k.namespace) + ([address] if address else [])
+        gateway_cert = self.ca.certificate(f"{name}-gateway-tls", names, self)
         core.Secret(
             f"{name}-gateway-tls", metadata=meta(name="osfleet-gateway-tls", namespace=ns), type="kubernetes.io/tls",
             string_data={"tls.crt": gateway_cert.cert_pem, "tls.key": pulumi.Output.secret(gateway_cert.key_pem)},
             opts=child,
         )  # fmt: skip
+        if k.discover:
+            hosts = ["--discover-pods", ",".join(f"{a}={b}" for a, b in AGENT_LABELS.items()),
+                     "--discover-port", str(self.agent_port),
+                     "--hosts-tls-name", f"osfleet-agent.{k.namespace}.svc"]  # fmt: skip
+            account = self._gateway_account()
+        else:
+            hosts = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")]
+            account = None
+        probe = core.ProbeArgs(
+            http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT, scheme="HTTPS"), period_seconds=10
+        )
         tls_args = ["--hosts-ca-file", f"{CA_DIR}/ca.crt", "--tls-cert", f"{TLS_DIR}/tls.crt",
                     "--tls-key", f"{TLS_DIR}/tls.key"]  # fmt: skip
         tls_mounts = [
@@ -263,18 +345,20 @@ class K8sFleet(pulumi.ComponentResource):
         token_mount = core.VolumeMountArgs(name="token", mount_path="/run/osfleet", read_only=True)
         self.gateway = apps.Deployment(
             f"{name}-gateway",
-            metadata=meta(name="osfleet-gateway", namespace=ns),
+            metadata=meta(name="osfleet-gateway", namespace=ns, labels=GATEWAY_LABELS),
             spec=apps.DeploymentSpecArgs(
-                replicas=1,
-                selector=kube.meta.v1.LabelSelectorArgs(match_labels=labels),
+                replicas=k.gateway_replicas,
+                selector=kube.meta.v1.LabelSelectorArgs(match_labels=GATEWAY_LABELS),
                 template=core.PodTemplateSpecArgs(
-                    metadata=meta(labels=labels),
+                    metadata=meta(labels=GATEWAY_LABELS),
                     spec=core.PodSpecArgs(
+                        service_account_name=account,
+                        automount_service_account_token=bool(account),
                         containers=[core.ContainerArgs(
-                            name="gateway", image=k.container_image,
+                            name="gateway", image=k.container_image, image_pull_policy=k.pull_policy,
                             command=["osfleet", "fleet", "serve", "--bind", "0.0.0.0", "--port", str(GATEWAY_PORT),
                                      *hosts, "--hosts-token-file", "/run/osfleet/token", *tls_args],
-                            env=[token_env],
+                            env=[_secret_env(core, "osfleet-gateway-token")],
                             ports=[core.ContainerPortArgs(container_port=GATEWAY_PORT, name="api")],
                             volume_mounts=[token_mount, *tls_mounts],
                             liveness_probe=probe, readiness_probe=probe,
@@ -287,17 +371,50 @@ class K8sFleet(pulumi.ComponentResource):
         )  # fmt: skip
         self.gateway_service = core.Service(
             f"{name}-gateway-svc",
-            metadata=meta(name="osfleet-gateway", namespace=ns),
-            spec=core.ServiceSpecArgs(selector=labels, ports=[core.ServicePortArgs(port=GATEWAY_PORT)]),
+            metadata=meta(name="osfleet-gateway", namespace=ns, labels=GATEWAY_LABELS),
+            spec=core.ServiceSpecArgs(
+                type=k.service_type, selector=GATEWAY_LABELS, ports=[core.ServicePortArgs(port=GATEWAY_PORT)]
+            ),
             opts=child,
         )
-        self.fleet_url = pulumi.Output.concat("https://osfleet-gateway.", ns, f".svc:{GATEWAY_PORT}")
+        if address and k.service_type == "NodePort":
+            node_port = self.gateway_service.spec.ports.apply(lambda ports: ports[0].node_port)
+            self.fleet_url = pulumi.Output.concat("https://", address, ":", node_port.apply(str))
+        else:
+            self.fleet_url = pulumi.Output.concat("https://osfleet-gateway.", ns, f".svc:{GATEWAY_PORT}")
 
-    def _locust(
-        self, name: str, k: K8sConfig, ns: pulumi.Output[str], token_env: Any, child: pulumi.ResourceOptions
-    ) -> None:
-        import pulumi_kubernetes as kube
+    def _gateway_account(self) -> str:
+        """The gateway's service account: it may list and watch the agent pods of its namespace and the nodes (a
+        node cordoned or gone drains its host), nothing else."""
+        kube, name, ns, child = self._kube(), self.name, self.ns, self.child
+        meta, core, rbac = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.rbac.v1
+        account = "osfleet-gateway"
+        core.ServiceAccount(f"{name}-gateway-sa", metadata=meta(name=account, namespace=ns), opts=child)
+        watch = ["get", "list", "watch"]
+        rbac.Role(
+            f"{name}-gateway-pods", metadata=meta(name="osfleet-gateway-pods", namespace=ns),
+            rules=[rbac.PolicyRuleArgs(api_groups=[""], resources=["pods"], verbs=watch)], opts=child,
+        )  # fmt: skip
+        subject = rbac.SubjectArgs(kind="ServiceAccount", name=account, namespace=ns)
+        rbac.RoleBinding(
+            f"{name}-gateway-pods", metadata=meta(name="osfleet-gateway-pods", namespace=ns),
+            role_ref=rbac.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name="osfleet-gateway-pods"),
+            subjects=[subject], opts=child,
+        )  # fmt: skip
+        cluster_role = f"osfleet-gateway-nodes-{self.k.namespace}"
+        rbac.ClusterRole(
+            f"{name}-gateway-nodes", metadata=meta(name=cluster_role),
+            rules=[rbac.PolicyRuleArgs(api_groups=[""], resources=["nodes"], verbs=watch)], opts=child,
+        )  # fmt: skip
+        rbac.ClusterRoleBinding(
+            f"{name}-gateway-nodes", metadata=meta(name=cluster_role),
+            role_ref=rbac.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role),
+            subjects=[subject], opts=child,
+        )  # fmt: skip
+        return account
 
+    def _locust(self, client_secret: str) -> None:
+        kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
         cm = core.ConfigMap(
             f"{name}-locustfile", metadata=meta(name="osfleet-locustfile", namespace=ns),
@@ -311,20 +428,22 @@ class K8sFleet(pulumi.ComponentResource):
             core.VolumeArgs(name="locustfile", config_map=core.ConfigMapVolumeSourceArgs(name="osfleet-locustfile")),
             _secret_volume(core, "ca", "osfleet-ca"),
         ]
+        token_env = _secret_env(core, client_secret)
 
         def deployment(role: str, replicas: int, args: list[str]) -> object:
-            labels = {"app.kubernetes.io/name": f"osfleet-locust-{role}"}
+            labels = {"app.kubernetes.io/name": f"osfleet-locust-{role}", "app.kubernetes.io/part-of": "osfleet"}
             return apps.Deployment(
                 f"{name}-locust-{role}",
-                metadata=meta(name=f"osfleet-locust-{role}", namespace=ns),
+                metadata=meta(name=f"osfleet-locust-{role}", namespace=ns, labels=labels),
                 spec=apps.DeploymentSpecArgs(
                     replicas=replicas,
                     selector=kube.meta.v1.LabelSelectorArgs(match_labels=labels),
                     template=core.PodTemplateSpecArgs(
                         metadata=meta(labels=labels),
                         spec=core.PodSpecArgs(
+                            automount_service_account_token=False,
                             containers=[core.ContainerArgs(
-                                name="locust", image=k.container_image,
+                                name="locust", image=k.container_image, image_pull_policy=k.pull_policy,
                                 command=["locust", "-f", "/locust/trajectories.py", *args,
                                          "--ca-file", f"{CA_DIR}/ca.crt"],
                                 env=[token_env], volume_mounts=mount,
@@ -339,13 +458,13 @@ class K8sFleet(pulumi.ComponentResource):
         # Locust drives the gateway; without one (no kvmNodes) the agents' Service, which only holds for one KVM
         # node (a lease's calls must reach the agent that granted it).
         gw, agent = f"https://osfleet-gateway:{GATEWAY_PORT}", f"https://osfleet-agent:{self.agent_port}"
-        target = gw if k.kvm_nodes else agent
+        target = gw if k.gateway else agent
         master = deployment("master", 1, ["--master", "--host", target])
         svc = core.Service(
             f"{name}-locust-master-svc",
             metadata=meta(name="osfleet-locust-master", namespace=ns),
             spec=core.ServiceSpecArgs(
-                selector={"app.kubernetes.io/name": "osfleet-locust-master"},
+                selector={"app.kubernetes.io/name": "osfleet-locust-master", "app.kubernetes.io/part-of": "osfleet"},
                 ports=[core.ServicePortArgs(name="web", port=8089), core.ServicePortArgs(name="workers", port=5557)],
             ),
             opts=child,
@@ -361,7 +480,14 @@ def derived_token(agent_token: str) -> str:
 
 def deploy_k8s(cfg: pulumi.Config, common: Common) -> None:
     k = read_k8s(cfg)
-    fleet = K8sFleet("osfleet", k, common, gateway_token=cfg.get_secret("gatewayToken"))
+    address = None
+    if k.check_cluster:
+        from osfleet_infra.k8s_cluster import read_cluster
+
+        facts = read_cluster(k.node_label, k.container_image, k.pull_policy)
+        address = facts.address
+        pulumi.log.info(f"KVM nodes: {len(facts.kvm_nodes)}; the image is on {len(facts.image_nodes)} of them")
+    fleet = K8sFleet("osfleet", k, common, gateway_token=cfg.get_secret("gatewayToken"), fleet_address=address)
     pulumi.export("namespace", fleet.namespace.metadata.name)
     pulumi.export("agentUrl", fleet.agent_url)
     pulumi.export("caCert", fleet.ca.cert_pem)

@@ -30,6 +30,7 @@ from osfleet.api.contract import add_metrics_route
 from osfleet.api.limits import BodyLimit
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, AgentConfig, ClientToken
 from osfleet.fleet import routes
+from osfleet.fleet.discovery import Discovery, KubeDiscovery
 from osfleet.fleet.fastpath import StepFastPath
 from osfleet.fleet.gateway import DEADLINES, Gateway
 from osfleet.fleet.hostclient import HostClient
@@ -51,8 +52,10 @@ def create_gateway(
     osgym_allowed_ips: tuple[str, ...] = (),
     clients: tuple[ClientToken, ...] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    discovery: Discovery | None = None,
 ) -> FastAPI:
-    """``token``: the gateway's operator token; ``clients``: its tenants (see ``osfleet.api.auth``)."""
+    """``token``: the gateway's operator token; ``clients``: its tenants (see ``osfleet.api.auth``);
+    ``discovery``: hosts found in Kubernetes besides ``entries`` (``osfleet.fleet.discovery``)."""
     holder: dict[str, Gateway] = {}
 
     def gw() -> Gateway:
@@ -64,13 +67,17 @@ def create_gateway(
             pool = HostPool(entries, client)
             holder["gw"] = Gateway(pool)
             await pool.poll_once()  # a restarted gateway knows its hosts before the first request
-            poller = asyncio.create_task(pool.poll_forever())
+            tasks = [asyncio.create_task(pool.poll_forever())]
+            if discovery is not None:
+                tasks.append(asyncio.create_task(KubeDiscovery(discovery, pool).run()))
             try:
                 yield
             finally:
-                poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await poller
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     app = FastAPI(title="osfleet fleet gateway", version=__version__, lifespan=lifespan)
     app.state.config = AgentConfig(

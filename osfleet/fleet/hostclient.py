@@ -129,6 +129,7 @@ class _Origin:
     port: int
     netloc: str
     tls: ssl.SSLContext | None
+    server_name: str | None  # the name its certificate is verified for, when not ``host``
     idle: collections.deque[_Conn] = field(default_factory=collections.deque)
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_CONNECTIONS_PER_HOST))
 
@@ -140,6 +141,7 @@ class HostClient:
         self.max_body = max_body
         self._origins: dict[str, _Origin] = {}
         self._ca_files: dict[str, Path] = {}
+        self._server_names: dict[str, str] = {}
         self._contexts: dict[Path | None, ssl.SSLContext] = {}
         self._closed = False
 
@@ -149,11 +151,17 @@ class HostClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def verify_with(self, base_url: str, ca_file: Path | str | None) -> None:
+    def verify_with(self, base_url: str, ca_file: Path | str | None, server_name: str | None = None) -> None:
         """Verify the host at ``base_url`` (``https://host:port``) against ``ca_file`` alone (a private CA),
-        instead of the system's CAs. Checked now: an unreadable or non-PEM file is a ``ConfigError``."""
+        instead of the system's CAs, and for ``server_name`` instead of the URL's host when given (agents found in
+        Kubernetes: a pod's address changes, its certificate names the agents' Service). Checked now: an
+        unreadable or non-PEM file is a ``ConfigError``."""
         scheme, _, base = base_url.rstrip("/").partition("://")
         key = f"{scheme}://{base}"
+        if server_name is None:
+            self._server_names.pop(key, None)
+        else:
+            self._server_names[key] = server_name
         if ca_file is None:
             self._ca_files.pop(key, None)
         else:
@@ -223,7 +231,7 @@ class HostClient:
                 port = parts.port or (443 if tls else 80)
             except ValueError:
                 raise HostCallError(f"not a host agent URL: {key}") from None
-            origin = self._origins[key] = _Origin(parts.hostname, port, base, tls)
+            origin = self._origins[key] = _Origin(parts.hostname, port, base, tls, self._server_names.get(key))
         return origin
 
     async def _connect(self, origin: _Origin, reuse: bool) -> _Conn:
@@ -243,7 +251,7 @@ class HostClient:
             # TLS upgraded on a connection of ours, so a refused handshake closes its socket here and now
             # (asyncio's own ssl= path can leave the socket to the garbage collector when the handshake fails).
             try:
-                await writer.start_tls(origin.tls, server_hostname=origin.host)
+                await writer.start_tls(origin.tls, server_hostname=origin.server_name or origin.host)
             except OSError as exc:
                 writer.close()
                 raise HostConnectError(_reason(exc)) from None

@@ -99,6 +99,9 @@ class HostState:
     failures: int = 0
     drains: int = 0
     since: float = field(default_factory=time.time)
+    # Why the host takes no work whatever its polls say, by source (e.g. Kubernetes: "pod", "node"); see
+    # HostPool.hold. A host serves only with none.
+    holds: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -130,6 +133,41 @@ class HostPool:
     def healthy(self) -> list[HostState]:
         return [h for h in self.hosts if h.healthy]
 
+    def known(self, name: str) -> bool:
+        return name in self._by_name
+
+    # --- hosts found at run time (osfleet.fleet.discovery) -----------------------------------------------------------
+    def upsert(self, entry: HostEntry, tls_name: str | None = None) -> HostState:
+        """Add a host found at run time, or move a known one to its new URL (its agent restarted elsewhere): the
+        host keeps its name and position, so fleet ids naming it stay valid. A moved host serves again once polled."""
+        host = self._by_name.get(entry.name)
+        if host is None:
+            host = HostState(entry, len(self.hosts))
+            self.hosts.append(host)
+            self._by_name[entry.name] = host
+            log.warning("host %s joined at %s", entry.name, entry.url)
+        elif host.entry.url != entry.url or host.entry.token != entry.token:
+            log.warning("host %s moved to %s", entry.name, entry.url)
+            host.entry = entry
+            host.failures = 0
+            self.drain(host, f"host {entry.name} moved to {entry.url}; not polled there yet")
+        else:
+            return host
+        self.client.verify_with(entry.url, entry.ca_file, tls_name)
+        return host
+
+    def hold(self, name: str, source: str, reason: str | None) -> None:
+        """Take host ``name`` out of service for ``reason`` (``None``: lift ``source``'s hold). Held, it is drained
+        and its polls do not bring it back; lifted, its next good poll does."""
+        host = self._by_name.get(name)
+        if host is None:
+            return
+        if reason is None:
+            host.holds.pop(source, None)
+            return
+        host.holds[source] = reason
+        self.drain(host, reason)
+
     # --- health ----------------------------------------------------------------------------------------------
     async def poll_forever(self) -> None:
         while True:
@@ -154,6 +192,9 @@ class HostPool:
                 self.drain(host, f"host {host.name} is not answering its health checks ({_reason(exc)})")
             return
         host.failures = 0
+        if host.holds:
+            self.drain(host, "; ".join(host.holds.values()))
+            return
         if not host.healthy:
             log.warning("host %s is healthy: it takes replicas and leases (again)", host.name)
             host.healthy, host.reason, host.since = True, "ok", time.time()

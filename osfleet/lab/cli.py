@@ -7,6 +7,7 @@ import json
 import click
 
 from osfleet.cli_support import friendly
+from osfleet.lab.kube.cli import k8s
 
 __all__ = ["friendly", "lab"]
 
@@ -63,3 +64,6 @@ def lab_down() -> None:
     from osfleet.lab.lab import down, lab_root
 
     down(lab_root(), _say)
+
+
+lab.add_command(k8s)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from osfleet.config import Settings
-from osfleet.errors import ConfigError, MissingToolError
+from osfleet.errors import ConfigError, MissingToolError, OsfleetError
 
 PROJECT = "osfleet"
 STACKS = ("lab", "onprem", "aws", "k8s")
@@ -84,10 +84,11 @@ def engine_env(settings: Settings | None = None, path: str | None = None) -> dic
         raise ConfigError(f"no Pulumi passphrase file {passphrase} (scripts/setup makes it)")
     for d in (state / "state", state / "home"):
         d.mkdir(parents=True, exist_ok=True)
-    bin_dir = str(engine_root(s) / "bin")
-    rest = [p for p in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep) if p and p != bin_dir]
+    first = [str(engine_root(s) / "bin"), *kubernetes_bins()]
+    rest = [p for p in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep) if p and p not in first]
     return {
-        "PATH": os.pathsep.join([bin_dir, *rest]),
+        "PATH": os.pathsep.join([*first, *rest]),
+        **kubeconfig_env(s),
         "OSFLEET_HOME": str(s.home),
         "OSFLEET_PYTHON": sys.executable,
         "PULUMI_HOME": str(state / "home"),
@@ -97,6 +98,26 @@ def engine_env(settings: Settings | None = None, path: str | None = None) -> dic
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
         **session_bus_env(),
     }
+
+
+def kubernetes_bins() -> list[str]:
+    """Where scripts/build-k8s puts kubectl and the pulumi-kubernetes provider plugin (built or not yet), for the
+    engine to find the provider on PATH as Pulumi documents; empty without a checkout to ask."""
+    from osfleet.lab.kube import tools
+
+    try:
+        return [str(tools.bin_dir("kubectl")), str(tools.bin_dir("provider"))]
+    except (ConfigError, OsfleetError, OSError):
+        return []
+
+
+def kubeconfig_env(settings: Settings) -> dict[str, str]:
+    """``KUBECONFIG`` of this machine's k8s lab (``osfleet lab k8s up``), unless the caller already names one."""
+    if os.environ.get("KUBECONFIG"):
+        return {}
+    from osfleet.lab.kube.state import lab_root
+
+    return {"KUBECONFIG": str(lab_root(settings) / "admin.kubeconfig")}
 
 
 def _inline_env(settings: Settings | None = None) -> dict[str, str]:
