@@ -65,6 +65,35 @@ def image_build(recipe: Path | None, out: str | None, host: str | None, port: in
     click.echo(files.disk)
 
 
+@image.command("container")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="also write the OCI archive here (push it with: skopeo copy oci-archive:FILE docker://REGISTRY/osfleet:TAG)",
+)
+@click.option(
+    "--import/--no-import",
+    "import_",
+    default=True,
+    show_default=True,
+    help="import it into the k8s lab's containerd when one runs (osfleet lab k8s up)",
+)
+@_friendly
+def image_container(out: Path | None, import_: bool) -> None:
+    """Build the OCI image of the host agent, gateway and Locust (Debian by debootstrap, osfleet's wheel and its
+    pinned dependencies; no Docker daemon); content-addressed, so an unchanged input is a cache hit. Prints the
+    image reference last (the k8s stack's containerImage)."""
+    from osfleet.imaging import container
+
+    image = container.build(out)
+    if import_:
+        from osfleet.lab.kube.images import import_into_lab
+
+        import_into_lab(image.archive, image.reference, lambda m: click.echo(m, err=True))
+    click.echo(image.reference)
+
+
 @image.command("publish")
 @click.argument("image_ref", required=False)
 @click.option("--store", default=None, help="image store on the host (default: $OSFLEET_HOME/images)")
