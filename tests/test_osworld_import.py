@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from osfleet.tasks.importer import import_folder
-from osfleet.tasks.osworld import METRICS
+from osfleet.tasks.model import UnsupportedTaskError
+from osfleet.tasks.osworld import METRICS, OsworldTask, from_osworld, unsupported_features
 from osfleet.tasks.osworld_spec import OFFLINE
 
 # shared/ sits beside the checkout (a helper's worktree is one folder deeper)
@@ -58,3 +61,52 @@ def test_osworlds_tasks_import_with_every_feature_but_the_online_ones(examples: 
     assert all(now[i].missing_assets == assumed[i].missing_assets for i in listed)
     cloud = [i for i in listed if assumed[i].features_supported and assumed[i].missing_assets]
     assert len(cloud) >= 250  # their files come from the web: osfleet tasks assets fetch, where there is internet
+
+
+def test_verified_flags_come_with_each_task_and_screen_placeholders_wait_for_the_screen(examples: Path) -> None:
+    report = import_folder(examples)
+    by_id = {t.id: t for t in report.tasks}
+    proxied = [t for t in report.tasks if t.needs_proxy]
+    assert len(proxied) == report.summary["needs_proxy"] == 52  # OSWorld-Verified's "proxy": true tasks
+    assert {t.possibility_of_env_change for t in report.tasks} >= {"low"}
+    assert report.as_json()["tasks"][0].keys() >= {"needs_proxy", "fixed_ip", "possibility_of_env_change"}
+    with_screen = [f for f in examples.glob("*/*.json") if "{SCREEN_WIDTH_HALF}" in f.read_text()]
+    assert len(with_screen) >= 30
+    for f in with_screen:
+        assert by_id[f.stem].features_supported, by_id[f.stem].unsupported
+        steps = from_osworld(json.loads(f.read_text()), _AnyAsset()).setup  # type: ignore[arg-type]
+        filled = [s for s in steps if getattr(s, "fill_screen", False)]
+        assert filled and all("{SCREEN_WIDTH_HALF}" in s.command for s in filled)  # type: ignore[union-attr]
+
+
+class _AnyAsset:
+    """An asset store that holds every URL (the conversion only needs a hash for each)."""
+
+    def resolve(self, url: str) -> Any:
+        return type("Held", (), {"sha256": "0" * 64})()
+
+
+def test_an_unknown_placeholder_is_refused_by_name(tmp_path: Path) -> None:
+    task = {
+        "id": "probe",
+        "instruction": "x",
+        "config": [{"type": "execute", "parameters": {"command": ["python3", "-c", "print({SCREEN_DEPTH})"]}}],
+        "evaluator": {
+            "func": "exact_match",
+            "result": {"type": "vm_command_line", "command": "echo {HOST_IP} ${HOME}"},
+            "expected": {"type": "rule", "rules": {"expected": "a"}},
+        },
+    }
+    problems = unsupported_features(task)
+    assert len(problems) == 2 and "placeholder {SCREEN_DEPTH} in a set-up command" in problems[0]
+    assert "placeholder {HOST_IP} in a result getter command" in problems[1]  # ${HOME} is the shell's own
+    with pytest.raises(UnsupportedTaskError, match=r"placeholder \{SCREEN_DEPTH\}"):
+        from_osworld(task, _AnyAsset())  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"SCREEN_DEPTH"):  # the API's request model: a 422 naming it
+        OsworldTask.model_validate(task)
+    known = {
+        **task,
+        "config": [{"type": "execute", "parameters": {"command": "echo {CLIENT_PASSWORD} {SCREEN_HEIGHT}"}}],
+    }
+    known["evaluator"] = {**task["evaluator"], "result": {"type": "vm_command_line", "command": "true"}}
+    assert unsupported_features(known) == []

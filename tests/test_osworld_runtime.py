@@ -155,6 +155,28 @@ def test_execute_command_and_launch_steps_run_as_osworld_runs_them(
     assert get(guest, {"type": "cache_file", "path": "absent.txt"}, tmp_path, store) is None
 
 
+def test_screen_placeholders_are_filled_from_the_guests_screen_when_the_step_runs(
+    guest: NamespaceGuest, store: AssetStore
+) -> None:
+    code = "open('xy', 'w').write('{SCREEN_WIDTH_HALF} {SCREEN_HEIGHT_HALF} {SCREEN_WIDTH}x{SCREEN_HEIGHT}')"
+    config = [
+        {"type": "execute", "parameters": {"command": ["python3", "-c", code]}},
+        {"type": "execute", "parameters": {"command": "echo {SCREEN_WIDTH} {CLIENT_PASSWORD} > s.txt", "shell": True}},
+        {"type": "launch", "parameters": {"command": ["sh", "-c", "echo {SCREEN_HEIGHT_HALF} > l.txt"]}},
+    ]
+    task = from_osworld(osworld(config), store)
+    assert "{SCREEN_WIDTH_HALF}" in task.setup[0].command  # type: ignore[union-attr]  # not baked in: asked at set-up
+    runner.apply_setup(guest, "r-1", task)  # type: ignore[arg-type]
+    assert (guest.home / "xy").read_text() == "640 400 1280x800"  # the fake xdotool's screen, halves as OSWorld's
+    assert (guest.home / "s.txt").read_text() == "1280 password\n"
+    for _ in range(100):  # the launched step runs in the background
+        if (guest.home / "l.txt").exists() and (guest.home / "l.txt").read_text():
+            break
+        time.sleep(0.05)
+    assert (guest.home / "l.txt").read_text() == "400\n"
+    assert guest.calls().count("xdotool getdisplaygeometry") == 1  # asked once per set-up
+
+
 def test_download_open_window_and_wallpaper_steps(guest: NamespaceGuest, store: AssetStore, tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("data")

@@ -34,6 +34,9 @@ class Run(_M):
     ignore_exit: SkipJsonSchema[bool] = False
     stdout_to: SkipJsonSchema[str | None] = None
     stderr_to: SkipJsonSchema[str | None] = None
+    # OSWorld's screen placeholders ({SCREEN_WIDTH_HALF}...) are in the command, filled from the replica's screen
+    # when the step runs (osfleet.tasks.guest_paths.fill_screen).
+    fill_screen: SkipJsonSchema[bool] = False
 
 
 class Launch(_M):
@@ -41,6 +44,7 @@ class Launch(_M):
 
     type: Literal["launch"]
     command: str
+    fill_screen: SkipJsonSchema[bool] = False  # as for Run (made by the OSWorld converter only)
 
 
 class Sleep(_M):

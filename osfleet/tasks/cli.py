@@ -104,7 +104,10 @@ def tasks_import(folder: Path, as_json: bool) -> None:
     """Check OSWorld-format task files under FOLDER: per task, supported, or the exact unsupported features and
     the asset URLs this host's store lacks.
 
-    A bundle's own assets (FOLDER/assets/manifest.json) are added to the host's asset store first."""
+    A bundle's own assets (FOLDER/assets/manifest.json) are added to the host's asset store first. Tasks that
+    OSWorld runs behind a proxy ("proxy": true) are marked: they get one when the host agent runs with
+    --replica-network proxy=URL. --json also carries each task's needs_proxy, fixed_ip and
+    possibility_of_env_change."""
     from osfleet.tasks.importer import import_folder
 
     report = import_folder(folder)
@@ -112,8 +115,9 @@ def tasks_import(folder: Path, as_json: bool) -> None:
         click.echo(json.dumps(report.as_json(), indent=1))
         return
     for t in report.tasks:
+        proxy = " (needs a proxy: --replica-network proxy=URL)" if t.needs_proxy else ""
         if t.supported:
-            click.echo(f"ok           {t.file}")
+            click.echo(f"ok           {t.file}{proxy}")
         elif t.features_supported:
             click.echo(f"no assets    {t.file}: {len(t.missing_assets)} file(s) missing, e.g. {t.missing_assets[0]}")
         else:
@@ -121,7 +125,7 @@ def tasks_import(folder: Path, as_json: bool) -> None:
     s = report.summary
     click.echo(
         f"{s['supported']} of {s['tasks']} tasks supported; {s['features_supported']} with every feature supported "
-        f"({s['missing_assets']} asset URLs missing: osfleet tasks assets fetch)"
+        f"({s['missing_assets']} asset URLs missing: osfleet tasks assets fetch); {s['needs_proxy']} need a proxy"
     )
     for feature, count in dict(s["unsupported_features"]).items():  # type: ignore[call-overload]
         click.echo(f"  {count:>4}  {feature}")

@@ -205,11 +205,17 @@ def window_size(ctx: Context, spec: dict[str, Any]) -> dict[str, int] | None:
     return {"width": int(size["WIDTH"]), "height": int(size["HEIGHT"])}
 
 
-def screen_size(ctx: Context, spec: dict[str, Any]) -> dict[str, int] | None:
-    words = ctx.sh("xdotool getdisplaygeometry")["stdout"].split()
-    if len(words) != 2 or not all(w.isdigit() for w in words):
+def guest_screen(host: GuestAccess, rid: str, timeout: float) -> tuple[int, int] | None:
+    """The guest's X screen as (width, height), as the desktop itself reports it; None when it cannot say."""
+    words = host.shell(rid, "xdotool getdisplaygeometry", timeout)["stdout"].split()
+    if len(words) != 2 or not all(w.isdigit() and len(w) <= 5 for w in words):
         return None
-    return {"width": int(words[0]), "height": int(words[1])}
+    return int(words[0]), int(words[1])
+
+
+def screen_size(ctx: Context, spec: dict[str, Any]) -> dict[str, int] | None:
+    size = guest_screen(ctx.host, ctx.rid, ctx.timeout)
+    return {"width": size[0], "height": size[1]} if size else None
 
 
 def wallpaper(ctx: Context, spec: dict[str, Any]) -> Path:

@@ -5,6 +5,13 @@ OSWorld's server runs as the desktop user in its home folder: file paths go thro
 of a command given as a list that start with ``~/`` are expanded before it runs without a shell. osfleet runs
 every command through ``sh -c`` as that user in that folder, so it has to do the same expansions itself:
 quoting an argument keeps the shell from expanding it, exactly as OSWorld's list commands are not expanded.
+
+OSWorld's set-up also fills placeholders into a command before it runs (``{CLIENT_PASSWORD}`` and the screen's
+``{SCREEN_WIDTH}``, ``{SCREEN_HEIGHT}``, ``{SCREEN_WIDTH_HALF}``, ``{SCREEN_HEIGHT_HALF}``): the password is
+the image's and filled when the task is converted; the screen's are left in the command line and filled by
+the runner from the replica's real screen (``fill_screen``) when the step runs. Any other ``{UPPER_CASE}``
+token is a placeholder osfleet does not know: ``unknown_placeholders`` names it, and the task is refused
+rather than run with the token passed on literally.
 """
 
 from __future__ import annotations
@@ -45,9 +52,39 @@ def _expanded(arg: str) -> str:
     return f'"$HOME"/{shlex.quote(arg[2:])}' if arg.startswith("~/") else shlex.quote(arg)
 
 
+SCREEN_PLACEHOLDERS = ("{SCREEN_WIDTH_HALF}", "{SCREEN_HEIGHT_HALF}", "{SCREEN_WIDTH}", "{SCREEN_HEIGHT}")
+PLACEHOLDERS = ("{CLIENT_PASSWORD}", *SCREEN_PLACEHOLDERS)
+# An upper-case word in braces, not a shell's ${VAR}: what OSWorld's task files use for a placeholder.
+_PLACEHOLDER = re.compile(r"(?<!\$)\{[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\}")
+
+
 def substitute(text: str) -> str:
     """OSWorld's set-up placeholders that do not depend on the running desktop."""
     return text.replace("{CLIENT_PASSWORD}", CLIENT_PASSWORD)
+
+
+def unknown_placeholders(text: str) -> list[str]:
+    """The ``{UPPER_CASE}`` tokens of ``text`` that are not one of OSWorld's placeholders (in order, once)."""
+    return list(dict.fromkeys(t for t in _PLACEHOLDER.findall(text) if t not in PLACEHOLDERS))
+
+
+def needs_screen(text: str) -> bool:
+    """Whether ``text`` has a screen placeholder left for ``fill_screen``."""
+    return any(p in text for p in SCREEN_PLACEHOLDERS)
+
+
+def fill_screen(text: str, width: int, height: int) -> str:
+    """The screen placeholders of ``text`` filled as OSWorld fills them (halves rounded down), the longer names
+    first so ``{SCREEN_WIDTH_HALF}`` is not read as ``{SCREEN_WIDTH}`` followed by text. The values are digits,
+    so filling a command line already quoted for the shell keeps its quoting intact."""
+    for name, value in (
+        ("{SCREEN_WIDTH_HALF}", width // 2),
+        ("{SCREEN_HEIGHT_HALF}", height // 2),
+        ("{SCREEN_WIDTH}", width),
+        ("{SCREEN_HEIGHT}", height),
+    ):
+        text = text.replace(name, str(int(value)))
+    return text
 
 
 def shell_command(command: str | list[str], shell: Any = False) -> str:

@@ -6,7 +6,10 @@ asset store first, so the bundle's downloads resolve).
 
 Per task: ``features_supported`` (every set-up step, getter, metric and option runs here), ``missing_assets``
 (URLs its downloads and cloud files name that the store lacks: ``tasks assets fetch`` fills them where there is
-internet) and ``supported`` (both: it runs on this host now).
+internet) and ``supported`` (both: it runs on this host now). OSWorld-Verified's own flags come along as they
+are: ``needs_proxy`` (``"proxy": true``: OSWorld runs it behind a proxy, because the sites it visits block
+data-centre addresses; osfleet sets that proxy up when the host runs with ``--replica-network proxy=URL``),
+``fixed_ip`` and ``possibility_of_env_change`` (how likely the live web changes the expected answer).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class TaskReport:
     features_supported: bool
     unsupported: list[str] = field(default_factory=list)
     missing_assets: list[str] = field(default_factory=list)
+    needs_proxy: bool = False
+    fixed_ip: bool = False
+    possibility_of_env_change: str | None = None
 
 
 @dataclass
@@ -48,6 +54,8 @@ class ImportReport:
             "features_supported": sum(t.features_supported for t in self.tasks),
             "unsupported": sum(not t.supported for t in self.tasks),
             "missing_assets": len({u for t in self.tasks for u in t.missing_assets}),
+            "needs_proxy": sum(t.needs_proxy for t in self.tasks),
+            "fixed_ip": sum(t.fixed_ip for t in self.tasks),
             "assets_added": self.assets_added,
             "unsupported_features": dict(features.most_common()),
         }
@@ -84,6 +92,8 @@ def check_file(path: Path, root: Path, held: dict[str, str], metrics: Iterable[s
     task_id = str(data.get("id", path.stem)) if isinstance(data, dict) else path.stem
     problems = unsupported_features(data, metrics)
     missing = [u for u in asset_urls(data) if u not in held]
+    flags = data if isinstance(data, dict) else {}
+    change = flags.get("possibility_of_env_change")
     return TaskReport(
         file=rel,
         id=task_id,
@@ -91,6 +101,9 @@ def check_file(path: Path, root: Path, held: dict[str, str], metrics: Iterable[s
         features_supported=not problems,
         unsupported=problems,
         missing_assets=missing,
+        needs_proxy=flags.get("proxy") is True,
+        fixed_ip=flags.get("fixed_ip") is True,
+        possibility_of_env_change=change if isinstance(change, str) else None,
     )
 
 

@@ -29,7 +29,14 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from osfleet.tasks import evaluators
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.guest_paths import guest_path, shell_command, truthy
+from osfleet.tasks.guest_paths import (
+    PLACEHOLDERS,
+    guest_path,
+    needs_screen,
+    shell_command,
+    truthy,
+    unknown_placeholders,
+)
 from osfleet.tasks.model import (
     Criterion,
     DeclaredInfeasible,
@@ -207,18 +214,21 @@ def _command(command: str | list[str], shell: Any) -> str:
 def _steps(step: AnyStep, sha: Resolve) -> list[SetupStep]:
     if isinstance(step, ExecuteStep):
         p = step.parameters
+        command = _command(p.command, p.shell)
         return [
             Run(
                 type="run",
-                command=_command(p.command, p.shell),
+                command=command,
                 timeout=COMMAND_TIMEOUT_SECONDS,
                 ignore_exit=True,
                 stdout_to=p.stdout or None,
                 stderr_to=p.stderr or None,
+                fill_screen=needs_screen(command),
             )
         ]
     if isinstance(step, LaunchStep):
-        return [Launch(type="launch", command=_command(step.parameters.command, step.parameters.shell))]
+        command = _command(step.parameters.command, step.parameters.shell)
+        return [Launch(type="launch", command=command, fill_screen=needs_screen(command))]
     if isinstance(step, SleepStep):
         return [Sleep(type="sleep", seconds=step.parameters.seconds)]
     if isinstance(step, OpenStep):
@@ -353,8 +363,26 @@ def _why(kind: Any, what: str, known: Iterable[str]) -> str:
     return f"{what} {kind!r} (OSWorld has none by that name)"
 
 
+def _command_texts(item: Any) -> list[str]:
+    """The strings of a step's ``parameters.command`` or a getter's ``command`` (a string or a list)."""
+    if not isinstance(item, dict):
+        return []
+    params = item.get("parameters")
+    command = params.get("command") if isinstance(params, dict) else item.get("command")
+    return [c for c in _as_list(command) if isinstance(c, str)]
+
+
+def _placeholder_problems(where: str, item: Any) -> list[str]:
+    known = ", ".join(PLACEHOLDERS)
+    return [
+        f"placeholder {token} in a {where} command (OSWorld fills only {known}; it would run as literal text)"
+        for text in _command_texts(item)
+        for token in unknown_placeholders(text)
+    ]
+
+
 def _feature_problems(data: dict[str, Any], metrics: Iterable[str]) -> list[str]:
-    """Every step type, getter type, metric and conj of ``data`` that osfleet does not run, named."""
+    """Every step type, getter type, metric, conj and placeholder of ``data`` that osfleet does not run, named."""
     known = set(metrics)
     problems: list[str] = []
     ev = data.get("evaluator")
@@ -364,6 +392,7 @@ def _feature_problems(data: dict[str, Any], metrics: Iterable[str]) -> list[str]
             kind = _type_of(step)
             if kind not in SETUP_TYPES:
                 problems.append(_why(kind, f"{where} type", SETUP_TYPES))
+            problems += _placeholder_problems(where, step)
     funcs = _as_list(evd.get("func"))
     for f in funcs:
         if f not in known:
@@ -377,6 +406,7 @@ def _feature_problems(data: dict[str, Any], metrics: Iterable[str]) -> list[str]
             kind = _type_of(getter)
             if kind not in GETTER_TYPES:
                 problems.append(_why(kind, f"{key} type", GETTER_TYPES))
+            problems += _placeholder_problems(f"{key} getter", getter)
     return list(dict.fromkeys(problems))
 
 

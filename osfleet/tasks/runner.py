@@ -23,6 +23,7 @@ from osfleet.replicas.lifecycle import Timed
 from osfleet.tasks import evaluators, getters, guest_query, sandbox
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.guest_files import CACHE_DIR, put_file, put_text
+from osfleet.tasks.guest_paths import fill_screen
 from osfleet.tasks.model import (
     CommandOutput,
     Criterion,
@@ -86,6 +87,7 @@ def _run_steps(
     """
     complaints = []
     end, budget = deadline
+    screen: tuple[int, int] | None = None
     for i, step in enumerate(steps):
         left = end - time.monotonic()
         if left <= 0:
@@ -110,6 +112,10 @@ def _run_steps(
             except OsfleetError as exc:
                 raise TaskSetupError(f"{what} step {i + 1} ({step.op}) failed: {exc}") from None
             continue
+        if isinstance(step, Run | Launch) and step.fill_screen:
+            if screen is None:
+                screen = _screen(host, rid, min(CHECK_TIMEOUT_SECONDS, left), f"{what} step {i + 1}")
+            step = step.model_copy(update={"command": fill_screen(step.command, *screen), "fill_screen": False})
         if isinstance(step, Launch):
             command = f"setsid -f sh -c {shlex.quote(step.command)} >/dev/null 2>&1 </dev/null"
             as_root, timeout = False, 30.0
@@ -130,6 +136,18 @@ def _run_steps(
                 raise TaskSetupError(complaint)
             complaints.append(complaint)
     return complaints
+
+
+def _screen(host: ReplicaHost, rid: str, timeout: float, what: str) -> tuple[int, int]:
+    """The replica's screen for OSWorld's screen placeholders, asked of the running desktop (a set-up step that
+    needs it cannot run without it)."""
+    try:
+        size = getters.guest_screen(host, rid, timeout)
+    except OsfleetError as exc:
+        raise TaskSetupError(f"{what}: cannot read the screen size for its placeholders: {exc}") from None
+    if size is None:
+        raise TaskSetupError(f"{what}: the desktop did not report its screen size (xdotool getdisplaygeometry)")
+    return size
 
 
 def _keep_output(host: ReplicaHost, rid: str, step: Run, out: dict[str, Any], timeout: float) -> None:
