@@ -447,6 +447,45 @@ def test_chrome_tabs_set_up_and_read_through_devtools(
     assert get(guest, broken, tmp_path, store) == ["b"]  # OSWorld's backups when the page cannot be read
 
 
+@pytest.mark.slow
+def test_chrome_appearance_is_read_off_its_settings_page(
+    chrome: tuple[NamespaceGuest, Path], store: AssetStore, tmp_path: Path
+) -> None:
+    guest, _ = chrome
+    # Debian's Chromium starts a fresh profile with the classic theme (extensions.theme.system_theme 0), which the
+    # page's preferences, read as OSWorld reads them, call light (OSWorld's own probe says the same:
+    # tests/test_osworld_differential_verified.py).
+    assert get(guest, {"type": "open_tabs_info"}, tmp_path, store)  # waits for the browser's DevTools port
+    assert get(guest, {"type": "chrome_appearance_mode_ui"}, tmp_path, store, timeout=60) == "light"
+    tabs = get(guest, {"type": "open_tabs_info"}, tmp_path, store)
+    assert not any("settings" in t["url"] for t in tabs)  # the probe's tab is closed again
+
+
+@pytest.mark.parametrize(
+    "theme, expected",
+    [
+        ({}, "system"),
+        ({"browser": {"theme": {"color_scheme2": 2}}}, "dark"),
+        ({"browser": {"theme": {"color_scheme": 1}}}, "light"),
+        ({"browser": {"theme": {"color_scheme2": 2, "color_scheme": 1}}}, "dark"),  # the newer key wins
+        ({"browser": {"theme": {"color_scheme2": "Dark"}}}, "dark"),
+        ({"browser": {"theme": {"color_scheme2": 2}}, "extensions": {"theme": {"system_theme": 0}}}, "light"),
+        ({"browser": {"theme": {"color_scheme2": 7}}}, "system"),
+    ],
+)
+def test_chrome_appearance_without_a_browser_comes_from_preferences(
+    guest: NamespaceGuest, store: AssetStore, tmp_path: Path, theme: dict[str, Any], expected: str
+) -> None:
+    # No Chromium listens on the DevTools port here: OSWorld falls back to the profile's Preferences then.
+    prefs = guest.home / ".config" / "google-chrome" / "Default" / "Preferences"
+    prefs.parent.mkdir(parents=True)
+    prefs.write_text(json.dumps(theme))
+    guest.env["OSFLEET_DEVTOOLS_PORT"] = str(_free_port())
+    started = time.monotonic()
+    assert get(guest, {"type": "chrome_appearance_mode_ui"}, tmp_path, store) == expected
+    assert time.monotonic() - started < (2 if expected == "light" else 12)  # light at once, others asked 5 times
+
+
 def test_omnibox_and_url_getters() -> None:
     assert omnibox_text("https://www.drugs.com/npc/") == "drugs.com/npc/"
     assert omnibox_text("https://www.google.com/") == "google.com"

@@ -522,6 +522,7 @@ GETTERS: dict[str, Callable[[Context, dict[str, Any]], Any]] = {
     "background_image_in_slide": slide_media,
     "content_from_vm_file": content_from_vm_file,
     "open_tabs_info": _ask("chrome_tabs"),
+    "chrome_appearance_mode_ui": _ask("chrome_appearance_mode"),
     "bookmarks": _ask("chrome_bookmarks"),
     "history": _ask("chrome_history"),
     "cookie_data": _ask("chrome_cookies"),

@@ -328,6 +328,7 @@ class NoParams(Open):
         "find_installed_extension_name",
         "shortcuts_on_desktop",
         "default_video_player",
+        "chrome_appearance_mode_ui",
     ]
 
 

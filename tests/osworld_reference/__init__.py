@@ -33,8 +33,9 @@ class StandInCalled(RuntimeError):
 class Reference:
     """OSWorld's metric functions in a child process of the reference environment."""
 
-    def __init__(self, python: Path | None = None, shims: tuple[str, ...] = ()) -> None:
-        """``shims``: imports to satisfy with ``shim_<name>.py`` of this folder instead of an empty stand-in."""
+    def __init__(self, python: Path | None = None, shims: tuple[str, ...] = (), source: Path | None = None) -> None:
+        """``shims``: imports to satisfy with ``shim_<name>.py`` of this folder instead of an empty stand-in;
+        ``source``: a folder with OSWorld's ``desktop_env/`` to load instead of the release's (its main branch)."""
         python = python or reference_python()
         if not python.exists():
             raise FileNotFoundError(f"{python}: run scripts/setup-osworld-reference (scripts/setup does)")
@@ -43,6 +44,7 @@ class Reference:
             "PYTHONPATH": "",
             "PYTHONDONTWRITEBYTECODE": "1",
             "OSWORLD_REFERENCE_SHIMS": ",".join(shims),
+            "OSWORLD_REFERENCE_SOURCE": str(source or ""),
         }
         # OSWorld's functions write beside themselves (vscode.compare_zip_files leaves temp.pdf in the working
         # directory): give the child a folder of its own.

@@ -85,10 +85,16 @@ def _stand_in(name: str) -> None:
 
 
 def _register_packages() -> None:
-    spec = importlib.util.find_spec("desktop_env")
-    if spec is None or not spec.submodule_search_locations:
+    """``desktop_env`` from the installed wheel, or from ``OSWORLD_REFERENCE_SOURCE`` (a folder holding OSWorld's
+    ``desktop_env/`` of a newer commit than the newest release: metrics that exist only on its main branch)."""
+    source = os.environ.get("OSWORLD_REFERENCE_SOURCE")
+    spec = None if source else importlib.util.find_spec("desktop_env")
+    if source:
+        root = Path(source) / "desktop_env"
+    elif spec is None or not spec.submodule_search_locations:
         raise SystemExit("desktop-env is not installed in this environment (scripts/setup-osworld-reference)")
-    root = Path(next(iter(spec.submodule_search_locations)))
+    else:
+        root = Path(next(iter(spec.submodule_search_locations)))
     for name, folder in (
         ("desktop_env", root),
         ("desktop_env.evaluators", root / "evaluators"),

@@ -17,6 +17,7 @@ scores each against OSWorld's own function.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from osfleet.tasks.evaluators import (
     json_settings,
     mail,
     media,
+    ocr,
     office_config,
     pdfs,
     programs,
@@ -45,11 +47,14 @@ Score = tuple[float, str]
 
 FAMILIES = (
     tables, sheets_csv, documents, slides, office_config, pdfs,  # office files
-    text, json_settings, records, desktop, browser, archives, images, media, mail, programs,
+    text, json_settings, records, desktop, browser, archives, images, ocr, media, mail, programs,
 )  # fmt: skip
 METRICS: dict[str, Metric] = {}
 # Python modules a metric needs on the host, beyond osfleet's own dependencies.
 NEEDS: dict[str, tuple[str, ...]] = {}
+# Programs a metric runs on the host (in its sandbox), with the Debian package that has them.
+TOOLS: dict[str, tuple[str, ...]] = {}
+TOOL_PACKAGES = {"tesseract": "tesseract-ocr"}
 for _family in FAMILIES:
     _clash = set(METRICS) & set(_family.METRICS)
     if _clash:  # one implementation per metric: a second would silently replace the first
@@ -58,6 +63,7 @@ for _family in FAMILIES:
     for _name, _needs in getattr(_family, "NEEDS", {}).items():
         # a module name, or (module, package) pairs as the office families write them
         NEEDS[_name] = tuple(n if isinstance(n, str) else n[0] for n in _needs)
+    TOOLS.update(getattr(_family, "TOOLS", {}))
 
 # Where a needed module comes from: (pip requirement, the osfleet extra that pins it).
 PACKAGES: dict[str, tuple[str, str]] = {
@@ -95,6 +101,10 @@ def require(func: str) -> None:
             raise UnsupportedTaskError(
                 f"OSWorld metric {func!r} needs {pip} on this host (pip install 'osfleet[{extra}]')"
             )
+    for tool in TOOLS.get(func, ()):
+        if shutil.which(tool) is None:
+            package = TOOL_PACKAGES.get(tool, tool)
+            raise UnsupportedTaskError(f"OSWorld metric {func!r} needs {tool} on this host (apt-get install {package})")
 
 
 def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any], wall: float | None = None) -> Score:

@@ -83,6 +83,23 @@ def is_expected_active_tab(result: Any, expected: Any, options: dict[str, Any]) 
     return float(ok), f"active tab {short(url)}, expected {short(expected['url'])}"
 
 
+def _without_query(url: Any) -> str:
+    from urllib.parse import urlparse, urlunparse
+
+    return urlunparse(urlparse(url)._replace(query=""))
+
+
+@scored()
+def is_expected_active_tab_approximate(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    if not result:
+        return 0.0, "no active tab"
+    if expected["type"] != "url":
+        return 0.0, f"unknown rule type {short(expected['type'])}"
+    url = result.get("url", None) if isinstance(result, dict) else result
+    ok = _without_query(expected["url"]) == _without_query(url)
+    return float(ok), f"active tab {short(url)}, expected {short(expected['url'])} (queries ignored)"
+
+
 @scored()
 def is_expected_url_pattern_match(result: Any, expected: Any, options: dict[str, Any]) -> Score:
     if not result:
@@ -274,6 +291,7 @@ def check_html_background_image(result: Any, expected: Any, options: dict[str, A
 
 
 METRICS: dict[str, Metric] = {
+    "is_expected_active_tab_approximate": is_expected_active_tab_approximate,
     "is_expected_active_tab": is_expected_active_tab,
     "is_expected_url_pattern_match": is_expected_url_pattern_match,
     "is_expected_search_query": is_expected_search_query,

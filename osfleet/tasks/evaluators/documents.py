@@ -31,6 +31,9 @@ python-docx lists them (not table cells, headers or footers), "runs" theirs:
   the same number of non-empty entries; their mean similarity s scores (s - b) / (1 - b) when s >= b + 0.01
   (b = ``reference_base_result``, 0.5), else 0; no such heading in either document scores 1.
 - ``compare_highlighted_text``: the same set of highlighted run texts.
+- ``compare_unique_train_records`` (OSWorld's main branch; ``expected`` is the gold and the original document):
+  every non-empty line of the result is a line of the original, no train id (the second field of a line of four
+  comma-separated fields) twice, the same set of ids and as many lines as the gold document.
 A file python-docx cannot open scores 0.
 """
 
@@ -610,6 +613,38 @@ def compare_references(result: Any, expected: Any, options: dict[str, Any]) -> S
     return 0.0, f"references only {mean:.3f} similar (base {base})"
 
 
+def _train_records(path: Any) -> tuple[list[str], list[str]] | None:
+    """A train record document's non-empty stripped paragraphs and the ids (second field) of its lines with
+    exactly four comma-separated fields; None when python-docx cannot read it."""
+    document = _open(file_arg(path))
+    if document is None:
+        return None
+    lines = [p.text.strip() for p in document.paragraphs if p.text.strip()]
+    return lines, [line.split(",")[1].strip() for line in lines if len(line.split(",")) == 4]
+
+
+@guarded("compare_unique_train_records")
+def compare_unique_train_records(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    if not result or not isinstance(expected, list) or len(expected) < 2:
+        return 0.0, "needs the result and a list of the gold and the original documents"
+    if not expected[0] or not expected[1]:
+        return 0.0, "the gold or the original document is missing"
+    got, gold, initial = (_train_records(v) for v in (result, expected[0], expected[1]))
+    if got is None or gold is None or initial is None:
+        return 0.0, "not a document python-docx can read"
+    (lines, ids), (gold_lines, gold_ids) = got, gold
+    extra = set(lines) - set(initial[0])
+    if extra:
+        return 0.0, f"lines not in the original: {short(sorted(extra))}"
+    if len(ids) != len(set(ids)):
+        return 0.0, "a train id is there twice"
+    if set(ids) != set(gold_ids):
+        return 0.0, f"train ids {short(sorted(set(ids)))}, expected {short(sorted(set(gold_ids)))}"
+    if len(lines) != len(gold_lines):
+        return 0.0, f"{len(lines)} lines, expected {len(gold_lines)}"
+    return 1.0, f"{len(ids)} unique train records, as the gold document"
+
+
 METRICS = {
     "compare_docx_files": compare_docx_files,
     "compare_docx_files_and_ignore_new_lines": compare_docx_files_and_ignore_new_lines,
@@ -631,6 +666,7 @@ METRICS = {
     "check_highlighted_words": check_highlighted_words,
     "compare_highlighted_text": compare_highlighted_text,
     "compare_references": compare_references,
+    "compare_unique_train_records": compare_unique_train_records,
 }
 DOCX, ODF, FUZZ = ("docx", "python-docx"), ("odf", "odfpy"), ("rapidfuzz", "rapidfuzz")
 # Python modules each metric needs on the host, with the package that provides them (the ``office`` extra).

@@ -10,7 +10,10 @@ Similarity is what OSWorld computes, with the same libraries (Pillow, NumPy, sci
   least 7 pixels) in RGB; "MSE the same": the mean squared difference of RGB values in [0, 1] below 0.03
   after resizing the first image to the second's size.
 - ``check_structure_sim``: same size and structure; ``check_structure_sim_resized``: the source (cropped
-  to its opaque part when it has transparency) resized to the target's size has the same structure.
+  to its opaque part when it has transparency) resized to the target's size has the same structure;
+  ``check_structure_sim_with_threshold`` (OSWorld's main branch): the source resized (Lanczos) to the target's
+  size, both in RGB, have an SSIM of at least option ``ssim_threshold`` (0.85), with 7x7 windows (the largest
+  odd size that fits a smaller image).
 - ``check_brightness_decrease_and_structure_sim``: the result is darker (mean grey) than the original and,
   both brought to a mean of 128, the same by MSE (option ``threshold``, 0.03).
 - ``check_contrast_increase_and_structure_sim``: a larger standard deviation of the pixel values than the
@@ -145,6 +148,30 @@ def check_structure_sim(result: Any, expected: Any, options: dict[str, Any]) -> 
     except Exception as exc:  # noqa: BLE001  (OSWorld's function scores 0 on any failure)
         return 0.0, f"cannot compare: {type(exc).__name__}"
     return float(ok), "same structure" if ok else "different structure"
+
+
+@scored(any_options=True)
+def check_structure_sim_with_threshold(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    import numpy as np
+    from PIL import Image
+
+    if result is None or expected is None:
+        return 0.0, "no image"
+    threshold = options.get("ssim_threshold", 0.85)
+    try:
+        a, b = open_image(result), open_image(expected)
+        if a.size != b.size:  # resized before the colour conversion, as OSWorld does
+            a = a.resize(b.size, Image.Resampling.LANCZOS)
+        x, y = (np.array(i if i.mode == "RGB" else i.convert("RGB")) for i in (a, b))
+        side = min(x.shape[0], x.shape[1])
+        window = 7 if side >= 7 else (side if side % 2 == 1 else side - 1)
+        if window < 1:
+            return 0.0, "image too small for SSIM"
+        similarity = _ssim(x, y, win_size=window, channel_axis=2)
+        ok = similarity >= threshold
+    except Exception as exc:  # noqa: BLE001  (OSWorld's function scores 0 on any failure)
+        return 0.0, f"cannot compare: {type(exc).__name__}"
+    return float(ok), f"SSIM {similarity:.4f} {'>=' if ok else '<'} {threshold}"
 
 
 def _opaque_part(image: Any) -> Any:
@@ -384,6 +411,7 @@ METRICS: dict[str, Metric] = {
     "compare_image_list": compare_image_list,
     "check_structure_sim": check_structure_sim,
     "check_structure_sim_resized": check_structure_sim_resized,
+    "check_structure_sim_with_threshold": check_structure_sim_with_threshold,
     "check_brightness_decrease_and_structure_sim": check_brightness_decrease_and_structure_sim,
     "check_saturation_increase_and_structure_sim": check_saturation_increase_and_structure_sim,
     "check_contrast_increase_and_structure_sim": check_contrast_increase_and_structure_sim,

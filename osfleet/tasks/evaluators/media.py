@@ -17,7 +17,8 @@
   non-comment line decides), ``check_qt_bgcone``, ``check_qt_max_volume``, ``check_qt_minimal_view``,
   ``check_qt_slider_colours`` (``type: match`` the rule's string, or ``blackish``: every colour's
   channels below 100), ``check_global_key_play_pause`` (set to anything counts as 1),
-  ``check_one_instance_when_started_from_file``.
+  ``check_one_instance_when_started_from_file``, ``check_play_and_exit`` (``play-and-exit``, default 0; OSWorld's
+  main branch).
 """
 
 from __future__ import annotations
@@ -243,6 +244,7 @@ check_qt_minimal_view = _vlcrc_check("expected_qt_minimal_view", "qt-minimal-vie
 check_one_instance_when_started_from_file = _vlcrc_check(
     "expected_one_instance_when_started_from_file", "one-instance-when-started-from-file=", "1"
 )
+check_play_and_exit = _vlcrc_check("expected_play_and_exit", "play-and-exit=", "0")
 SLIDER_COLOURS = "153;210;153;20;210;20;255;199;15;245;39;29"  # VLC's default
 
 
@@ -286,6 +288,7 @@ METRICS: dict[str, Metric] = {
     "check_qt_slider_colours": check_qt_slider_colours,
     "check_global_key_play_pause": check_global_key_play_pause,
     "check_one_instance_when_started_from_file": check_one_instance_when_started_from_file,
+    "check_play_and_exit": check_play_and_exit,
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     "compare_videos": ("cv2", "imagehash"),

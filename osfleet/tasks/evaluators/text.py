@@ -103,6 +103,15 @@ def is_in_list(result: Any, expected: Any, options: dict[str, Any]) -> Score:
     return float(ok), f"{short(want)} {'in' if ok else 'not in'} {short(items)}"
 
 
+@scored()
+def match_in_list(result: Any, expected: Any, options: dict[str, Any]) -> Score:
+    """The result is one of the expected values (``in``: a substring when ``expected`` is a string, as OSWorld)."""
+    choices = expected["expected"]
+    got = _value(result)
+    ok = got in choices
+    return float(ok), f"result {short(got)} {'in' if ok else 'not in'} {short(choices)}"
+
+
 @scored(any_options=True)
 def is_extension_installed(result: Any, expected: Any, options: dict[str, Any]) -> Score:
     kind, want = expected["type"], None
@@ -272,6 +281,7 @@ def fuzzy_place_math(result: Any, expected: Any, options: dict[str, Any]) -> Sco
 
 METRICS: dict[str, Metric] = {
     "exact_match": exact_match,
+    "match_in_list": match_in_list,
     "check_include_exclude": check_include_exclude,
     "literal_match": literal_match,
     "is_in_list": is_in_list,

@@ -301,8 +301,8 @@ def chrome_active_url(args, deadline):
     return pages[0]["url"] if pages else None
 
 
-def _with_new_tab(url, deadline, work):
-    browser = _browser(deadline, launch=True)
+def _with_new_tab(url, deadline, work, launch=True, settle=1.0):
+    browser = _browser(deadline, launch=launch)
     target = None
     try:
         target = browser.call("Target.createTarget", url="about:blank")["targetId"]
@@ -311,7 +311,7 @@ def _with_new_tab(url, deadline, work):
             page.call("Page.enable")
             page.call("Page.navigate", url=url)
             time.sleep(0.3)
-            loaded = _wait_loaded(page, Deadline(min(deadline.left() - 1, 60)), settle=1.0)
+            loaded = _wait_loaded(page, Deadline(min(deadline.left() - 1, 60)), settle=settle)
             return work(page, loaded)
         finally:
             page.close()
@@ -482,6 +482,119 @@ def chrome_pref(args, deadline):
             "chrome_language": "en-US",
         }.get(kind, "Google")
     raise RuntimeError(f"no preference getter {kind}")
+
+
+# Which appearance the settings page shows: the page's own preference objects at these paths first, then the
+# text of the selected or checked controls (through shadow roots); light before dark before system.
+APPEARANCE_PROBE = r"""(() => {
+  const low = (v) => String(v === undefined || v === null ? '' : v).toLowerCase();
+  const paths = ['prefs.browser.theme.color_scheme', 'prefs.browser.theme.color_scheme2',
+                 'prefs.extensions.theme.system_theme'];
+  const found = [];
+  const fromText = (t) => t.includes('light') ? 'light' : t.includes('dark') ? 'dark'
+    : (t.includes('device') || t.includes('system') || t.includes('default')) ? 'system' : null;
+  try {
+    const ui = document.querySelector('settings-ui');
+    const seen = new Set();
+    const walk = (obj, path) => {
+      if (!obj || typeof obj !== 'object' || seen.has(obj)) return;
+      seen.add(obj);
+      if ('value' in obj && paths.includes(low(path))) {
+        const v = obj.value;
+        if (low(path).endsWith('system_theme')) {
+          if (v === 0 || v === '0' || v === false) found.push('light');
+          if (v === 1 || v === '1' || v === true) found.push('dark');
+        } else {
+          if (v === 1 || low(v) === '1' || low(v) === 'light') found.push('light');
+          if (v === 2 || low(v) === '2' || low(v) === 'dark') found.push('dark');
+          if (v === 0 || ['0', 'system', 'default', 'device'].includes(low(v))) found.push('system');
+        }
+      }
+      for (const key of Object.keys(obj)) walk(obj[key], path ? path + '.' + key : key);
+    };
+    walk(ui && ui.prefs ? ui.prefs : null, 'prefs');
+  } catch (e) {}
+  try {
+    const roots = [document];
+    for (let i = 0; i < roots.length; i++)
+      for (const el of roots[i].querySelectorAll('*')) if (el.shadowRoot) roots.push(el.shadowRoot);
+    for (const root of roots)
+      for (const el of root.querySelectorAll('[selected],[checked],[aria-checked="true"],option:checked')) {
+        const mode = fromText(low((el.innerText || el.textContent || '').trim()));
+        if (mode) found.push(mode);
+      }
+  } catch (e) {}
+  for (const mode of ['light', 'dark', 'system']) if (found.includes(mode)) return mode;
+  return null;
+})()"""
+APPEARANCE_PAGE_SECONDS = 25.0  # the settings page's share; the Preferences files get the rest
+
+
+def _scheme_in_preferences(data):
+    """light, dark or system from a Preferences document (color_scheme2, else color_scheme: 0 system, 1 light,
+    2 dark; a theme not following the system, extensions.theme.system_theme 0, is light)."""
+    theme = data.get("browser", {}).get("theme", {})
+    raw = theme.get("color_scheme2", theme.get("color_scheme"))
+    mode = None
+    if isinstance(raw, str):
+        mode = {"system": "system", "default": "system", "0": "system", "light": "light", "1": "light"}.get(
+            raw.strip().lower(), "dark" if raw.strip().lower() in ("dark", "2") else None
+        )
+    elif isinstance(raw, int | float) and not isinstance(raw, bool):
+        mode = {0: "system", 1: "light", 2: "dark"}.get(int(raw))
+    if data.get("extensions", {}).get("theme", {}).get("system_theme") in (0, "0", False):
+        return "light"
+    return mode or "system"
+
+
+def _appearance_in_files(deadline):
+    """The appearance the profiles' Preferences say, newest profile first, asked up to 5 times a second apart
+    (Chrome writes the file a moment after the setting changes); system when none says."""
+    found = []
+    for pattern in ("Default", "Guest Profile", "Profile *"):
+        for path in glob.glob(os.path.join(PROFILE, pattern, "Preferences")):
+            with contextlib.suppress(OSError):
+                found.append((os.path.getmtime(path), path))
+    paths = [p for _, p in sorted(found, reverse=True)] or [os.path.join(DEFAULT, "Preferences")]
+    final = "system"
+    for attempt in range(5):
+        best = None
+        for path in paths:
+            try:
+                mode = _scheme_in_preferences(_json_file(path))
+            except (OSError, ValueError, AttributeError):
+                continue
+            if mode in ("light", "dark"):
+                best = mode
+                break
+            best = best or mode
+        if best is not None:
+            final = best
+            if best == "light":
+                return "light"
+        if attempt < 4:
+            if deadline.left() < 1.5:
+                break
+            time.sleep(1.0)
+    return final
+
+
+def chrome_appearance_mode(args, deadline):
+    """OSWorld's chrome_appearance_mode_ui: what chrome://settings/appearance shows (a new tab of the running
+    browser, never started for this), else what the Preferences files say."""
+    page_deadline = Deadline(min(APPEARANCE_PAGE_SECONDS, deadline.left() / 2))
+    try:
+        _http("/json/version", timeout=min(5.0, page_deadline.left()))  # OSWorld gives up when it cannot connect
+        mode = _with_new_tab(
+            "chrome://settings/appearance",
+            page_deadline,
+            lambda page, loaded: _evaluate(page, APPEARANCE_PROBE),
+            launch=False,
+            settle=2.5,
+        )
+    except Exception:  # noqa: BLE001 (no browser, a page that did not load: the files decide, as in OSWorld)
+        mode = None
+    return mode if mode in ("light", "dark", "system") else _appearance_in_files(deadline)
 
 
 def add_history(args, deadline):
@@ -830,6 +943,7 @@ OPS = {
         xlsx_last_row,
         vlc_status,
         default_video_player,
+        chrome_appearance_mode,
     )
 }
 
