@@ -180,5 +180,5 @@ def test_a_metric_given_the_wrong_kind_of_value_scores_zero() -> None:
 def test_unknown_metric_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedTaskError, match="compare_no_such_thing"):
         run_metric("compare_no_such_thing", None, None, {})
-    with pytest.raises(UnsupportedTaskError, match="compare_image_text"):
-        run_metric("compare_image_text", None, None, {})
+    with pytest.raises(UnsupportedTaskError, match="compare_audios_by_dl_model"):
+        run_metric("compare_audios_by_dl_model", None, None, {})
