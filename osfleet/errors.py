@@ -65,6 +65,13 @@ class GuestTimeoutError(OsfleetError):
     """A guest did not reach the expected state in time."""
 
 
+class GuestCommandKilledError(GuestTimeoutError):
+    """A command in the guest ran out of its time and the guest's own ``timeout`` killed it: the guest agent
+    answered, the command did not finish. Where the command read a value for a check, that is the guest's doing
+    (a desktop kept busy, a program that hangs): the check scores 0 with this message (``osfleet.tasks.getters``);
+    elsewhere it is a timeout like any other."""
+
+
 class GuestFileTooLargeError(OsfleetError):
     """A file in the guest is larger than the host reads for a check: the guest's doing, so the check scores 0
     with this message ("file over N MiB"); never an infrastructure failure, never scored on a cut-off copy."""

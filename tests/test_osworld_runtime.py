@@ -5,7 +5,7 @@ folders of the test, so the converter's real guest paths (``~``, relative, ``/ho
 are used unchanged; commands run with ``HOME=/home/user`` in that folder as the desktop user's shell would,
 and the query script runs under Debian's own ``python3`` (with python3-websocket, as in the guest). Chrome is
 Debian's ``chromium``, headless, with its DevTools port and a profile in the guest's home; tools of the desktop
-that cannot run here (xdotool, gsettings, xdg-mime, wmctrl) are small scripts that record how they were called.
+that cannot run here (xdotool, gsettings, wmctrl) are small scripts that record how they were called.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 import openpyxl
 import pytest
 
+from osfleet.errors import GuestCommandKilledError, GuestTimeoutError
 from osfleet.lab.engine import NO_SESSION_BUS
 from osfleet.tasks import getters, runner
 from osfleet.tasks.assets import AssetStore
@@ -38,7 +39,6 @@ DEBIAN_PYTHON = "/usr/bin/python3"
 FAKE_TOOLS = {
     "xdotool": 'echo "xdotool $*" >> /home/user/.calls; [ "$1" = getdisplaygeometry ] && echo "1280 800"; exit 0',
     "gsettings": 'echo "gsettings $*" >> /home/user/.calls; [ "$1" = get ] && echo "\'file://$HOME/wall.png\'"; exit 0',
-    "xdg-mime": 'case "$4" in video/mp4|video/webm|video/x-matroska) echo vlc.desktop;; *) echo mpv.desktop;; esac',
     "wmctrl": 'echo "wmctrl $*" >> /home/user/.calls; exit 1',  # no window here: OSWorld goes on anyway
 }
 
@@ -241,6 +241,12 @@ def test_command_rule_and_desktop_getters(guest: NamespaceGuest, store: AssetSto
     assert get(guest, {"type": "constant", "value": 3}, tmp_path, store) == 3
     assert get(guest, {"type": "time_diff_range", "diff_range_in_minutes": 5}, tmp_path, store) == 5
     assert get(guest, {"type": "vm_screen_size"}, tmp_path, store) == {"width": 1280, "height": 800}
+    cache = guest.home / ".local" / "share" / "applications" / "mimeinfo.cache"  # searched before the system's
+    cache.parent.mkdir(parents=True)
+    cache.write_text("[MIME Cache]\n" + "".join(f"video/{t}=mpv.desktop;\n" for t in ("avi", "mpeg", "ogg", "dv")))
+    cache.write_text(
+        cache.read_text() + "video/mp4=vlc.desktop;\nvideo/webm=vlc.desktop;\nvideo/x-matroska=vlc.desktop;\n"
+    )
     assert get(guest, {"type": "default_video_player"}, tmp_path, store) == "mpv.desktop\n"  # most common answer
     (guest.home / "wall.png").write_bytes(b"PNG")
     assert get(guest, {"type": "vm_wallpaper", "dest": "w.png"}, tmp_path, store).read_bytes() == b"PNG"
@@ -486,6 +492,70 @@ def test_chrome_appearance_without_a_browser_comes_from_preferences(
     assert time.monotonic() - started < (2 if expected == "light" else 12)  # light at once, others asked 5 times
 
 
+def _desktop_file(folder: Path, name: str, program: str, types: str, extra: str = "") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(
+        f"[Desktop Entry]\nType=Application\nName={name}\nExec={program} %U\n{extra}MimeType={types}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "scene",
+    ["only desktop files", "defaults", "user choice", "user choice of a missing app", "a desktop's own list"],
+)
+def test_default_applications_are_what_the_real_xdg_mime_says(tmp_path: Path, scene: str) -> None:
+    """The query script's port of xdg-mime's lookup (default_video_player) against Debian's own xdg-mime, over
+    OSWorld's video types, on folders laid out like a desktop's: the answers must be the same for every type."""
+    import runpy
+
+    if not Path("/usr/bin/xdg-mime").exists():
+        pytest.fail("these tests need Debian's xdg-utils (scripts/setup)")
+    home, share, bin_dir = tmp_path / "home", tmp_path / "share", tmp_path / "bin"
+    for program in ("vlc", "totem", "mpv"):
+        bin_dir.mkdir(exist_ok=True)
+        (bin_dir / program).write_text("#!/bin/sh\n")
+        (bin_dir / program).chmod(0o755)
+    apps = share / "applications"
+    _desktop_file(apps, "vlc.desktop", "vlc", "video/mp4;video/x-matroska;video/webm;video/ogg;video/x-ogm+ogg;")
+    _desktop_file(
+        apps, "org.gnome.Totem.desktop", "totem", "video/mp4;video/mpeg;video/x-flv;", "InitialPreference=3\n"
+    )
+    _desktop_file(apps / "kde4", "mpv.desktop", "mpv", "video/x-anim;video/mp4;")
+    (home / ".config").mkdir(parents=True)
+    if scene != "only desktop files":
+        (apps / "mimeinfo.cache").write_text("[MIME Cache]\nvideo/mp4=vlc.desktop;org.gnome.Totem.desktop;\n")
+        (apps / "defaults.list").write_text(
+            "[Default Applications]\nvideo/mpeg=org.gnome.Totem.desktop\nvideo/webm=gone.desktop\n"
+        )
+    if scene.startswith("user choice"):
+        app = "vlc.desktop" if scene == "user choice" else "gone.desktop"
+        lines = "".join(f"video/{t}={app};\n" for t in ("mp4", "mpeg", "x-flv", "3gp"))
+        (home / ".config" / "mimeapps.list").write_text(
+            f"[Added Associations]\nvideo/avi=x.desktop\n[Default Applications]\n{lines}"
+        )
+    if scene == "a desktop's own list":
+        (home / ".config" / "xfce-mimeapps.list").write_text("[Default Applications]\nvideo/mp4=kde4-mpv.desktop\n")
+    env = {
+        "HOME": str(home),
+        "XDG_DATA_DIRS": str(share),
+        "XDG_DATA_HOME": str(tmp_path / "none"),
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+    }
+    if scene == "a desktop's own list":
+        env["XDG_CURRENT_DESKTOP"] = "XFCE"
+    query = runpy.run_path(str(Path(getters.__file__).parent / "guest" / "osworld_query.py"), run_name="query")
+    ported = query["XdgDefaults"](env)
+    types = sorted(set(getters.VIDEO_TYPES))
+    real = subprocess.run(
+        ["sh", "-c", 'for t in "$@"; do echo "$t=$(xdg-mime query default "video/$t")"; done', "sh", *types],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    theirs = dict(line.split("=", 1) for line in real.stdout.splitlines())
+    ours = {t: ported.query(f"video/{t}") or "" for t in types}
+    assert ours == theirs
+    assert len(set(ours.values())) >= 2  # the scene tells players apart
+
+
 def test_omnibox_and_url_getters() -> None:
     assert omnibox_text("https://www.drugs.com/npc/") == "drugs.com/npc/"
     assert omnibox_text("https://www.google.com/") == "google.com"
@@ -657,3 +727,39 @@ def test_without_chrome_the_active_url_is_none_soon(tmp_path: Path, store: Asset
     assert time.monotonic() - start < 15  # it does not wait out the criterion's whole time
     with pytest.raises(GetterValueError, match="DevTools port did not answer"):
         get(guest, {"type": "open_tabs_info"}, tmp_path, store, timeout=8)  # tried to start google-chrome first
+
+
+class _KilledQueries(NamespaceGuest):
+    """A guest whose query script the guest's own timeout kills (a desktop too busy to answer in the getter's
+    time), or whose guest agent does not answer at all (``unreachable``)."""
+
+    unreachable = False
+
+    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        if "default_video_player" in command:
+            if self.unreachable:
+                raise GuestTimeoutError("r-1: guest agent did not answer within 30 s")
+            raise GuestCommandKilledError(f"command timed out after {timeout:g} s and was killed")
+        return super().shell(replica_id, command, timeout, as_root)
+
+
+def test_a_getter_the_guest_cannot_answer_in_time_scores_0_not_an_infrastructure_failure(
+    tmp_path: Path, store: AssetStore
+) -> None:
+    # OSWorld-Verified's multi_apps 937087b6 ("make VLC the default video player") answered 503 on an untouched
+    # desktop: its getter's command was killed after 30 s. A killed guest command is the guest's doing: 0.
+    task = from_osworld(
+        osworld(
+            [],
+            func="check_include_exclude",
+            result={"type": "default_video_player"},
+            expected={"type": "rule", "rules": {"include": ["vlc.desktop"]}},
+        ),
+        store,
+    )
+    guest = _KilledQueries(tmp_path / "guest")
+    ev = runner.evaluate(guest, "r-1", task)  # type: ignore[arg-type]
+    assert ev.reward == 0.0 and "did not answer in time" in ev.criteria[0].detail
+    guest.unreachable = True  # a guest agent that does not answer at all stays an infrastructure failure
+    with pytest.raises(runner.VerifierError, match="guest agent did not answer"):
+        runner.evaluate(guest, "r-1", task)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any
 
-from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetError
+from osfleet.errors import GuestCommandKilledError, GuestFileTooLargeError, GuestTimeoutError, OsfleetError
 from osfleet.protocol.actions import (
     OSWORLD_WAIT_SECONDS,
     PYAUTOGUI_SPECIAL,
@@ -195,7 +195,7 @@ def shell(virt: Virt, domain: str, command: str, timeout: float, as_root: bool =
     argv = ["/usr/bin/timeout", "-s", "KILL", f"{timeout:.3f}", *inner]
     code, out, err = virt.guest_exec(domain, argv, timeout + GUEST_TIMEOUT_SLACK_SECONDS)
     if code == KILLED_BY_TIMEOUT:
-        raise GuestTimeoutError(f"command timed out after {timeout:g} s and was killed")
+        raise GuestCommandKilledError(f"command timed out after {timeout:g} s and was killed")
     return {"exit_code": code, "stdout": out, "stderr": err}
 
 

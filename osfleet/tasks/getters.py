@@ -12,8 +12,10 @@ as OSWorld's own getter of that name does (``desktop_env/evaluators/getters``), 
 - ``rule``/``constant``/``time_diff_range`` give their own value; ``rule_relativeTime`` fills in its dates.
 
 A guest that cannot be reached raises (an infrastructure failure, never a score). A value the guest cannot
-give (a file over the read cap, a query that fails) raises ``GetterValueError``: the metric scores 0 with that
-reason, as OSWorld's getters return nothing there.
+give (a file over the read cap, a query that fails, a command the guest's own timeout killed because the desktop
+did not answer in the getter's time) raises ``GetterValueError``: the metric scores 0 with that reason, as
+OSWorld's getters return nothing there. (An untouched desktop that a slow getter made time out was answered
+503 before: OSWorld-Verified's ``default_video_player`` asked ``xdg-mime`` 43 times, over 30 s under TCG.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from osfleet.errors import OsfleetError
+from osfleet.errors import GuestCommandKilledError, OsfleetError
 from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.tasks import guest_query
 from osfleet.tasks.assets import AssetStore
@@ -39,52 +41,15 @@ from osfleet.tasks.guest_paths import GUEST_HOME, shell_command
 CHROME_PROFILE = f"{GUEST_HOME}/.config/google-chrome"
 VLC_CONFIG = f"{GUEST_HOME}/.config/vlc/vlcrc"
 GIMP_CONFIG = f"{GUEST_HOME}/.config/GIMP/2.10"
-# The video types OSWorld asks xdg-mime about for default_video_player.
-VIDEO_TYPES = (
-    "3gp",
-    "3gpp",
-    "3gpp2",
-    "avi",
-    "divx",
-    "dv",
-    "fli",
-    "flv",
-    "mp2t",
-    "mp4",
-    "mp4v-es",
-    "mpeg",
-    "mpeg-system",
-    "msvideo",
-    "ogg",
-    "quicktime",
-    "vnd.divx",
-    "vnd.mpegurl",
-    "vnd.rn-realvideo",
-    "webm",
-    "x-anim",
-    "x-avi",
-    "x-flc",
-    "x-fli",
-    "x-flv",
-    "x-m4v",
-    "x-matroska",
-    "x-mpeg",
-    "x-mpeg-system",
-    "x-mpeg2",
-    "x-ms-asf",
-    "x-ms-asf-plugin",
-    "x-ms-asx",
-    "x-ms-wm",
-    "x-ms-wmv",
-    "x-ms-wmx",
-    "x-ms-wvx",
-    "x-msvideo",
-    "x-nsv",
-    "x-ogm",
-    "x-ogm+ogg",
-    "x-theora",
-    "x-theora+ogg",
-)
+# The video types OSWorld asks xdg-mime about for default_video_player, in its order: each twice but x-ogm+ogg
+# (which can break a tie between two players).
+_VIDEO = [
+    "3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t", "mp4", "mp4v-es", "mpeg", "mpeg-system",
+    "msvideo", "ogg", "quicktime", "vnd.divx", "vnd.mpegurl", "vnd.rn-realvideo", "webm", "x-anim", "x-avi", "x-flc",
+    "x-fli", "x-flv", "x-m4v", "x-matroska", "x-mpeg", "x-mpeg-system", "x-mpeg2", "x-ms-asf", "x-ms-asf-plugin",
+    "x-ms-asx", "x-ms-wm", "x-ms-wmv", "x-ms-wmx", "x-ms-wvx", "x-msvideo", "x-nsv", "x-ogm",
+]  # fmt: skip
+VIDEO_TYPES = (*(t for ext in _VIDEO for t in (ext, ext)), "x-ogm+ogg", "x-theora", "x-theora", *("x-theora+ogg",) * 2)
 
 
 class GuestAccess(Protocol):
@@ -109,13 +74,18 @@ class Context:
     timeout: float
 
     def sh(self, command: str, as_root: bool = False) -> dict[str, Any]:
-        return self.host.shell(self.rid, command, self.timeout, as_root)
+        try:
+            return self.host.shell(self.rid, command, self.timeout, as_root)
+        except GuestCommandKilledError as exc:
+            raise GetterValueError(f"the guest did not answer in time: {exc}") from None
 
     def ask(self, op: str, **args: Any) -> Any:
         try:
             return guest_query.ask(self.host, self.rid, op, args, self.timeout)
         except guest_query.GuestQueryError as exc:
             raise GetterValueError(str(exc)) from None
+        except GuestCommandKilledError as exc:
+            raise GetterValueError(f"guest query {op}: the guest did not answer in time: {exc}") from None
 
     def local(self, name: str) -> Path:
         """A new file in the evaluation's folder, called ``name`` (metrics and their libraries go by names)."""
@@ -205,16 +175,23 @@ def window_size(ctx: Context, spec: dict[str, Any]) -> dict[str, int] | None:
     return {"width": int(size["WIDTH"]), "height": int(size["HEIGHT"])}
 
 
-def guest_screen(host: GuestAccess, rid: str, timeout: float) -> tuple[int, int] | None:
-    """The guest's X screen as (width, height), as the desktop itself reports it; None when it cannot say."""
-    words = host.shell(rid, "xdotool getdisplaygeometry", timeout)["stdout"].split()
+SCREEN_COMMAND = "xdotool getdisplaygeometry"
+
+
+def _geometry(out: dict[str, Any]) -> tuple[int, int] | None:
+    words = out["stdout"].split()
     if len(words) != 2 or not all(w.isdigit() and len(w) <= 5 for w in words):
         return None
     return int(words[0]), int(words[1])
 
 
+def guest_screen(host: GuestAccess, rid: str, timeout: float) -> tuple[int, int] | None:
+    """The guest's X screen as (width, height), as the desktop itself reports it; None when it cannot say."""
+    return _geometry(host.shell(rid, SCREEN_COMMAND, timeout))
+
+
 def screen_size(ctx: Context, spec: dict[str, Any]) -> dict[str, int] | None:
-    size = guest_screen(ctx.host, ctx.rid, ctx.timeout)
+    size = _geometry(ctx.sh(SCREEN_COMMAND))
     return {"width": size[0], "height": size[1]} if size else None
 
 
