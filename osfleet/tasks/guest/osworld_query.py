@@ -1043,7 +1043,8 @@ class XdgDefaults:
 def default_video_player(args, deadline):
     """OSWorld's default_video_player: the app xdg-mime names most often over its list of video types (each
     asked twice but one, as OSWorld's list has them; ties go to the first named), or "unknown"."""
-    defaults, apps, answers = XdgDefaults(), [], {}
+    defaults, apps = XdgDefaults(), []
+    answers = {}  # type: dict[str, str | None]
     for ext in args["types"]:
         if deadline.over():
             raise RuntimeError(f"the default applications of {len(answers)} video types took the whole time")
