@@ -1050,8 +1050,9 @@ def default_video_player(args, deadline):
             raise RuntimeError(f"the default applications of {len(answers)} video types took the whole time")
         if ext not in answers:
             answers[ext] = defaults.query(f"video/{ext}")
-        if answers[ext]:
-            apps.append(answers[ext] + "\n")  # what OSWorld's getter gets: xdg-mime's output line
+        app = answers[ext]
+        if app:
+            apps.append(app + "\n")  # what OSWorld's getter gets: xdg-mime's output line
     return collections.Counter(apps).most_common(1)[0][0] if apps else "unknown"
 
 
