@@ -763,3 +763,27 @@ def test_a_getter_the_guest_cannot_answer_in_time_scores_0_not_an_infrastructure
     guest.unreachable = True  # a guest agent that does not answer at all stays an infrastructure failure
     with pytest.raises(runner.VerifierError, match="guest agent did not answer"):
         runner.evaluate(guest, "r-1", task)  # type: ignore[arg-type]
+
+
+class _BehindProxy(NamespaceGuest):
+    """A guest on a host that runs with --replica-network proxy=URL (the proxy is never contacted here)."""
+
+    replica_proxy = "http://10.200.0.1:3128"
+
+
+def test_proxy_tasks_are_set_up_behind_the_hosts_proxy_as_osworld_does(tmp_path: Path, store: AssetStore) -> None:
+    launch = {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}}
+    other = {"type": "launch", "parameters": {"command": ["sh", "-c", 'echo "$*" > args.txt', "sh", "x"]}}
+    data = {**osworld([launch, other]), "proxy": True}
+    task = from_osworld(data, store)
+    assert task.needs_proxy and [getattr(s, "chrome", None) for s in task.setup] == [True, False]
+    behind = runner.proxy_steps(task, _BehindProxy.replica_proxy)
+    assert behind[1].command.endswith(" --proxy-server=http://10.200.0.1:3128")  # type: ignore[union-attr]
+    assert behind[2] == task.setup[1]  # only google-chrome gets the flag
+    assert runner.proxy_steps(task, None) == task.setup  # a host without a proxy: the task runs as it is
+    plain = from_osworld(osworld([launch]), store)
+    assert runner.proxy_steps(plain, _BehindProxy.replica_proxy) == plain.setup  # a task that needs none
+    guest = _BehindProxy(tmp_path / "guest")
+    runner.apply_setup(guest, "r-1", from_osworld({**osworld([other]), "proxy": "true"}, store))  # type: ignore[arg-type]
+    exports = (guest.home / ".bashrc").read_text().splitlines()
+    assert exports == [f"export {v}=http://10.200.0.1:3128" for v in runner.PROXY_VARIABLES]

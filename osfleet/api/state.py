@@ -66,6 +66,10 @@ class LeasedHost:
     def screenshot(self, replica_id: str, fmt: ImageFormat = "png", quality: int | None = None) -> bytes:
         return self.host.screenshot(replica_id, fmt, quality, claim=self.claim)
 
+    @property
+    def replica_proxy(self) -> str | None:
+        return self.host.replica_proxy
+
 
 @dataclass
 class LiveEpisode:

@@ -45,6 +45,8 @@ class Launch(_M):
     type: Literal["launch"]
     command: str
     fill_screen: SkipJsonSchema[bool] = False  # as for Run (made by the OSWorld converter only)
+    # OSWorld's launch of google-chrome, which gets --proxy-server when the task runs behind the host's proxy.
+    chrome: SkipJsonSchema[bool] = False
 
 
 class Sleep(_M):
@@ -214,6 +216,9 @@ class Task(_M):
     postconfig: SkipJsonSchema[list[SetupStep]] = []
     # OSWorld's scoring, for tasks converted from its format (not published): see OsworldScoring.
     osworld: SkipJsonSchema[OsworldScoring | None] = None
+    # OSWorld's "proxy": the task's sites block data-centre addresses, so OSWorld runs it behind a proxy; osfleet
+    # sets the guest up for the host's --replica-network proxy=URL when there is one (runner.proxy_steps).
+    needs_proxy: SkipJsonSchema[bool] = False
 
 
 class CriterionResult(BaseModel):

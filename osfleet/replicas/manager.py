@@ -285,6 +285,11 @@ class ReplicaHost:
         self._network_up(replica_id)  # a reset restores the saved state's NIC: give it this replica's address
         return timed
 
+    @property
+    def replica_proxy(self) -> str | None:
+        """The proxy replicas reach the web through (``--replica-network proxy=URL``), or None."""
+        return self.network.proxy_url if self.network.mode == "proxy" else None
+
     def _network_up(self, replica_id: str) -> None:
         """With the replica network on, give the guest its own MAC, address, route, DNS (and proxy)."""
         if self.addresses is None:

@@ -65,6 +65,7 @@ from osfleet.tasks.osworld_spec import (
     CloudFile,
     DownloadStep,
     ExecuteStep,
+    Flag,
     Getter,
     LaunchStep,
     Open,
@@ -155,6 +156,7 @@ class OsworldTask(Open):
     instruction: str = Field(min_length=1)
     config: Annotated[list[OsworldStep], Field(max_length=MAX_STEPS)] = []
     evaluator: Evaluator
+    proxy: Flag = Field(False, description="OSWorld runs the task behind a proxy (its sites block data centres)")
 
     @model_validator(mode="before")
     @classmethod
@@ -228,7 +230,9 @@ def _steps(step: AnyStep, sha: Resolve) -> list[SetupStep]:
         ]
     if isinstance(step, LaunchStep):
         command = _command(step.parameters.command, step.parameters.shell)
-        return [Launch(type="launch", command=command, fill_screen=needs_screen(command))]
+        argv = step.parameters.command
+        chrome = isinstance(argv, list) and argv[0] == "google-chrome"  # as OSWorld's _launch_setup tells
+        return [Launch(type="launch", command=command, fill_screen=needs_screen(command), chrome=chrome)]
     if isinstance(step, SleepStep):
         return [Sleep(type="sleep", seconds=step.parameters.seconds)]
     if isinstance(step, OpenStep):
@@ -341,6 +345,7 @@ def _convert(data: OsworldTask, sha: Resolve) -> Task:
         criteria=_criteria(ev, sha),
         source="osworld",
         osworld=OsworldScoring(conj=ev.conj),
+        needs_proxy=truthy(data.proxy),
     )
 
 

@@ -157,11 +157,39 @@ def _keep_output(host: ReplicaHost, rid: str, step: Run, out: dict[str, Any], ti
             put_text(host, rid, f"{CACHE_DIR}/{name}", out[stream], timeout)
 
 
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+
+
+def proxy_steps(task: Task, proxy: str | None) -> list[SetupStep]:
+    """``task``'s set-up behind ``proxy`` when it needs one (OSWorld's ``"proxy": true``) and the host has one
+    (``--replica-network proxy=URL``), as OSWorld's ``_proxy_setup`` does it: the proxy variables exported in the
+    desktop user's ~/.bashrc (for the shells the agent opens) and ``--proxy-server`` added to each launch of
+    google-chrome. (OSWorld's own runs a tinyproxy in the VM that forwards to its proxy pool; a replica reaches
+    the host's proxy directly, the only address its firewall lets through.) Otherwise the set-up as it is."""
+    if not task.needs_proxy or not proxy:
+        return list(task.setup)
+    exports = "".join(f"export {name}={shlex.quote(proxy)}\n" for name in PROXY_VARIABLES)
+    bashrc = Run(type="run", command=f"printf %s {shlex.quote(exports)} >> ~/.bashrc")
+    return [bashrc, *_behind(list(task.setup), proxy)]
+
+
+def _behind(steps: list[SetupStep], proxy: str | None) -> list[SetupStep]:
+    """``steps`` with ``--proxy-server`` on each launch of google-chrome (OSWorld's post-config does this for every
+    task when its environment has a proxy, its set-up for the tasks that need one)."""
+    if not proxy:
+        return steps
+    flag = f" --proxy-server={shlex.quote(proxy)}"
+    return [
+        s.model_copy(update={"command": s.command + flag}) if isinstance(s, Launch) and s.chrome else s for s in steps
+    ]
+
+
 def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
     """Run the task's set-up steps; all of them together get ``SETUP_BUDGET_SECONDS`` (sleeps and command
     timeouts are cut to what is left), so a reset request has a bounded length whatever the task says."""
     deadline = (time.monotonic() + SETUP_BUDGET_SECONDS, SETUP_BUDGET_SECONDS)
-    _run_steps(host, rid, list(task.setup), deadline, f"task {task.id}: set-up")
+    steps = proxy_steps(task, getattr(host, "replica_proxy", None))
+    _run_steps(host, rid, steps, deadline, f"task {task.id}: set-up")
 
 
 def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
@@ -185,7 +213,8 @@ def evaluate(host: ReplicaHost, rid: str, task: Task, declared_infeasible: bool 
     if task.postconfig:
         try:
             budget = (deadline, EVALUATE_BUDGET_SECONDS)
-            _run_steps(host, rid, list(task.postconfig), budget, f"task {task.id}: post-config", strict=False)
+            steps = _behind(list(task.postconfig), getattr(host, "replica_proxy", None))
+            _run_steps(host, rid, steps, budget, f"task {task.id}: post-config", strict=False)
         except TaskSetupError as exc:
             raise VerifierError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="osfleet-eval-") as workdir:
