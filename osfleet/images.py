@@ -110,12 +110,15 @@ def list_images(settings: Settings, *, default_only: bool = False) -> list[Golde
 
 
 def find_image(ref: str | None, settings: Settings) -> GoldenImage:
-    """Resolve ``ref``: a path, ``golden-<hash>`` or a hash prefix (looked up in every folder of
-    ``image_folders``), or None for the newest image of the store and ``build/``."""
+    """Resolve ``ref``: a path, a recipe file (the image built from it, by the recipe's hash), ``golden-<hash>``
+    or a hash prefix (each looked up in every folder of ``image_folders``), or None for the newest image of the
+    store and ``build/``."""
     if ref:
         path = Path(ref)
         if path.suffix in (".qcow2", ".json") and (path.exists() or "/" in ref):
             return load(path.with_suffix(".json"))
+        if path.suffix in (".yaml", ".yml"):
+            return _image_of_recipe(path, settings)
     images = list_images(settings, default_only=not ref)
     if not ref:
         if not images:
@@ -128,3 +131,19 @@ def find_image(ref: str | None, settings: Settings) -> GoldenImage:
         if image.manifest["recipe_hash"].startswith(wanted):
             return image
     raise ImageNotFoundError(f"no golden image matches {ref!r} (see 'osfleet image ls')")
+
+
+def _image_of_recipe(path: Path, settings: Settings) -> GoldenImage:
+    """The image a recipe file builds, wherever it was built (``image_folders``); never builds it."""
+    from osfleet.imaging.builder import image_hash_for
+    from osfleet.recipe import load_recipe
+
+    recipe = load_recipe(path)  # a missing or bad recipe is one line (BadRecipeError)
+    name = f"{GOLDEN_PREFIX}{image_hash_for(recipe)}"
+    for folder in image_folders(settings):
+        if (folder / f"{name}.json").exists():
+            return load(folder / f"{name}.json")
+    out = settings.home / f"build-{recipe.name}"
+    raise ImageNotFoundError(
+        f"the image of recipe {path} ({name}) is not built here: osfleet image build --recipe {path} --out {out}"
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from osfleet.config import Settings
-from osfleet.errors import ImageNotFoundError
+from osfleet.errors import BadRecipeError, ImageNotFoundError
 from osfleet.images import find_image, image_folders, list_images
 from tests.conftest import VENV_BIN
 
@@ -75,3 +75,17 @@ def test_image_ls_lists_every_folder(home: Settings) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert [i["name"] for i in json.loads(proc.stdout)] == ["golden-aaaa000011112222", "golden-bbbb000011112222"]
+
+
+def test_a_recipe_file_names_the_image_built_from_it(home: Settings, tmp_path: Path) -> None:
+    from osfleet.imaging.builder import DEFAULT_RECIPE, image_hash_for
+    from osfleet.recipe import load_recipe
+
+    office = DEFAULT_RECIPE.parent / "office.yaml"
+    wanted = image_hash_for(load_recipe(office))
+    with pytest.raises(ImageNotFoundError, match=f"golden-{wanted}\\) is not built here: osfleet image build"):
+        find_image(str(office), home)
+    fake_image(home.home / "build-office", wanted, 3000)
+    assert find_image(str(office), home).name == f"golden-{wanted}"
+    with pytest.raises(BadRecipeError, match="recipe not found"):
+        find_image(str(tmp_path / "missing.yaml"), home)
