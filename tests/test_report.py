@@ -13,7 +13,7 @@ from PIL import Image
 
 from osfleet.errors import OsfleetError
 from osfleet.report import Figure, load, render, write
-from tests.conftest import VENV_BIN
+from tests.conftest import REPO, VENV_BIN
 
 SAMPLE = Path(__file__).parent / "data" / "run-sample"
 
@@ -135,3 +135,23 @@ def test_a_fork_run_and_reset_stages_get_their_rows(tmp_path: Path) -> None:
     assert "| reset.resume | 4.2 ms | measured here |" in md and "| reset.clock | 3.5 ms | measured here |" in md
     assert "## Forks" in md and "| parent paused / saved | 94.00 ms / 1.80 s | measured here |" in md
     assert "| fork: child bring-up p50 / p95 | 71.00 ms / 120.00 ms | measured here |" in md
+
+
+def test_a_run_becomes_a_dated_benchmark_page_of_the_docs(tmp_path: Path) -> None:
+    """docs/benchmarks/2026-11-29-main-job.md is this command's output on the recorded run, not a hand copy."""
+    run = tmp_path / "main-job"
+    shutil.copytree(SAMPLE, run)
+    pages = tmp_path / "pages"
+    proc = subprocess.run(
+        [str(VENV_BIN / "osfleet"), "report", str(run), "--benchmark-page", str(pages)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    page = pages / "2026-11-29-main-job.md"
+    assert proc.stdout.splitlines()[-1] == str(page)
+    text = page.read_text()
+    assert text.startswith("# osfleet bench all, 2026-11-29\n") and "![" not in text and ".png" not in text
+    assert "| overlay | 0.16 ms | 0.34 ms | 158.0 MiB | 98.4% | measured here |" in text
+    assert text == (REPO / "docs" / "benchmarks" / page.name).read_text()

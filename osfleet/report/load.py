@@ -107,17 +107,22 @@ def caption(machine: dict[str, Any]) -> str:
     )
 
 
+def machine_of(run_dir: Path) -> dict[str, Any]:
+    """The machine the run was measured on (hostname, CPUs, accelerator, date, command), from its first result
+    file that records one; empty when none does."""
+    for name in ("run.json", "reset.json", "boot.json", "disk.json", "chaos.json", "density.json", "fork.json"):
+        doc = _json(run_dir, name)
+        if doc and doc.get("machine"):
+            return dict(doc["machine"])
+    return {}
+
+
 def load_test_results(run_dir: Path) -> LoadTest:
     stats: list[dict[str, str]] = []
     if (run_dir / "trajectories_stats.csv").exists():
         with open(run_dir / "trajectories_stats.csv") as f:
             stats = list(csv.DictReader(f))
-    machine: dict[str, Any] = {}
-    for name in ("run.json", "reset.json", "boot.json", "disk.json", "chaos.json"):
-        doc = _json(run_dir, name)
-        if doc and doc.get("machine"):
-            machine = doc["machine"]
-            break
+    machine = machine_of(run_dir)
     trajectories = [row for f in sorted(run_dir.glob("trajectories-*.jsonl")) for row in _jsonl(f)]
     for row in trajectories:
         row.setdefault("status", INTERRUPTED)

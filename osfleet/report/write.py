@@ -4,6 +4,8 @@ images), rendered into report.md and report.html by the Jinja2 templates shipped
 from __future__ import annotations
 
 import json
+import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +16,7 @@ from markupsafe import Markup, escape
 from osfleet.bench.tables import human_bytes, seconds
 from osfleet.cost import PRICES_NAME
 from osfleet.report.figures import Figure
-from osfleet.report.load import RunResults, caption, trajectory_summary
+from osfleet.report.load import RunResults, caption, machine_of, trajectory_summary
 
 HERE = "measured here"
 TITLE = "osfleet run report"
@@ -62,6 +64,34 @@ def write(results: RunResults, figures: list[Figure]) -> list[Path]:
         doc = {"footprint": results.cost.footprint.__dict__, "rows": results.cost.rows}
         (run_dir / "cost.json").write_text(json.dumps(doc, indent=2) + "\n")
     return [md_path, html_path] + [run_dir / f.file for f in figures]
+
+
+def benchmark_page(results: RunResults, out_dir: Path) -> Path:
+    """A dated page of the documentation site's benchmarks (``docs/benchmarks``), written from the run directory:
+    the report's sections without their figures (the PNGs stay in the run directory; the repository holds no
+    binaries), named ``<date>-<run directory>.md`` so pages sort by when they were measured."""
+    machine = machine_of(results.run_dir)
+    stamp = str(machine.get("date") or "")
+    date = stamp[:10] if re.fullmatch(r"\d{4}-\d{2}-\d{2}.*", stamp) else _modified(results.run_dir)
+    sections = [s for s in document(results, []) if s.title != "Figures"]
+    for section in sections:
+        section.blocks = [b for b in section.blocks if not isinstance(b, Image)]
+    slug = re.sub(r"[^a-z0-9]+", "-", results.run_dir.resolve().name.lower()).strip("-") or "run"
+    context = {
+        "title": f"{machine.get('command') or 'osfleet bench'}, {date}",
+        "caption": caption(machine) if machine else "a machine the run directory does not describe",
+        "run_name": results.run_dir.resolve().name,
+        "sections": sections,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page = out_dir / f"{date}-{slug}.md"
+    page.write_text(_environment().get_template("benchmark.md.j2").render(context))
+    return page
+
+
+def _modified(run_dir: Path) -> str:
+    newest = max((p.stat().st_mtime for p in run_dir.iterdir() if p.is_file()), default=run_dir.stat().st_mtime)
+    return time.strftime("%Y-%m-%d", time.gmtime(newest))
 
 
 def document(results: RunResults, figures: list[Figure]) -> list[Section]:
