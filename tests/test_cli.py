@@ -82,7 +82,7 @@ def test_report_of_an_empty_directory_is_one_line(tmp_path: Path) -> None:
 
 def test_readme_has_two_setup_commands_and_ci_runs_the_test_one() -> None:
     readme = (REPO / "README.md").read_text()
-    commands = [line.strip() for line in readme.splitlines() if line.startswith("    ./scripts/setup")]
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("./scripts/setup")]
     assert len(commands) == 2
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("./")]
     assert ci == [commands[1]]

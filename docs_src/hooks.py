@@ -1,0 +1,409 @@
+"""MkDocs hooks of the osfleet site (``hooks:`` in mkdocs.yml): the reference pages generated from the code at
+build time, and a navigation that lists a page only once it exists.
+
+Generated, never copied by hand (so a route, a metric or a limit added to the code shows up on the next build):
+``reference/http-api.md`` and ``reference/openapi.json`` from the host agent's FastAPI app, ``reference/metrics.md``
+from the Prometheus registries, ``reference/limits.md`` from the constants that enforce them, and
+``reference/task-schema.md`` from the task model. The CLI (mkdocs-click) and the SDK (mkdocstrings) are generated
+by their plugins from ``reference/cli.md`` and ``reference/sdk.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.structure.files import File, Files
+
+log = logging.getLogger("mkdocs.plugins.osfleet")
+
+
+# --- the navigation: entries for pages that do not exist (yet) are left out ------------------------------------
+def _existing(nav: Any, docs_dir: Path) -> Any:
+    """``nav`` without the entries whose Markdown file is missing (other people's pages appear once they land);
+    a section left empty disappears too. Generated pages are listed under ``GENERATED`` and always kept."""
+    if isinstance(nav, list):
+        kept = [entry for entry in (_existing(e, docs_dir) for e in nav) if entry is not None]
+        return kept or None
+    if isinstance(nav, dict):
+        (title, value), *_ = nav.items()
+        inner = _existing(value, docs_dir)
+        return {title: inner} if inner is not None else None
+    if isinstance(nav, str):
+        if "://" in nav or nav in GENERATED or (docs_dir / nav).is_file():
+            return nav
+        log.info("nav: %s is not written yet; left out", nav)
+        return None
+    return nav
+
+
+DOCS_DIR = Path("docs")
+
+
+def _with_dated_benchmarks(nav: list[Any], docs_dir: Path) -> list[Any]:
+    """Dated benchmark pages (``benchmarks/<YYYY-MM-DD>-<name>.md``, as ``osfleet report --benchmark-page`` writes
+    them) join the Benchmarks section by themselves, newest first, after its index."""
+    dated = sorted((p for p in (docs_dir / "benchmarks").glob("[0-9][0-9][0-9][0-9]-*.md")), reverse=True)
+    for entry in nav:
+        if isinstance(entry, dict) and "Benchmarks" in entry:
+            section = entry["Benchmarks"]
+            listed = {v if isinstance(v, str) else next(iter(v.values())) for v in section}
+            new = [f"benchmarks/{p.name}" for p in dated if f"benchmarks/{p.name}" not in listed]
+            entry["Benchmarks"] = section[:1] + new + section[1:]
+    return nav
+
+
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    global DOCS_DIR
+    DOCS_DIR = Path(config["docs_dir"])
+    config["nav"] = _existing(_with_dated_benchmarks(config["nav"], DOCS_DIR), DOCS_DIR)
+    return config
+
+
+def link_if_written(text: str, page: str, relative: str) -> str:
+    """``[text](relative)`` once ``page`` (another contributor's, maybe) exists; plain text until then."""
+    return f"[{text}]({relative})" if (DOCS_DIR / page).is_file() else text
+
+
+# --- JSON schema → Markdown --------------------------------------------------------------------------------------
+def _anchor(name: str) -> str:
+    return "schema-" + name.lower()
+
+
+def type_of(schema: dict[str, Any], link: Callable[[str], str]) -> str:
+    """A schema's type in one line: ``[Name](#schema-name)`` for a reference, ``list of X``, ``A | B``, enums."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return link(name)
+    for union in ("anyOf", "oneOf"):
+        if union in schema:
+            parts = [type_of(s, link) for s in schema[union]]
+            return " \\| ".join(dict.fromkeys(parts))
+    if "allOf" in schema and len(schema["allOf"]) == 1:
+        return type_of(schema["allOf"][0], link)
+    if "const" in schema:
+        return f"`{json.dumps(schema['const'])}`"
+    if "enum" in schema:
+        return " \\| ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
+    kind = schema.get("type")
+    if kind == "array":
+        items = schema.get("items")
+        return f"list of {type_of(items, link)}" if isinstance(items, dict) and items else "list"
+    if kind == "object":
+        extra = schema.get("additionalProperties")
+        return f"map of {type_of(extra, link)}" if isinstance(extra, dict) and extra else "object"
+    if isinstance(kind, list):
+        return " \\| ".join(kind)
+    return str(kind or "any")
+
+
+def _cell(text: Any) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _bounds(schema: dict[str, Any]) -> str:
+    words = {
+        "minimum": "≥",
+        "exclusiveMinimum": ">",
+        "maximum": "≤",
+        "exclusiveMaximum": "<",
+        "minLength": "length ≥",
+        "maxLength": "length ≤",
+        "minItems": "items ≥",
+        "maxItems": "items ≤",
+        "pattern": "matches",
+    }
+    found = [f"{w} `{schema[k]}`" for k, w in words.items() if k in schema]
+    for union in ("anyOf", "oneOf"):
+        for option in schema.get(union, []):
+            if option.get("type") != "null":
+                found += [f"{w} `{option[k]}`" for k, w in words.items() if k in option]
+    return ", ".join(found)
+
+
+def schema_table(schema: dict[str, Any], link: Callable[[str], str]) -> list[str]:
+    """An object schema as a table of its fields; any other schema as its type."""
+    props: dict[str, Any] = schema.get("properties", {})
+    if not props:
+        return [f"Type: {type_of(schema, link)}", ""]
+    required = set(schema.get("required", []))
+    lines = ["| field | type | required | default | description |", "|---|---|---|---|---|"]
+    for name, prop in props.items():
+        default = f"`{json.dumps(prop['default'])}`" if "default" in prop else ""
+        about = " ".join(x for x in (prop.get("description", ""), _bounds(prop)) if x)
+        mark = "yes" if name in required else ""
+        lines.append(f"| `{name}` | {type_of(prop, link)} | {mark} | {_cell(default)} | {_cell(about)} |")
+    return [*lines, ""]
+
+
+def schemas_section(schemas: dict[str, Any], heading: str = "##") -> list[str]:
+    out: list[str] = []
+    for name in sorted(schemas, key=str.lower):
+        schema = schemas[name]
+        out += [f'{heading} {name} {{ #{_anchor(name)} data-toc-label="{name}" }}', ""]
+        if schema.get("description"):
+            out += [_cell(schema["description"]), ""]
+        out += schema_table(schema, lambda n: f"[{n}](#{_anchor(n)})")
+    return out
+
+
+# --- the HTTP API from the host agent's OpenAPI document ---------------------------------------------------------
+def host_agent_openapi() -> dict[str, Any]:
+    """The document the host agent serves at ``/openapi.json``, from the app itself (no replica host is made: the
+    host factory only runs in the app's lifespan)."""
+    from osfleet.api.app import create_app
+    from osfleet.config import AgentConfig
+
+    def no_host() -> Any:
+        raise RuntimeError("the documentation never starts the app")
+
+    return create_app(AgentConfig(token="documentation"), no_host).openapi()
+
+
+def _parameters(op: dict[str, Any]) -> list[str]:
+    params = op.get("parameters", [])
+    if not params:
+        return []
+    lines = ["| parameter | in | type | required | description |", "|---|---|---|---|---|"]
+    for p in params:
+        schema = p.get("schema", {})
+        about = " ".join(x for x in (p.get("description", ""), _bounds(schema)) if x)
+        lines.append(
+            f"| `{p['name']}` | {p['in']} | {type_of(schema, _schema_link)} | {'yes' if p.get('required') else ''} "
+            f"| {_cell(about)} |"
+        )
+    return ["**Parameters**", "", *lines, ""]
+
+
+def _schema_link(name: str) -> str:
+    return f"[{name}](#{_anchor(name)})"
+
+
+def _body(op: dict[str, Any]) -> list[str]:
+    body = op.get("requestBody")
+    if not body:
+        return []
+    media = body.get("content", {})
+    kinds = [f"{type_of(m.get('schema', {}), _schema_link)} (`{ctype}`)" for ctype, m in media.items()]
+    need = "required" if body.get("required") else "optional"
+    return [f"**Request body** ({need}): {', '.join(kinds)}", ""]
+
+
+def _responses(op: dict[str, Any]) -> list[str]:
+    lines = ["| status | meaning | body |", "|---|---|---|"]
+    for code, answer in op.get("responses", {}).items():
+        media = answer.get("content", {})
+        bodies = ", ".join(
+            f"{type_of(m.get('schema', {}), _schema_link)} (`{ctype}`)" for ctype, m in media.items() if m
+        )
+        headers = ", ".join(f"`{h}`" for h in answer.get("headers", {}))
+        meaning = _cell(answer.get("description", "")) + (f" (headers: {headers})" if headers else "")
+        lines.append(f"| {code} | {meaning} | {bodies} |")
+    return ["**Responses**", "", *lines, ""]
+
+
+def http_api_page(spec: dict[str, Any]) -> str:
+    info = spec.get("info", {})
+    out = [
+        "# HTTP API",
+        "",
+        f"The contract of the **{info.get('title', 'host agent')}** (version {info.get('version', '?')}), generated "
+        "at build time from the FastAPI app's own OpenAPI document: the operations below are the routes the server "
+        "has. The fleet gateway (`osfleet fleet serve`) serves the same contract in front of many hosts. The raw "
+        "document: [openapi.json](openapi.json); a running agent serves it at `/openapi.json` and an explorer at "
+        "`/docs`.",
+        "",
+        "Every operation but `/health` needs `Authorization: Bearer <token>` (`/metrics` is open to loopback "
+        'only). Errors are all `{"error": "<one line>", "kind": "..."}` ([ErrorBody](#schema-errorbody)).',
+        "",
+    ]
+    by_tag: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            by_tag.setdefault((op.get("tags") or ["other"])[0], []).append((method.upper(), path, op))
+    for tag, ops in by_tag.items():
+        out += [f"## {tag}", ""]
+        for method, path, op in ops:
+            out += [f"### `{method} {path}`", ""]
+            if op.get("summary"):
+                out += [f"*{_cell(op['summary'])}*", ""]
+            if op.get("description"):
+                out += [op["description"].strip(), ""]
+            out += _parameters(op) + _body(op) + _responses(op)
+    out += ["## Schemas", ""] + schemas_section(spec.get("components", {}).get("schemas", {}), "###")
+    return "\n".join(out) + "\n"
+
+
+# --- Prometheus metrics ------------------------------------------------------------------------------------------
+def metrics_page() -> str:
+    from osfleet.api.metrics import Metrics
+    from osfleet.fleet.gateway import GatewayMetrics
+
+    out = [
+        "# Metrics",
+        "",
+        "Prometheus metrics, listed from the registries the servers expose at `/metrics` (generated at build "
+        "time). A host agent's `/metrics` is open to loopback; elsewhere it needs the operator's token.",
+        "",
+    ]
+    for title, registry in (
+        ("Host agent (`osfleet host serve`)", Metrics().registry),
+        ("Fleet gateway (`osfleet fleet serve`)", GatewayMetrics().registry),
+    ):
+        out += [f"## {title}", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+        for family in registry.collect():
+            name = family.name + ("_total" if family.type == "counter" else "")
+            labels = sorted({k for s in family.samples for k in s.labels if k not in ("le", "quantile")})
+            if not labels:  # a labelled family has no samples before its first use: ask the collector
+                collector = registry._names_to_collectors.get(family.name) or registry._names_to_collectors.get(name)
+                labels = list(getattr(collector, "_labelnames", ()))
+            shown = ", ".join(f"`{x}`" for x in labels)
+            out.append(f"| `{name}` | {family.type} | {shown} | {_cell(family.documentation)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+# --- limits from the constants that enforce them -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Limit:
+    what: str
+    module: str
+    name: str
+    unit: str  # bytes, seconds, count
+
+    def value(self) -> Any:
+        return getattr(import_module(self.module), self.name)
+
+    def shown(self) -> str:
+        v = self.value()
+        if v is None:
+            return "none"
+        if self.unit == "bytes":
+            for size, word in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+                if v >= size and v % size == 0:
+                    return f"{v // size} {word}"
+            return f"{v} bytes"
+        if self.unit == "seconds":
+            return f"{v:g} s" if v < 3600 else f"{v / 3600:g} h"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+LIMITS: dict[str, list[Limit]] = {
+    "Requests": [
+        Limit("request body (413 before it is read or authenticated; `--max-body-mib`)", "osfleet.config",
+              "DEFAULT_MAX_BODY_BYTES", "bytes"),
+        Limit("dashboard login form", "osfleet.api.limits", "LOGIN_MAX_BYTES", "bytes"),
+        Limit("children of one fork request", "osfleet.api.models", "MAX_FORK_CHILDREN", "count"),
+        Limit("worker threads per replica the host may hold (plus a spare pool)", "osfleet.api.limits",
+              "THREADS_PER_REPLICA", "count"),
+        Limit("spare worker threads", "osfleet.api.limits", "THREADS_SPARE", "count"),
+        Limit("a lease without `ttl_seconds` (the library's default; `host serve --lease-seconds` sets the agent's)",
+              "osfleet.replicas.leases", "DEFAULT_LEASE_SECONDS", "seconds"),
+    ],
+    "Time budgets": [
+        Limit("a step's actions together", "osfleet.replicas.actions", "STEP_BUDGET_SECONDS", "seconds"),
+        Limit("a task's set-up together", "osfleet.tasks.runner", "SETUP_BUDGET_SECONDS", "seconds"),
+        Limit("an evaluation (post-config, getters and metrics)", "osfleet.tasks.runner",
+              "EVALUATE_BUDGET_SECONDS", "seconds"),
+        Limit("one guest-agent call", "osfleet.replicas.actions", "AGENT_CALL_SECONDS", "seconds"),
+        Limit("one guest file read", "osfleet.replicas.actions", "READ_FILE_SECONDS", "seconds"),
+    ],
+    "What comes out of a guest": [
+        Limit("a guest file read for a check (over it: scored 0)", "osfleet.replicas.actions", "MAX_READ_BYTES",
+              "bytes"),
+        Limit("empty chunks in a row before a read is given up", "osfleet.replicas.actions", "MAX_EMPTY_READS",
+              "count"),
+        Limit("a metric's address space (above the warm worker's)", "osfleet.tasks.sandbox", "METRIC_MEMORY_BYTES",
+              "bytes"),
+        Limit("a metric's CPU time", "osfleet.tasks.sandbox", "METRIC_CPU_SECONDS", "seconds"),
+        Limit("a metric's wall time (cut to the evaluation's time left)", "osfleet.tasks.sandbox",
+              "METRIC_WALL_SECONDS", "seconds"),
+        Limit("a metric's wall time, at least", "osfleet.tasks.runner", "METRIC_MIN_SECONDS", "seconds"),
+        Limit("files a metric writes", "osfleet.tasks.sandbox", "METRIC_FILE_BYTES", "bytes"),
+        Limit("files a metric opens", "osfleet.tasks.sandbox", "METRIC_OPEN_FILES", "count"),
+        Limit("a metric's answer", "osfleet.tasks.sandbox", "REPLY_MAX_BYTES", "bytes"),
+    ],
+    "Episodes and recordings": [
+        Limit("stored results of one step (beyond: long outputs as digests)", "osfleet.replicas.episodes",
+              "STEP_RESULTS_MAX_BYTES", "bytes"),
+        Limit("stored results of an episode's remembered steps", "osfleet.replicas.episodes",
+              "EPISODE_RESULTS_MAX_BYTES", "bytes"),
+        Limit("steps remembered per episode (for retries by action id)", "osfleet.replicas.episodes",
+              "STEPS_REMEMBERED", "count"),
+        Limit("client metadata kept per recorded step", "osfleet.recording.store", "METADATA_MAX_BYTES", "bytes"),
+        Limit("text of a recorded result (characters)", "osfleet.recording.store", "RESULT_TEXT_MAX", "count"),
+        Limit("text of a recorded action (characters)", "osfleet.recording.store", "ACTION_TEXT_MAX", "count"),
+        Limit("one episode's share of the recording store (1/N)", "osfleet.recording.recorder", "EPISODE_SHARE",
+              "count"),
+        Limit("the recording store's share of its file system (1/N)", "osfleet.recording.recorder", "FS_SHARE",
+              "count"),
+    ],
+    "Dashboard": [
+        Limit("a dashboard session", "osfleet.ui.sessions", "SESSION_SECONDS", "seconds"),
+        Limit("dashboard sessions at once", "osfleet.ui.sessions", "MAX_SESSIONS", "count"),
+    ],
+}  # fmt: skip
+
+
+def limits_page() -> str:
+    out = [
+        "# Limits",
+        "",
+        "Every input is bounded before it is read, and every request ends by a deadline. The values below are read "
+        "from the constants that enforce them when the site is built; where a command-line option changes one, the "
+        "option is named. Why each exists: "
+        + link_if_written("the threat model", "explanation/threat-model.md", "../explanation/threat-model.md")
+        + ".",
+        "",
+    ]
+    for section, limits in LIMITS.items():
+        out += [f"## {section}", "", "| limit | value | constant |", "|---|---|---|"]
+        for limit in limits:
+            out.append(f"| {limit.what} | {limit.shown()} | `{limit.module}.{limit.name}` |")
+        out.append("")
+    return "\n".join(out)
+
+
+# --- the task format ---------------------------------------------------------------------------------------------
+def task_schema_page() -> str:
+    from osfleet.tasks.model import Task
+
+    schema = Task.model_json_schema(ref_template="#/$defs/{model}")
+    defs = schema.pop("$defs", {})
+    return "\n".join(
+        [
+            "# Task schema",
+            "",
+            "The fields of an osfleet task file (YAML or JSON), generated from `osfleet.tasks.model.Task` at build "
+            "time. How to write one: [Task format](task-format.md).",
+            "",
+            "## Task",
+            "",
+            *schema_table(schema, _schema_link),
+            *schemas_section(defs),
+        ]
+    )
+
+
+# --- the generated files -----------------------------------------------------------------------------------------
+GENERATED: dict[str, Callable[[], str]] = {
+    "reference/http-api.md": lambda: http_api_page(host_agent_openapi()),
+    "reference/openapi.json": lambda: json.dumps(host_agent_openapi(), indent=2) + "\n",
+    "reference/metrics.md": metrics_page,
+    "reference/limits.md": limits_page,
+    "reference/task-schema.md": task_schema_page,
+}
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    for path, make in GENERATED.items():
+        if files.get_file_from_path(path) is not None:
+            raise ValueError(f"docs/{path} is generated at build time: remove the file")
+        files.append(File.generated(config, path, content=make()))
+    return files
