@@ -299,7 +299,7 @@ LIMITS: dict[str, list[Limit]] = {
         Limit("request body (413 before it is read or authenticated; `--max-body-mib`)", "osfleet.config",
               "DEFAULT_MAX_BODY_BYTES", "bytes"),
         Limit("dashboard login form", "osfleet.api.limits", "LOGIN_MAX_BYTES", "bytes"),
-        Limit("children of one fork request", "osfleet.api.models", "MAX_FORK_CHILDREN", "count"),
+        Limit("children of one fork request", "osfleet.protocol.models", "MAX_FORK_CHILDREN", "count"),
         Limit("worker threads per replica the host may hold (plus a spare pool)", "osfleet.api.limits",
               "THREADS_PER_REPLICA", "count"),
         Limit("spare worker threads", "osfleet.api.limits", "THREADS_SPARE", "count"),
@@ -315,7 +315,7 @@ LIMITS: dict[str, list[Limit]] = {
         Limit("one guest file read", "osfleet.replicas.actions", "READ_FILE_SECONDS", "seconds"),
     ],
     "What comes out of a guest": [
-        Limit("a guest file read for a check (over it: scored 0)", "osfleet.replicas.actions", "MAX_READ_BYTES",
+        Limit("a guest file read for a check (over it: scored 0)", "osfleet.protocol.actions", "MAX_READ_BYTES",
               "bytes"),
         Limit("empty chunks in a row before a read is given up", "osfleet.replicas.actions", "MAX_EMPTY_READS",
               "count"),

@@ -98,7 +98,7 @@ def check_command(args: list[str]) -> str | None:
     path = ["osfleet"]
     rest = list(args)
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
-        sub = command.commands.get(rest[0])
+        sub = command.get_command(click.Context(command, info_name=path[-1]), rest[0])  # the root loads lazily
         if sub is None:
             return f"{' '.join(path)} has no command {rest[0]!r}"
         command, path, rest = sub, [*path, rest[0]], rest[1:]
