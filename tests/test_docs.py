@@ -30,6 +30,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (VENV_BIN / "mkdocs").exists():
+        pytest.fail(
+            f"{VENV_BIN / 'mkdocs'} is missing: ./scripts/setup installs the docs extra (pip install -e '.[docs]')"
+        )
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
         [str(VENV_BIN / "mkdocs"), "build", "--strict", "--site-dir", str(out)],
