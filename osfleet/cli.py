@@ -50,15 +50,35 @@ EXTRA_OF = {
 
 
 class LazyGroup(click.Group):
-    """The root group: commands are listed from ``COMMANDS`` and imported when asked for."""
+    """The root group: commands are listed from ``COMMANDS`` and imported when asked for.
+
+    ``commands`` still answers what click's own ``Group.commands`` does (every command, loaded) for the tools that
+    walk a click tree instead of calling ``list_commands`` (documentation generators, checks of the docs): reading
+    it imports every command this install has; running one command imports only that one.
+    """
+
+    @property  # type: ignore[override]
+    def commands(self) -> dict[str, click.Command]:
+        ctx = click.Context(self)
+        loaded = {name: self.get_command(ctx, name) for name in self.list_commands(ctx)}
+        return {name: command for name, command in loaded.items() if command is not None}
+
+    @commands.setter
+    def commands(self, value: dict[str, click.Command]) -> None:
+        self._added = dict(value)  # click.Group.__init__ assigns the commands given to it
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        name = name or cmd.name
+        assert name, "a command added to the root needs a name"
+        self._added[name] = cmd
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
+        return [*COMMANDS, *sorted(name for name in self._added if name not in COMMANDS)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         spec = COMMANDS.get(cmd_name)
         if spec is None:  # one added with cli.add_command
-            return super().get_command(ctx, cmd_name)
+            return self._added.get(cmd_name)
         module, attribute = spec.split(":")
         try:
             loaded = importlib.import_module(module)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import REPO, VENV_BIN
 
@@ -86,3 +88,25 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one() -> None:
     assert len(commands) == 2
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("./")]
     assert ci == [commands[1]]
+
+
+def test_the_root_group_answers_commands_as_click_does() -> None:
+    """Tools that walk a click tree through ``Group.commands`` (doc generators, the docs check) see every command,
+    loaded, though the root imports a command only when it is used; ``add_command`` still adds one."""
+    from osfleet.cli import COMMANDS, cli
+
+    loaded = cli.commands
+    assert list(loaded)[: len(COMMANDS)] == list(COMMANDS)
+    assert all(isinstance(c, click.Command) and c.name for c in loaded.values())
+    assert "build" in loaded["image"].commands  # type: ignore[attr-defined]
+
+    @click.command("probe-added")
+    def probe() -> None:
+        """A command added at run time."""
+
+    cli.add_command(probe)
+    try:
+        assert cli.commands["probe-added"] is probe
+        assert CliRunner().invoke(cli, ["probe-added"]).exit_code == 0
+    finally:
+        cli._added.pop("probe-added")
