@@ -32,8 +32,6 @@ REGISTRY = Registry()
 add = REGISTRY.add
 
 UNCHECKED = {
-    "compare_image_text": "OSWorld reads the image with easyocr, which needs torch (not installable here); osfleet "
-    "has no implementation (no OCR engine on this host), so tasks using it are refused",
     "contains_mp4_video": "named by one task file (f0a334af, not in test_all.json) but not defined in desktop-env "
     "1.0.2: OSWorld itself cannot score that task; osfleet refuses it",
 }
