@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from osfleet.tasks.evaluators import METRICS
+from osfleet.tasks.evaluators import METRICS, run_metric
 from tests.osworld_reference import Reference
 from tests.osworld_reference.verified import MAIN_ONLY, VERIFIED
 from tests.test_osworld_differential_general import Case, Outcome, image, score_both, table, write
@@ -307,6 +307,49 @@ def _appearance_probe_of_osfleet() -> str:
 
     script = Path(__file__).resolve().parents[1] / "osfleet" / "tasks" / "guest" / "osworld_query.py"
     return str(runpy.run_path(str(script), run_name="query")["APPEARANCE_PROBE"])
+
+
+def test_compare_image_text_reads_a_terminal_screenshot_at_1920x1080(tmp_path: Path) -> None:
+    """The picture multi_apps 02ce9a50 asks for, made as on the office desktop: xterm's own 6x13 font on a
+    1920x1080 X screen (Xvfb), `ls` run in it, the screen grabbed as pyautogui grabs it."""
+    import shutil
+    import subprocess
+    import time
+
+    from PIL import ImageGrab
+
+    if not (shutil.which("Xvfb") and shutil.which("xterm")):
+        pytest.fail("this test needs Xvfb and xterm (scripts/setup)")
+    home = tmp_path / "home"
+    for folder in ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Templates", "Videos"):
+        (home / folder).mkdir(parents=True)
+    read, write = os.pipe()  # Xvfb picks a free display and writes its number here once it accepts clients
+    screen = subprocess.Popen(
+        ["Xvfb", "-displayfd", str(write), "-screen", "0", "1920x1080x24", "-nolisten", "tcp"], pass_fds=(write,)
+    )
+    os.close(write)
+    term = None
+    try:
+        with os.fdopen(read) as ready:
+            display = f":{ready.readline().strip()}"
+        env = {"DISPLAY": display, "HOME": str(home), "PATH": "/usr/bin:/bin"}
+        typed = 'echo "user@osfleet:~\\$ ls"; ls; exec sleep 60'
+        term = subprocess.Popen(["xterm", "-geometry", "80x24+40+40", "-e", "sh", "-c", typed], cwd=home, env=env)
+        for _ in range(100):  # until the listing (the terminal's second row, dark text on white) is drawn
+            row = ImageGrab.grab(xdisplay=display).crop((44, 57, 300, 68)).convert("L")
+            if row.getextrema()[0] < 100 and row.getextrema()[1] > 200:
+                break
+            time.sleep(0.1)
+        shot = tmp_path / "ls.png"
+        ImageGrab.grab(xdisplay=display).save(shot)
+    finally:
+        for proc in (term, screen):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+    score, reason = run_metric("compare_image_text", shot, {"type": "text", "text": "ls"}, {})
+    assert score == 1.0, reason
+    assert run_metric("compare_image_text", shot, {"type": "text", "text": "Templates"}, {})[0] == 1.0
 
 
 def test_print_the_table() -> None:

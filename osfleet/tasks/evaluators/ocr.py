@@ -26,10 +26,10 @@ from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, read_byt
 from osfleet.tasks.evaluators.images import MAX_IMAGE_FILE_BYTES, MAX_PIXELS
 
 TESSERACT = "tesseract"
-OCR_SECONDS = 25.0  # within the sandbox's 30 CPU seconds: a 1920x1080 screenshot took 1-3 s here
-# Tesseract reads text of ~20-30 pixels best; a terminal's 13-pixel font at 1920x1080 is read far better twice
-# as large (measured: docs/reference/osworld-verified.md).
-UPSCALE = 2
+OCR_SECONDS = 25.0  # within the sandbox's 30 CPU seconds: a 1920x1080 screenshot took 3-5 s here
+# Tesseract reads text of ~20-30 pixels best: on a 1920x1080 screenshot of xterm's 6x13 font it read nothing at
+# the picture's own size, two words at twice, every word at three times (docs/reference/osworld-verified.md).
+UPSCALE = 3
 XWD_HEADER = struct.Struct(">25I")
 
 
