@@ -541,7 +541,7 @@ def _scheme_in_preferences(data):
         mode = {"system": "system", "default": "system", "0": "system", "light": "light", "1": "light"}.get(
             raw.strip().lower(), "dark" if raw.strip().lower() in ("dark", "2") else None
         )
-    elif isinstance(raw, int | float) and not isinstance(raw, bool):
+    elif isinstance(raw, int | float):  # true counts as 1 (light), as in OSWorld
         mode = {0: "system", 1: "light", 2: "dark"}.get(int(raw))
     if data.get("extensions", {}).get("theme", {}).get("system_theme") in (0, "0", False):
         return "light"
