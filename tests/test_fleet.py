@@ -16,7 +16,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
-from osfleet.api.auth import ON_BEHALF_OF, load_clients
+from osfleet.api.auth import ON_BEHALF_OF, gateway_id, load_clients
 from osfleet.config import AgentConfig
 from osfleet.fleet import placement
 from osfleet.fleet.app import DEADLINES, create_gateway
@@ -237,7 +237,8 @@ def test_through_the_gateway_a_client_sees_and_touches_only_its_own(agents: dict
         rid, lid = r.json()["replica_id"], r.json()["lease_id"]
         host = agents[rid.split(".")[0]].host
         local = rid.split(".", 1)[1]
-        assert host.get(local).lease.owner == "alice"  # the host knows whose it is: the gateway named her
+        # the host knows whose it is: the gateway named her, as its own client (auth.gateway_id)
+        assert host.get(local).lease.owner == f"{gateway_id(TOKEN)}/alice"
         step = {"lease_id": lid, "action_id": "x", "actions": SHELL, "observe": False}
         for who in (BOB, {**BOB, ON_BEHALF_OF: "alice"}):  # the header a client sends is dropped at the edge
             assert [x["id"] for x in gw.get("/v1/replicas", headers=who).json()] == []

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
-from osfleet.api.auth import ON_BEHALF_OF, load_clients
+from osfleet.api.auth import ON_BEHALF_OF, VOUCHED_BY, load_clients
 from osfleet.cli import cli as osfleet_cli
 from osfleet.config import AgentConfig
 from osfleet.errors import ConfigError
@@ -224,12 +224,15 @@ def test_only_the_operators_token_may_name_the_client_it_acts_for(client: TestCl
     assert client.get("/v1/replicas", headers={**B, ON_BEHALF_OF: "alice"}).json() == []
     step = {"lease_id": lid, "action_id": "x", "actions": WAIT, "observe": False}
     assert client.post(f"/v1/replicas/{rid}/step", json=step, headers={**B, ON_BEHALF_OF: "alice"}).status_code == 404
-    # the operator's token (the gateway's) names alice: it is alice, with alice's rights and no more
-    as_alice = {**OP, ON_BEHALF_OF: "alice"}
-    assert [x["id"] for x in client.get("/v1/replicas", headers=as_alice).json()] == [rid]
+    # the operator's token (the gateway's) names a client of that gateway: a client's rights and no more, and
+    # not the host's own alice (names from two authorities are two principals: tests/security/test_principals.py)
+    as_alice = {**OP, ON_BEHALF_OF: "alice", VOUCHED_BY: "gw-1"}
+    mine, _ = lease(client, as_alice)
+    assert [x["id"] for x in client.get("/v1/replicas", headers=as_alice).json()] == [mine]
     assert client.get("/v1/host", headers=as_alice).status_code == 403
-    assert client.get("/v1/replicas", headers={**OP, ON_BEHALF_OF: "bob"}).json() == []
-    assert client.get("/v1/replicas", headers={**OP, ON_BEHALF_OF: "no spaces allowed"}).status_code == 401
+    assert client.get("/v1/replicas", headers={**OP, ON_BEHALF_OF: "bob", VOUCHED_BY: "gw-1"}).json() == []
+    for bad in ({ON_BEHALF_OF: "no spaces allowed", VOUCHED_BY: "gw-1"}, {ON_BEHALF_OF: "alice"}):
+        assert client.get("/v1/replicas", headers={**OP, **bad}).status_code == 401
 
 
 def test_osgym_vms_are_their_clients_and_an_expired_vm_never_drives_a_newer_one(

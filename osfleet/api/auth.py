@@ -7,8 +7,11 @@ its own named ``ip:<address>``. ``/health`` is open (up or down; more with a tok
 to loopback only.
 
 The gateway reaches its hosts with their operator token and names the client it acts for in
-``X-Osfleet-Client``; a host honours that header only from the operator's token, and the gateway (the edge)
-never honours it at all, so nothing a client sends can claim another client's identity.
+``X-Osfleet-Client``, and itself in ``X-Osfleet-Gateway``; a host honours them only from the operator's token, and
+the gateway (the edge) never honours them at all, so nothing a client sends can claim another client's identity.
+On a host, a client a gateway names is ``<gateway>/<client>``: the same name through two gateways, or a gateway's
+client and a client of the host's own file, are different principals (their names come from different
+authorities), never one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from osfleet.config import AgentConfig, ClientToken
 from osfleet.errors import ConfigError
 
 ON_BEHALF_OF = "X-Osfleet-Client"
+VOUCHED_BY = "X-Osfleet-Gateway"  # the gateway that names the client: a namespace of client names on a host
 OPERATOR = "operator"
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # What the gateway may name on a host: a client, or an OSGym caller it let in by address.
@@ -159,8 +163,18 @@ def authenticate(conn: HTTPConnection) -> Principal | None:
         if acting_for is not None:
             if not ACTING_FOR.match(acting_for) or acting_for == OPERATOR:
                 raise _unauthorized(f"{ON_BEHALF_OF} must name a client (letters, digits, '.', '_', '-')")
-            return Principal(acting_for)
+            gateway = conn.headers.get(VOUCHED_BY)
+            if gateway is None or not CLIENT_NAME.match(gateway):
+                raise _unauthorized(f"{ON_BEHALF_OF} needs {VOUCHED_BY} naming the gateway that vouches for the client")
+            return Principal(f"{gateway}/{acting_for}")
     return who
+
+
+def gateway_id(token: str) -> str:
+    """The name a gateway gives itself on its hosts (``X-Osfleet-Gateway``): derived from its own operator token,
+    so every replica of one gateway (they share the token) is one namespace and two gateways are two, with no
+    setting to get wrong; it says nothing about the token (an HMAC of a fixed text under it)."""
+    return "gw-" + hmac.new(token.encode(), b"osfleet gateway id", hashlib.sha256).hexdigest()[:12]
 
 
 def principal_if_any(conn: HTTPConnection) -> Principal | None:

@@ -64,7 +64,7 @@ def create_gateway(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with HostClient() as client:
-            pool = HostPool(entries, client)
+            pool = HostPool(entries, client, auth.gateway_id(token))
             holder["gw"] = Gateway(pool)
             await pool.poll_once()  # a restarted gateway knows its hosts before the first request
             tasks = [asyncio.create_task(pool.poll_forever())]

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from osfleet.api.auth import ON_BEHALF_OF
+from osfleet.api.auth import ON_BEHALF_OF, VOUCHED_BY
 from osfleet.api.errors import NotFound
 from osfleet.errors import ConfigError, OsfleetError, first_problem
 from osfleet.fleet.hostclient import HostCallError, HostCallTimeout, HostClient, HostConnectError, HostResponse
@@ -111,8 +111,10 @@ class HostState:
 class HostPool:
     """The hosts, their state, and calls to them with deadlines."""
 
-    def __init__(self, entries: list[HostEntry], client: HostClient) -> None:
+    def __init__(self, entries: list[HostEntry], client: HostClient, gateway: str) -> None:
+        """``gateway``: this gateway's name on its hosts (``auth.gateway_id``), sent with every client it names."""
         check_unique(entries)
+        self.gateway = gateway
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
         self._by_name = {h.name: h for h in self.hosts}
         self.client = client
@@ -229,6 +231,7 @@ class HostPool:
         headers = {"Authorization": f"Bearer {host.entry.token}"}
         if client_id:
             headers[ON_BEHALF_OF] = client_id
+            headers[VOUCHED_BY] = self.gateway
         try:
             return await self.client.request(
                 method, host.entry.url + path, json=json, params=params, headers=headers, timeout=timeout

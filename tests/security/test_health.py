@@ -36,7 +36,11 @@ def host(tmp_path: Path) -> Iterator[tuple[TestClient, FakeHost]]:
 
 def test_without_a_token_health_says_only_up_or_down(host: tuple[TestClient, FakeHost]) -> None:
     c, fake = host
-    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {**OP, "X-Osfleet-Client": "a b"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789"},
+        {**OP, "X-Osfleet-Client": "a b", "X-Osfleet-Gateway": "gw-1"},
+    ):
         r = c.get("/health", headers=headers)
         assert (r.status_code, r.json()) == (200, {"status": "ok"})
     fake.alive = False
