@@ -283,3 +283,37 @@ def served() -> Iterator[Callable[..., str]]:
         server.should_exit = True
     for _, thread in running:
         thread.join(20)
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A headless Debian chromium driven by Playwright (no browser download), with a fresh profile."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: scripts/setup installs Debian's chromium")
+    from playwright.sync_api import sync_playwright  # the dev extra
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a fresh profile per test
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)

@@ -6,8 +6,8 @@ A screenshot of each page is saved into the test's tmp dir."""
 from __future__ import annotations
 
 import io
+import json
 import re
-import shutil
 import socket
 import threading
 import time
@@ -30,16 +30,6 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TOKEN = "ui-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TASK = {
@@ -108,27 +98,6 @@ def agent(fake: ScreenHost) -> Iterator[Served]:
     served = serve(create_app(config, lambda: fake))
     yield served
     served.stop()
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: scripts/setup installs Debian's chromium")
-    from playwright.sync_api import sync_playwright  # the dev extra
-
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),  # a fresh profile per test
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 900},
-        )
-        try:
-            yield context
-        finally:
-            context.close()
-    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
 
 
 def shot(page: Any, tmp_path: Path, name: str) -> None:
@@ -332,7 +301,8 @@ def test_ui_routes_need_a_session_and_stay_out_of_the_openapi(fake: ScreenHost) 
         assert c.get("/ui/api/replicas", headers=AUTH).json()[0]["id"] == rid  # the gateway's way in
         csrf = ui_login(c, TOKEN)
         assert c.get(f"/ui/replicas/{rid}/screen.jpg").headers["content-type"] == "image/jpeg"
-        with c.websocket_connect(f"/ui/ws/replicas/{rid}?csrf={csrf}") as ws:
+        with c.websocket_connect(f"/ui/ws/replicas/{rid}") as ws:
+            ws.send_json({"op": "hello", "csrf": csrf})  # the session's CSRF token: the first message
             assert ws.receive_bytes()[:2] == b"\xff\xd8"  # a JPEG frame
             ws.send_json({"op": "take"})  # a ready replica (no lease) is not taken over
             assert "only a leased replica" in ws.receive_json()["error"]
@@ -352,7 +322,7 @@ def test_ui_routes_need_a_session_and_stay_out_of_the_openapi(fake: ScreenHost) 
         step = {**step, "lease_id": again["lease_id"]}
         assert c.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).status_code == 200
         c.cookies.clear()  # no session: the live view's socket is closed before it opens (policy violation)
-        with pytest.raises(WebSocketDisconnect) as closed, c.websocket_connect(f"/ui/ws/replicas/{rid}?csrf={csrf}"):
+        with pytest.raises(WebSocketDisconnect) as closed, c.websocket_connect(f"/ui/ws/replicas/{rid}"):
             pass
         assert closed.value.code == 1008
 
@@ -395,15 +365,18 @@ def test_every_state_change_needs_the_origin_and_the_csrf_token(fake: ScreenHost
         assert c.post(f"/ui/api/replicas/{rid}/act", json=[], headers=here).status_code == 403
         assert fake.applied == []
         assert c.post(take, headers={**here, "X-CSRF-Token": csrf}).status_code == 200
-        # the live view's socket: the session's CSRF token, from this origin
-        for url, headers in (
-            (f"/ui/ws/replicas/{rid}", {}),
-            (f"/ui/ws/replicas/{rid}?csrf=forged", {}),
-            (f"/ui/ws/replicas/{rid}?csrf={csrf}", {"Origin": "http://evil.example"}),
-        ):
-            with pytest.raises(WebSocketDisconnect) as closed, c.websocket_connect(url, headers=headers):
-                pass
-            assert closed.value.code == 1008, url
+        # the live view's socket: from this origin (else closed before it opens), then the session's CSRF token
+        # as its first message (else closed before a frame is sent)
+        live = f"/ui/ws/replicas/{rid}"
+        evil = {"Origin": "http://evil.example"}
+        with pytest.raises(WebSocketDisconnect) as closed, c.websocket_connect(live, headers=evil):
+            pass
+        assert closed.value.code == 1008
+        for hello in ({"op": "hello"}, {"op": "hello", "csrf": "forged"}, {"op": "take", "csrf": csrf}, "not json"):
+            with c.websocket_connect(live) as ws, pytest.raises(WebSocketDisconnect) as closed:
+                ws.send_text(json.dumps(hello) if isinstance(hello, dict) else hello)
+                ws.receive_bytes()
+            assert closed.value.code == 1008, hello
         # logging out: the session's CSRF token too; then the session is gone, whoever kept its cookie
         kept = c.cookies.get("osfleet_ui")
         assert c.post("/ui/logout", data={"csrf": "forged"}, headers=here).status_code == 403
@@ -437,7 +410,8 @@ def test_a_clients_dashboard_shows_and_changes_only_its_own(fake: ScreenHost, tm
         assert c.get(f"/ui/replicas/{rid}").status_code == 404
         assert c.post(f"/ui/api/replicas/{rid}/take-over", headers=change).status_code == 404
         assert c.post(f"/ui/api/replicas/{rid}/hand-back", headers=change).status_code == 404
-        with c.websocket_connect(f"/ui/ws/replicas/{rid}?csrf={csrf}") as ws:
+        with c.websocket_connect(f"/ui/ws/replicas/{rid}") as ws:
+            ws.send_json({"op": "hello", "csrf": csrf})
             assert "no replica" in ws.receive_json()["error"]  # no frame of alice's screen
             ws.send_json({"op": "take"})
             assert "no replica" in ws.receive_json()["error"]

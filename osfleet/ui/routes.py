@@ -22,7 +22,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 
-from osfleet.api.auth import Principal, principal_of_token
+from osfleet.api.auth import Principal, client_address, principal_of_token
 from osfleet.api.errors import NotFound
 from osfleet.api.limits import LOGIN_MAX_BYTES, read_limited
 from osfleet.ui.backend import Backend
@@ -36,6 +36,7 @@ from osfleet.ui.sessions import (
     LoginNeeded,
     Session,
     Sessions,
+    SessionsFull,
     csrf_ok,
     same_origin,
 )
@@ -98,6 +99,15 @@ def _cookie(resp: Response, request: Request, name: str, value: str, seconds: in
 
 
 # --- logging in and out ---------------------------------------------------------------------------------------
+def _too_many(wait: int) -> str:
+    return f"too many login attempts: try again in {wait} s"
+
+
+def _throttled(resp: Response, wait: int) -> Response:
+    resp.headers["Retry-After"] = str(wait)
+    return resp
+
+
 def _login_router(title: str) -> APIRouter:
     r = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -114,6 +124,11 @@ def _login_router(title: str) -> APIRouter:
 
     @r.post("/login")
     async def login(request: Request) -> Response:
+        gate = _gate(request)
+        address = client_address(request)
+        wait = gate.throttle.wait("address", address)
+        if wait:  # before the token is even compared: a guesser learns nothing more
+            return _throttled(form(request, status.HTTP_429_TOO_MANY_REQUESTS, _too_many(wait)), wait)
         fields = parse_qs((await read_limited(request, LOGIN_MAX_BYTES)).decode(errors="replace"))
         csrf = (fields.get("csrf") or [""])[0]
         if not same_origin(request) or not csrf_ok(request.cookies.get(LOGIN_COOKIE), csrf):
@@ -121,8 +136,18 @@ def _login_router(title: str) -> APIRouter:
         token = (fields.get("token") or [""])[0].strip()
         who = principal_of_token(request.app.state.config, token) if token else None
         if who is None:
+            gate.throttle.note("address", address)
             return form(request, status.HTTP_401_UNAUTHORIZED, "wrong token")
-        session = _gate(request).sessions.create(who)
+        wait = gate.throttle.wait("principal", who.name)
+        if wait:
+            return _throttled(form(request, status.HTTP_429_TOO_MANY_REQUESTS, _too_many(wait)), wait)
+        gate.throttle.note("principal", who.name)
+        try:  # a new id whatever cookie the browser brought; the session it had (if any) ends
+            session = gate.sessions.create(who, replacing=request.cookies.get(COOKIE))
+        except SessionsFull:
+            wait = 60
+            resp = form(request, status.HTTP_503_SERVICE_UNAVAILABLE, "the dashboard has too many sessions open")
+            return _throttled(resp, wait)
         resp = RedirectResponse("/ui", status_code=status.HTTP_303_SEE_OTHER)
         _cookie(resp, request, COOKIE, session.id, int(SESSION_SECONDS))
         resp.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
@@ -249,11 +274,15 @@ def _live_router(backend: Callable[[], Backend]) -> APIRouter:
 
     @r.websocket("/ws/replicas/{rid}")
     async def live(ws: WebSocket, rid: str) -> None:
-        session = _gate(ws).socket(ws)
+        gate = _gate(ws)
+        session = gate.socket(ws)
         if session is None:
             await ws.close(code=status.WS_1008_POLICY_VIOLATION)
             return
         await ws.accept()
+        if not await gate.socket_hello(ws, session):  # the CSRF token: the first message, never the URL
+            await ws.close(code=status.WS_1008_POLICY_VIOLATION)
+            return
         await LiveView(ws, backend(), rid, session.who).run()
 
     return r

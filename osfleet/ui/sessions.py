@@ -4,21 +4,30 @@ Logging in exchanges a token (the operator's or a client's) for a session: the c
 id (HTTP-only, ``SameSite=Strict``, scoped to ``/ui``), never the token, and the session remembers whose it is
 and its CSRF token. Every state change made with the cookie — take-over, hand-back, input, logout, and the
 login itself — must come from the dashboard's own origin (``Origin``, when the browser sends it, names this
-host) and carry the CSRF token (a form field, the ``X-CSRF-Token`` header, or the live view's ``csrf`` query
-parameter). A bearer token in ``Authorization`` (the gateway reaching its hosts' ``/ui/api``, scripts) is no
-ambient credential and needs neither.
+host) and carry the CSRF token (a form field, the ``X-CSRF-Token`` header, or the live view's first message on
+its socket: never in a URL, which ends up in access logs and browser history). A bearer token in
+``Authorization`` (the gateway reaching its hosts' ``/ui/api``, scripts) is no ambient credential and needs
+neither.
+
+Sessions are counted per principal: a principal's own oldest session makes room for its new one, and nobody's
+login ends anybody else's session (the server refuses new logins when it is full instead). Logins are throttled
+(``LoginThrottle``): wrong tokens per address, and logins per principal, each answered 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
+import math
 import secrets
 import threading
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from fastapi import HTTPException, Request, WebSocket, status
+from fastapi import HTTPException, Request, WebSocket, WebSocketDisconnect, status
 from starlette.requests import HTTPConnection
 
 from osfleet.api import auth
@@ -29,7 +38,14 @@ LOGIN_COOKIE = "osfleet_ui_login"  # the login form's CSRF token (before there i
 COOKIE_PATH = "/ui"
 SESSION_SECONDS = 12 * 3600
 MAX_SESSIONS = 10000
+SESSIONS_PER_PRINCIPAL = 32  # browsers and tabs of one person or team; their oldest makes room
 CSRF_HEADER = "x-csrf-token"
+SOCKET_HELLO_SECONDS = 10.0  # the live view's first message (its CSRF token) must come within this
+# Login throttling: wrong tokens per address, logins per principal, each within a sliding window.
+LOGIN_WINDOW_SECONDS = 300.0
+LOGIN_FAILURES_PER_ADDRESS = 10
+LOGINS_PER_PRINCIPAL = 30
+THROTTLE_KEYS = 10000  # addresses and principals remembered at most (the least recently seen go first)
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,10 @@ class Session:
     expires: float
 
 
+class SessionsFull(Exception):
+    """Every session slot is taken by live sessions: a new login waits, nobody else's session is ended."""
+
+
 class Sessions:
     """Live dashboard sessions of one server (in memory: a restarted server asks everyone to log in again)."""
 
@@ -48,13 +68,20 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def create(self, who: Principal) -> Session:
+    def create(self, who: Principal, replacing: str | None = None) -> Session:
+        """A new session for ``who`` (a new id every time: no id a browser brought is ever adopted), ending
+        ``replacing`` (the session this browser had, if any) and, past ``SESSIONS_PER_PRINCIPAL``, ``who``'s own
+        oldest. ``SessionsFull`` when live sessions fill the server: logins of one principal never evict
+        another's."""
         session = Session(secrets.token_urlsafe(32), who, secrets.token_urlsafe(32), time.time() + self.seconds)
         with self._lock:
             now = time.time()
-            self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}
-            while len(self._by_id) >= MAX_SESSIONS:  # the oldest go first
-                self._by_id.pop(next(iter(self._by_id)))
+            self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now and k != replacing}
+            own = [k for k, v in self._by_id.items() if v.who == who]  # oldest first (insertion order)
+            for sid in own[: max(0, len(own) - SESSIONS_PER_PRINCIPAL + 1)]:
+                del self._by_id[sid]
+            if len(self._by_id) >= MAX_SESSIONS:
+                raise SessionsFull
             self._by_id[session.id] = session
         return session
 
@@ -71,6 +98,57 @@ class Sessions:
     def end(self, sid: str | None) -> None:
         with self._lock:
             self._by_id.pop(sid or "", None)
+
+
+class LoginThrottle:
+    """Sliding-window counts of wrong tokens per address and of logins per principal.
+
+    A token is long and random, so guessing one is hopeless, but a form that answers as fast as it is asked
+    invites trying (and a client's token is only 16 characters at least); and a principal that logs in in a loop
+    churns sessions. Each key keeps the times of its events within the window; a full window answers 429 with
+    ``Retry-After`` (when its oldest event leaves it). Memory is bounded: at most ``THROTTLE_KEYS`` keys per kind.
+    """
+
+    def __init__(
+        self,
+        window: float = LOGIN_WINDOW_SECONDS,
+        failures_per_address: int = LOGIN_FAILURES_PER_ADDRESS,
+        logins_per_principal: int = LOGINS_PER_PRINCIPAL,
+    ) -> None:
+        self.window = window
+        self.limits = {"address": failures_per_address, "principal": logins_per_principal}
+        self._events: dict[str, OrderedDict[str, deque[float]]] = {"address": OrderedDict(), "principal": OrderedDict()}
+        self._lock = threading.Lock()
+
+    def wait(self, kind: str, key: str) -> int:
+        """Seconds until ``key`` may try again (0: now)."""
+        with self._lock:
+            times = self._recent(kind, key)
+            if times is None or len(times) < self.limits[kind]:
+                return 0
+            return max(1, math.ceil(times[0] + self.window - time.monotonic()))
+
+    def note(self, kind: str, key: str) -> None:
+        """One more event (a wrong token from an address, a login of a principal)."""
+        with self._lock:
+            times = self._recent(kind, key)
+            if times is None:
+                events = self._events[kind]
+                while len(events) >= THROTTLE_KEYS:
+                    events.popitem(last=False)
+                times = events[key] = deque()
+            times.append(time.monotonic())
+            self._events[kind].move_to_end(key)
+            while len(times) > self.limits[kind]:
+                times.popleft()
+
+    def _recent(self, kind: str, key: str) -> deque[float] | None:
+        times = self._events[kind].get(key)
+        if times is not None:
+            horizon = time.monotonic() - self.window
+            while times and times[0] <= horizon:
+                times.popleft()
+        return times
 
 
 class LoginNeeded(Exception):
@@ -94,8 +172,9 @@ def _forbidden(why: str) -> HTTPException:
 class Gate:
     """The dashboard's checks, as FastAPI dependencies over one ``Sessions``."""
 
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, throttle: LoginThrottle | None = None) -> None:
         self.sessions = sessions
+        self.throttle = throttle or LoginThrottle()
 
     def session(self, conn: HTTPConnection) -> Session | None:
         return self.sessions.get(conn.cookies.get(COOKIE))
@@ -135,8 +214,19 @@ class Gate:
             raise _forbidden("missing or wrong CSRF token: reload the page")
 
     def socket(self, ws: WebSocket) -> Session | None:
-        """The live view's socket: a session, from this origin, with its CSRF token in the URL."""
+        """The live view's socket, before it is accepted: a session, from this origin (its CSRF token comes in
+        its first message: ``socket_hello``)."""
         session = self.session(ws)
-        if session is None or not same_origin(ws) or not csrf_ok(ws.query_params.get("csrf"), session.csrf):
+        if session is None or not same_origin(ws):
             return None
         return session
+
+    async def socket_hello(self, ws: WebSocket, session: Session) -> bool:
+        """The accepted socket's first message is ``{"op": "hello", "csrf": TOKEN}`` with the session's token,
+        within ``SOCKET_HELLO_SECONDS``; nothing is sent on the socket before it."""
+        try:
+            first = json.loads(await asyncio.wait_for(ws.receive_text(), SOCKET_HELLO_SECONDS))
+        except (TimeoutError, ValueError, KeyError, WebSocketDisconnect):  # late, not JSON text, or gone
+            return False
+        given = first.get("csrf") if isinstance(first, dict) and first.get("op") == "hello" else None
+        return csrf_ok(given if isinstance(given, str) else None, session.csrf)

@@ -26,8 +26,8 @@ osfleet.liveView = function (rid) {
   const mode = document.getElementById("mode"), status = document.getElementById("live-status");
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const csrf = document.querySelector('meta[name="csrf"]').content;  // the session's: the socket changes state
-  const ws = new WebSocket(
-    `${scheme}//${location.host}/ui/ws/replicas/${encodeURIComponent(rid)}?csrf=${encodeURIComponent(csrf)}`);
+  // The CSRF token is the socket's first message, never part of its URL (URLs end up in access logs).
+  const ws = new WebSocket(`${scheme}//${location.host}/ui/ws/replicas/${encodeURIComponent(rid)}`);
   ws.binaryType = "blob";
   let taking = false, frames = 0;
   const send = (body) => ws.send(JSON.stringify(body));
@@ -38,7 +38,7 @@ osfleet.liveView = function (rid) {
     box.classList.toggle("taking", on);
     if (on) box.focus();
   };
-  ws.onopen = () => { status.textContent = "live"; };
+  ws.onopen = () => { send({ op: "hello", csrf }); status.textContent = "live"; };
   ws.onclose = () => { status.textContent = "disconnected"; setTaking(false); };
   ws.onmessage = (ev) => {
     if (typeof ev.data !== "string") {
