@@ -33,6 +33,7 @@ COMMANDS = {
     "plan": "osfleet.plan:plan_cmd",
     "trajectories": "osfleet.recording.cli:trajectories",
     "openenv": "osfleet.openenv.cli:openenv",
+    "mcp": "osfleet.mcp.cli:mcp",
 }
 # Which extra brings a package a command imports (everything else comes with the "host" extra).
 EXTRA_OF = {

@@ -97,5 +97,19 @@ def test_the_client_only_install_runs_an_episode(client_python: str, agent: tupl
         [client_python, "-c", EPISODE, a.url, str(token)], capture_output=True, text=True, timeout=600, cwd="/"
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "refused locally: action 0.type" in out.stdout
+    assert "refused locally: action 0: Input tag 'teleport'" in out.stdout, out.stdout
     assert "reward 0.0 screen" in out.stdout, out.stdout  # nothing was typed: the note is not there
+
+
+def test_the_quick_start_runs_from_the_client_only_install(client_python: str, agent: tuple[LocalAgent, Path]) -> None:
+    """docs/tutorials/agent-loop.md's example, as written, from the client-only virtualenv."""
+    a, token = agent
+    out = subprocess.run(
+        [client_python, str(REPO / "examples" / "agent_loop.py"), a.url, str(token)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith('"buy milk". -> reward 1.0'), out.stdout
