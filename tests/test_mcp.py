@@ -55,7 +55,8 @@ def _serve_args(agent: Agent, token_file: Path, *extra: str) -> list[str]:
 
 
 def _leased(agent: Agent) -> set[str]:
-    return {r.id for r in agent.host.replicas() if r.lease is not None}
+    """The replicas held by a lease now (one whose time ran out holds nothing, even before the fleet notices)."""
+    return {r.id for r in agent.host.replicas() if r.lease is not None and r.lease.expires_at > time.time()}
 
 
 def _text(result: Any) -> str:
@@ -217,3 +218,24 @@ def test_a_server_stopped_mid_session_gives_its_desktops_back(
 
     asyncio.run(run())  # the SDK's client closes quietly (a warning) when the server has gone
     assert _leased(agent) == set()
+
+
+def test_a_lease_that_ran_out_is_said_and_the_next_call_leases_a_new_desktop(agent: Agent, token_file: Path) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=_serve_args(agent, token_file, "--lease-ttl", "1"), cwd=str(REPO)
+    )
+
+    async def run() -> None:
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await asyncio.wait_for(s.initialize(), CALL_SECONDS)
+            assert not (await asyncio.wait_for(s.call_tool("screenshot", {}), CALL_SECONDS)).isError
+            (rec,) = [r for r in agent.host.replicas() if r.lease is not None]
+            assert rec.lease is not None
+            while time.time() <= rec.lease.expires_at:  # the lease's own time, not a guess at one
+                await asyncio.sleep(0.1)
+            lost = await asyncio.wait_for(s.call_tool("screenshot", {}), CALL_SECONDS)
+            assert lost.isError and "the next call leases a new desktop" in _text(lost)
+            again = await asyncio.wait_for(s.call_tool("screenshot", {}), CALL_SECONDS)
+            assert not again.isError and len(_leased(agent)) == 1
+
+    asyncio.run(run())
