@@ -10,14 +10,19 @@ runs in the host agent's process: ``Sandbox.run`` hands it to a child of a warm 
 - an address-space limit (``RLIMIT_AS``: ``memory_bytes`` above the warm worker's own), CPU seconds
   (``RLIMIT_CPU``), a wall-time alarm, a file-size limit for anything it writes, an open-file limit and no
   core dumps;
-- no network (the zygote lives in an empty network namespace when the host agent runs as root), a clean
-  environment (no token, no proxy settings, one BLAS thread) and a private temporary folder;
-- nothing shared with other evaluations: one fresh process per evaluation, gone when it answers.
+- the evaluation jail (``osfleet.tasks.jail``): the zygote runs under bubblewrap as an unprivileged user of
+  its own, in new user, mount, PID, IPC, UTS and network namespaces, seeing only a read-only Python and its
+  libraries, the spool of evaluation folders and nothing else of the host (no token, no ``$OSFLEET_HOME``, no
+  UNIX socket, no network), under a seccomp filter and ``no_new_privs``;
+- nothing shared with other evaluations: each one is PID 1 of a PID namespace of its own with its own mount,
+  network and IPC namespaces, sees only its own folder (read-only, ``/eval``) and a private ``/tmp``, runs its
+  metric without capabilities under a stricter seccomp filter, and ends with everything it started.
 
 Whatever happens inside (a parse error, ``zlib.error``, ``BadZipFile``, an encrypted zip, ``RecursionError``,
 ``MemoryError``, a limit's signal, a crash, a kill) the evaluation scores 0 with the reason in its detail: the
-agent did not produce a file that can be scored. Only the sandbox itself failing (it cannot start, its zygote
-died) is an infrastructure failure (``SandboxError``: 503), like failing to reach the guest.
+agent did not produce a file that can be scored; a system call the jail forbids ends the metric with
+``SIGSYS`` and scores 0 "denied by the evaluation jail". Only the sandbox itself failing (it cannot start, its
+zygote died) is an infrastructure failure (``SandboxError``: 503), like failing to reach the guest.
 
 Why a zygote and not a fresh interpreter per evaluation: importing the metric modules with openpyxl and
 python-docx took 2.6-3.9 s here (2 cores), a fork of the warm zygote ~16 ms (README, "Security model").
@@ -36,12 +41,13 @@ import logging
 import math
 import os
 import pickle
+import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -49,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from osfleet.errors import OsfleetError
+from osfleet.tasks import jail_seccomp
+from osfleet.tasks.jail import Jail, JailError, stage
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +72,8 @@ METRIC_OPEN_FILES = 256
 MAX_JOBS = min(8, max(2, os.cpu_count() or 2))
 START_SECONDS = 60.0  # the zygote imports every metric module before it is ready
 REPLY_MAX_BYTES = 64 * 1024  # a child's answer; more is refused (the metric's reason is clipped to 500 chars)
-ALARM_GRACE_SECONDS = 2.0  # a child's own alarm ends it at its wall time; the host kills it this much later
 KILL_GRACE_SECONDS = 5.0  # after a kill, how long to wait for the zygote to say how a child ended
 RECENT_JOBS = 64  # evaluations whose peak memory and CPU time are kept (``Sandbox.recent``)
-
-# What the zygote may see of the environment: nothing of the host agent's (its token, proxies, paths).
-CLEAN_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "OPENBLAS_NUM_THREADS": "1",  # no BLAS thread pools in a process that forks
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
-
 
 class SandboxError(OsfleetError):
     """The evaluation sandbox could not run a metric (it cannot start, or its zygote died): infrastructure."""
@@ -102,6 +97,7 @@ SIGNALS = {
     signal.SIGSEGV: "a crash (SIGSEGV)",
     signal.SIGABRT: "an abort (SIGABRT)",
     signal.SIGBUS: "a crash (SIGBUS)",
+    signal.SIGSYS: jail_seccomp.KILLED_BY,
 }
 
 
@@ -131,6 +127,8 @@ class Sandbox:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
+        self._jail: Jail | None = None
+        self._zygote_pid: int | None = None  # its pid on the host (bwrap's info: it is PID 1 of the jail)
         self.info: dict[str, Any] = {}
         self._starter: threading.Thread | None = None
         self.recent: collections.deque[JobStats] = collections.deque(maxlen=RECENT_JOBS)
@@ -163,37 +161,63 @@ class Sandbox:
             assert self._control is not None
             return self._control
         self._stop_locked()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            if self._jail is None:
+                self._jail = Jail()
+            jail = self._jail
+        except (JailError, OSError) as exc:
+            raise SandboxError(f"cannot set up the evaluation jail: {exc}") from None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_r, info_w = os.pipe()
+        seccomp = -1
+        err = open(jail.base / "stderr", "w+b")  # noqa: SIM115 - bwrap's complaints, for the error (closed below)
+        try:
+            seccomp = jail_seccomp.bpf_fd(evaluation=False)
+            inner = [sys.executable, "-I", "-m", "osfleet.tasks.sandbox_worker", str(theirs.fileno())]
+            argv, _ = jail.command(inner, seccomp, info_w)
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-m", "osfleet.tasks.sandbox_worker", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                env=CLEAN_ENV,
+                argv,
+                pass_fds=(theirs.fileno(), seccomp, info_w),
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 cwd="/",
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                stderr=err,
                 start_new_session=True,  # a Ctrl-C meant for the host agent does not reach it first
             )
         except OSError as exc:
             ours.close()
+            err.close()
             raise SandboxError(f"cannot start the evaluation sandbox: {exc}") from None
         finally:
             theirs.close()
-        ours.settimeout(START_SECONDS)
+            os.close(info_w)
+            if seccomp >= 0:
+                os.close(seccomp)
         try:
-            line = _read_line(ours, REPLY_MAX_BYTES)
-            info = json.loads(line) if line else {}
+            zygote = _read_info(info_r, START_SECONDS)
+            ours.settimeout(START_SECONDS)
+            info = json.loads(ours.recv(REPLY_MAX_BYTES) or b"{}")
         except (OSError, ValueError) as exc:
             info = {"error": str(exc)}
-        if not info.get("ready"):
+            zygote = None
+        finally:
+            os.close(info_r)
+        if not info.get("ready") or zygote is None:
             proc.kill()
             proc.wait()
             ours.close()
-            raise SandboxError(f"the evaluation sandbox did not start: {info.get('error') or 'it exited'}")
+            err.seek(0)
+            said = err.read()[-400:].decode(errors="replace").strip()
+            err.close()
+            why = info.get("error") or said or "it exited"
+            raise SandboxError(f"the evaluation sandbox did not start: {why}")
+        err.close()
         ours.settimeout(None)
-        self._proc, self._control, self.info = proc, ours, info
-        if not info.get("network_isolated"):
-            log.warning("evaluation sandbox: no network namespace (not root?); metrics run with the host's network")
+        self._proc, self._control, self._zygote_pid = proc, ours, zygote
+        self.info = {**info, "jail_user": jail.who.name, "jail_uid": jail.who.uid}
+        if not jail.who.switch:
+            log.warning("evaluation jail: the host agent is not root: the jail runs as its user %s", jail.who.name)
         return ours
 
     def _stop_locked(self) -> None:
@@ -208,15 +232,25 @@ class Sandbox:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+            self._zygote_pid = None
 
     def close(self) -> None:
         with self._lock:
             self._stop_locked()
+            if self._jail is not None:
+                self._jail.close()
+                self._jail = None
 
     def pid(self) -> int | None:
-        """The zygote's pid while it runs (tests, and ``ps`` readers)."""
+        """The zygote's pid on the host while it runs (tests, and ``ps`` readers)."""
         with self._lock:
-            return self._proc.pid if self._alive_locked() and self._proc is not None else None
+            return self._zygote_pid if self._alive_locked() else None
+
+    def _kill_job(self, pid: int) -> None:
+        """Ask the zygote to end an evaluation (``pid`` is the zygote's name for it, not the host's)."""
+        with self._lock, contextlib.suppress(OSError):
+            if self._alive_locked() and self._control is not None:
+                self._control.send(b"k" + struct.pack("!Q", pid))
 
     # --- one evaluation ------------------------------------------------------------------------------------
     def run(self, func: str, result: Any, expected: Any, options: dict[str, Any], wall: float | None = None) -> Score:
@@ -229,9 +263,7 @@ class Sandbox:
         if not self._slots.acquire(timeout=max(wall, 0.0)):
             raise SandboxError(f"every evaluation worker stayed busy for {wall:.0f} s")
         try:
-            with tempfile.TemporaryDirectory(prefix="osfleet-metric-") as tmp:
-                os.chmod(tmp, 0o700)
-                score, status = self._run(func, result, expected, options, end, Path(tmp))
+            score, status = self._run(func, result, expected, options, end)
         finally:
             self._slots.release()
         status = status or {}
@@ -269,10 +301,37 @@ class Sandbox:
             theirs.close()
 
     def _run(
-        self, func: str, result: Any, expected: Any, options: dict[str, Any], end: float, tmp: Path
+        self, func: str, result: Any, expected: Any, options: dict[str, Any], end: float
     ) -> tuple[Score, dict[str, Any] | None]:
-        """The score, and the zygote's word on how the child ended (None when it never came)."""
+        """The score, and the zygote's word on how the evaluation ended (None when it never came)."""
+        conn = self._open_job()  # (starts the jail, whose spool the files go to)
+        assert self._jail is not None
+        try:
+            folder = self._jail.folder()
+        except OSError as exc:
+            conn.close()
+            raise SandboxError(f"cannot make an evaluation folder in the jail's spool: {exc}") from None
+        try:
+            with conn:
+                return self._evaluate(conn, func, result, expected, options, end, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _evaluate(
+        self,
+        conn: socket.socket,
+        func: str,
+        result: Any,
+        expected: Any,
+        options: dict[str, Any],
+        end: float,
+        folder: Path,
+    ) -> tuple[Score, dict[str, Any] | None]:
         wall = max(end - time.monotonic(), 1.0)
+        try:
+            result, expected = stage((result, expected), folder)
+        except OSError as exc:
+            raise SandboxError(f"cannot copy the getters' files into the jail's spool: {exc}") from None
         job = pickle.dumps(
             {
                 "func": func,
@@ -280,23 +339,27 @@ class Sandbox:
                 "expected": expected,
                 "options": options,
                 "limits": {**asdict(self.limits), "wall_seconds": wall},
-                "tmpdir": str(tmp),
+                "folder": folder.name,
             }
         )
-        with self._open_job() as conn:
-            try:
-                conn.settimeout(max(end - time.monotonic(), 0.1))
-                pid = int(json.loads(_read_line(conn, 256) or "{}")["pid"])
-            except (OSError, ValueError, KeyError) as exc:
-                raise SandboxError(f"the evaluation sandbox did not take the job: {exc}") from None
-            with contextlib.suppress(OSError):  # the child is gone already: the zygote says how it ended
-                conn.sendall(struct.pack("!Q", len(job)) + job)
-            reply, status = self._answers(conn, end + ALARM_GRACE_SECONDS)  # the child's alarm ends it first
-            if reply is None and status is None:  # it outlived its alarm (stuck in the kernel?): killed here
-                _kill_group(pid)
-                with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it
-                    _, status = self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
-                return (0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"), status
+        try:
+            conn.settimeout(max(end - time.monotonic(), 0.1))
+            first = json.loads(_read_line(conn, REPLY_MAX_BYTES) or "{}")
+            if "jail_error" in first:
+                raise SandboxError(f"the evaluation jail could not be set up: {first['jail_error']}")
+            pid = int(first["pid"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SandboxError(f"the evaluation sandbox did not take the job: {exc}") from None
+        with contextlib.suppress(OSError):  # the child is gone already: the zygote says how it ended
+            conn.sendall(struct.pack("!Q", len(job)) + job)
+        reply, status = self._answers(conn, end)
+        if reply is not None and "jail_error" in reply:
+            raise SandboxError(f"the evaluation jail could not be set up: {reply['jail_error']}")
+        if reply is None and status is None:  # its wall time is up: the zygote kills it (its PID 1 ignores alarms)
+            self._kill_job(pid)
+            with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it
+                _, status = self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
+            return (0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"), status
         return _verdict(func, reply, status, self.limits, wall), status
 
     def _answers(self, conn: socket.socket, end: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -332,9 +395,22 @@ class Sandbox:
                 reply = data
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
+def _read_info(fd: int, seconds: float) -> int | None:
+    """The zygote's host pid from bubblewrap's ``--info-fd`` (one JSON object, then end of file)."""
+    end = time.monotonic() + seconds
+    buf = b""
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], max(end - time.monotonic(), 0))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+        with contextlib.suppress(ValueError):
+            pid = json.loads(buf).get("child-pid")
+            return pid if isinstance(pid, int) else None
+    return None
 
 
 def _read_line(sock: socket.socket, limit: int) -> str:
@@ -369,7 +445,10 @@ def _verdict(
             name = signal.Signals(sig)
         except ValueError:
             return 0.0, f"{func}: the metric's process ended by signal {sig}"
-        if name == signal.SIGXCPU:
+        cpu = (status or {}).get("cpu_seconds")
+        if name == signal.SIGXCPU or (
+            name == signal.SIGKILL and isinstance(cpu, int | float) and cpu >= 0.9 * limits.cpu_seconds
+        ):  # an evaluation is its namespace's PID 1: its CPU limit ends it with SIGKILL (rusage is sampled)
             return 0.0, f"{func}: the metric hit its CPU-time limit of {limits.cpu_seconds} s"
         if name == signal.SIGALRM:
             return 0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s"

@@ -7,10 +7,13 @@ is missing, does not import, or whose test raises scores 0.
 
 Here the test runs in a separate Python process (``python -I``), in a fresh folder holding the test file
 and the agent's files under the names the task gave them (the getter's numbered prefix dropped), with a
-time limit (``TEST_SECONDS``), an address-space limit and an empty environment: the agent's code is
-hostile and must not run inside osfleet's process. The test can import only what osfleet's Python has
-installed; OSWorld's host has its own packages, so a test suite that imports something osfleet lacks scores
-0 here.
+time limit (``TEST_SECONDS``), an address-space limit and an empty environment, inside the evaluation jail
+(``osfleet.tasks.jail``): like every metric, this one runs only in the sandbox's jailed evaluation process, so
+the agent's code sees its own folder, an empty network and a read-only Python, as an unprivileged user with no
+capabilities, under a seccomp filter, and everything it starts ends with the evaluation. The suite's output
+goes to files, and the answer is read when the suite's own process exits (a process it left behind holding a
+pipe open cannot keep the evaluation waiting). The test can import only what osfleet's Python has installed;
+OSWorld's host has its own packages, so a test suite that imports something osfleet lacks scores 0 here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, scored, short
+from osfleet.tasks.jail_seccomp import KILLED_BY
 
 TEST_SECONDS = 120
 TEST_MEMORY_BYTES = 2 * 2**30
@@ -89,19 +94,25 @@ def check_python_file_by_test_suite(result: Any, expected: Any, options: dict[st
                 shutil.copyfile(f, folder / _GETTER_PREFIX.sub("", f.name))
         test = folder / _GETTER_PREFIX.sub("", suite.name)
         shutil.copyfile(suite, test)
-        try:
-            out = subprocess.run(
+        out, err = folder / ".stdout", folder / ".stderr"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", _RUNNER, str(test), name],
                 cwd=folder,
                 env={"PATH": "/usr/bin:/bin", "HOME": str(folder)},
-                capture_output=True,
-                text=True,
-                timeout=TEST_SECONDS,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
                 preexec_fn=_limits,
             )
+        try:
+            code = proc.wait(TEST_SECONDS)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
             return 0.0, f"the test suite ran longer than {TEST_SECONDS} s"
-    lines = out.stdout.strip().splitlines()
+        lines = _tail(out).strip().splitlines()
+        said = _tail(err)
     try:
         answer = json.loads(lines[-1]) if lines else {}
     except ValueError:
@@ -110,7 +121,16 @@ def check_python_file_by_test_suite(result: Any, expected: Any, options: dict[st
         return float(answer["score"]), f"the test suite gave {answer['score']}"
     if "error" in answer:
         return 0.0, f"the test suite failed: {short(answer['error'], 200)}"
-    raise CannotScore(f"the test suite gave no answer (exit {out.returncode}): {short(out.stderr[-200:])}")
+    if code == -signal.SIGSYS:
+        return 0.0, f"the test suite was stopped: {KILLED_BY}"
+    raise CannotScore(f"the test suite gave no answer (exit {code}): {short(said[-200:])}")
+
+
+def _tail(path: Path, limit: int = 64 * 1024) -> str:
+    """The last ``limit`` bytes of a file the suite wrote (it may have written up to its file-size limit)."""
+    with path.open("rb") as f:
+        f.seek(max(path.stat().st_size - limit, 0))
+        return f.read().decode(errors="replace")
 
 
 METRICS: dict[str, Metric] = {"check_python_file_by_test_suite": check_python_file_by_test_suite}
