@@ -1,9 +1,10 @@
 """``osfleet bench sandbox``: what the evaluation sandbox costs per evaluation, side by side in one run.
 
 Three ways to score the same files, alternated round by round: the metric called in this process (what the
-host agent did before the sandbox), in a child of the sandbox's warm zygote (what it does now), and in a fresh
-interpreter that imports the metric modules first (the sandbox without a zygote). No VM: the files are made
-here, as a guest would save them.
+host agent did before the sandbox), in an evaluation of the sandbox's warm zygote inside the evaluation jail
+(what it does now: bubblewrap, its own user, a PID, mount, network and IPC namespace per evaluation, seccomp),
+and in a fresh interpreter that imports the metric modules first (the sandbox without a zygote). No VM: the
+files are made here, as a guest would save them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def run(rounds: int = 20, fresh_rounds: int = 5, say: Say = print) -> dict[str, 
         result["zygote_start_s"] = time.perf_counter() - t
         result["network_isolated"] = bool(box.info.get("network_isolated"))
         result["preloaded"] = box.info.get("preloaded", [])
+        result["jail_user"] = box.info.get("jail_user")
         with tempfile.TemporaryDirectory(prefix="osfleet-bench-sandbox-") as tmp:
             for func, got, want, options in _cases(Path(tmp)):
                 say(f"{func}: {rounds} rounds here and in the sandbox, {fresh_rounds} in a fresh interpreter")
@@ -89,7 +91,10 @@ def run(rounds: int = 20, fresh_rounds: int = 5, say: Say = print) -> dict[str, 
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = [f"zygote ready in {result['zygote_start_s']:.2f} s (network isolated: {result['network_isolated']})"]
+    lines = [
+        f"zygote ready in {result['zygote_start_s']:.2f} s, jailed as {result.get('jail_user')} "
+        f"(network isolated: {result['network_isolated']})"
+    ]
     for func in ("compare_table", "check_json"):
         r = result[func]
         lines.append(

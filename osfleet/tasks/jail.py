@@ -181,6 +181,9 @@ class Jail:
                 argv += ["--ro-bind", self._staged(link, binds), link]
         argv += ["--ro-bind", self._staged(str(self.jobs), binds), JOBS, "--dir", EVAL]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/"]
+        # The root tmpfs read-only too: it is shared by every evaluation of this zygote, and a file one of them
+        # left there (an /etc/ld.so.preload) would run in the next one's processes.
+        argv += ["--remount-ro", "/"]
         argv += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--", *inner]
         if not self.who.switch:
             return argv, {}
