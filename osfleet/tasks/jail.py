@@ -206,15 +206,20 @@ class Jail:
         return folder
 
 
+STAGE_MAX_FILES = 256  # files copied from one folder of the host (a getter's folder holds one)
+
+
 def stage(value: Any, folder: Path) -> Any:
     """``value`` with every local file (a ``Path``, as the getters give them) copied into ``folder`` and named by
-    its path in the jail. Only ``Path`` objects are files: a string is a value, even one that names a host file
-    (a task's ``constant`` could name ``/etc/shadow``), and is never copied."""
-    counter = [0]
+    its path in the jail. A file comes with the files beside it (a metric may read a sibling by name, as
+    ``sheet_print`` reads the CSV exported beside a workbook), each host folder becoming one folder of the jail's.
+    Only ``Path`` objects are files: a string is a value, even one that names a host file (a task's ``constant``
+    could name ``/etc/shadow``), and is never copied."""
+    slots: dict[Path, Path] = {}
 
     def walk(v: Any) -> Any:
         if isinstance(v, Path):
-            return _copy(v, folder, counter)
+            return _staged(v, folder, slots)
         if isinstance(v, list):
             return [walk(x) for x in v]
         if isinstance(v, tuple):
@@ -226,12 +231,15 @@ def stage(value: Any, folder: Path) -> Any:
     return walk(value)
 
 
-def _copy(path: Path, folder: Path, counter: list[int]) -> Path:
-    counter[0] += 1
-    slot = folder / str(counter[0])
-    slot.mkdir(mode=0o755)
-    target = slot / (path.name or "file")
-    with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        shutil.copyfile(path, target)  # a getter's file, or its link into the asset store
-        os.chmod(target, 0o644)
-    return Path(EVAL) / target.relative_to(folder)
+def _staged(path: Path, folder: Path, slots: dict[Path, Path]) -> Path:
+    source = path.absolute().parent
+    slot = slots.get(source)
+    if slot is None:
+        slot = slots[source] = folder / str(len(slots) + 1)
+        slot.mkdir(mode=0o755)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in sorted(source.iterdir())[:STAGE_MAX_FILES]:
+                if entry.is_file():  # a getter's file, or its link into the asset store
+                    shutil.copyfile(entry, slot / entry.name)
+                    os.chmod(slot / entry.name, 0o644)
+    return Path(EVAL) / slot.relative_to(folder) / (path.name or "file")
