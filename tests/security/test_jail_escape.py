@@ -11,6 +11,7 @@ something it raises, naming it, so the assertion shows what leaked. Forbidden sy
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import socket
@@ -48,7 +49,8 @@ def run(box: Sandbox, tmp: Path, body: str, agent: str = "x = 1\n") -> tuple[flo
     suite.write_text(
         "import os, json, socket, ctypes, sys, time\nreached = {}\n"
         + textwrap.dedent(body)
-        + "\ndef test():\n    if reached:\n        raise AssertionError('REACHED ' + json.dumps(reached))\n    return 1.0\n"
+        + "\ndef test():\n    if reached:\n        raise AssertionError('REACHED ' + json.dumps(reached))\n"
+        + "    return 1.0\n"
     )
     answer = tmp / "answer.py"
     answer.write_text(agent)
@@ -232,10 +234,8 @@ def test_the_jail_runs_as_its_own_unprivileged_user_on_the_host(box: Sandbox, tm
     def watch() -> None:
         while not done.is_set():
             for child in psutil.Process(zygote).children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.Error):
                     seen.append(set(child.uids()))
-                except psutil.Error:
-                    pass
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
