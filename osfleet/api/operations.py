@@ -141,7 +141,8 @@ RESET = Operation(
     "POST",
     "/v1/replicas/{rid}/reset",
     "Reset the replica to its initial state, then to the task's (``task_id``: built in; ``task``: inline, "
-    "osfleet's format or OSWorld's). 403 for a client's inline task that asks for root in the guest.",
+    "osfleet's format or OSWorld's). 403 for a client's inline task with a step or getter that acts as root in "
+    "the guest (osfleet.api.policy), naming it.",
     body=ResetRequest,
     response=ResetResponse,
     errors=(403, 404, 409, 503),

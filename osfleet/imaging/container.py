@@ -37,6 +37,7 @@ from osfleet.config import Settings
 from osfleet.errors import CommandFailedError, ConfigError
 from osfleet.imaging import oci
 from osfleet.imaging.host import Host
+from osfleet.tasks.jail import JAIL_USER
 
 BUILDER_VERSION = "container-1"
 REPOSITORY = "localhost/osfleet"  # never pulled: a node that had to would ask this machine, never the network
@@ -45,6 +46,7 @@ MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = (
     "python3", "python3-venv", "ca-certificates", "libvirt0", "libvirt-clients", "qemu-utils",
     "qemu-system-x86", "iproute2", "nftables", "procps", "util-linux",
+    "bubblewrap", "libseccomp2",  # the evaluation jail (osfleet.tasks.jail), which runs as JAIL_USER
 )  # fmt: skip
 EXTRAS = ("host", "loadtest", "office", "k8s")  # Locust; the office metrics evaluations import; the gateway's discovery
 VENV = "/opt/osfleet"
@@ -140,7 +142,8 @@ def _local_host() -> Host:
 
 def _base(h: Host, s: Settings) -> Path:
     """The base layer (debootstrap + packages), built once per input and kept with its rootfs."""
-    key = hashlib.sha256(json.dumps([BUILDER_VERSION, SUITE, MIRROR, BASE_PACKAGES]).encode()).hexdigest()[:12]
+    inputs = [BUILDER_VERSION, SUITE, MIRROR, BASE_PACKAGES, JAIL_USER]
+    key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:12]
     base = images_dir(s) / f"base-{key}"
     if (base / "layer.json").exists():
         h.say(f"base layer {key} is up to date (cache hit)")
@@ -159,6 +162,11 @@ def _base(h: Host, s: Settings) -> Path:
             try:
                 pkgs = " ".join(q(p) for p in BASE_PACKAGES)
                 h.run(f"{chroot} apt-get install -y -q --no-install-recommends {pkgs}", what="apt-get install")
+                h.run(
+                    f"{chroot} useradd --system --user-group --no-create-home --home-dir /nonexistent "
+                    f"--shell /usr/sbin/nologin {JAIL_USER}",
+                    what="useradd (the evaluation jail's user)",
+                )
             finally:
                 h.run(f"umount {q(str(rootfs / 'proc'))}")
             h.run(

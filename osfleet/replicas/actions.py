@@ -51,6 +51,22 @@ GUEST_USER = "user"
 GUEST_TIMEOUT_SLACK_SECONDS = 5.0
 STEP_BUDGET_SECONDS = 90.0  # one step request never takes longer (see run_actions)
 KILLED_BY_TIMEOUT = 137  # 128 + SIGKILL, as coreutils timeout -s KILL reports it
+# The whole environment of a command osfleet runs as the desktop user for a task (set-up steps, getters, the query
+# script): fixed, so nothing the agent (the desktop user) writes is read while its work is judged. No PATH entry
+# in the user's home (a fake ``python3`` or ``google-chrome`` in ~/.local/bin or ~/bin is never found), no user
+# site-packages (their ``.pth`` files and ``sitecustomize``), and no working folder first on ``sys.path`` for a
+# ``python -c``/``-m`` (a ``~/json.py``): Python 3.11's PYTHONSAFEPATH. The agent's own ``shell``, ``cli`` and
+# ``pyautogui`` actions keep the user's ways (they are the agent's).
+VERIFIER_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    f"HOME=/home/{GUEST_USER}",
+    f"USER={GUEST_USER}",
+    f"LOGNAME={GUEST_USER}",
+    "DISPLAY=:0",
+    "PYTHONSAFEPATH=1",
+    "PYTHONNOUSERSITE=1",
+    "PYTHONDONTWRITEBYTECODE=1",
+)
 
 
 def check_actions(actions: list[Action], size: tuple[int, int]) -> None:
@@ -153,9 +169,9 @@ def _run_one(virt: Virt, domain: str, pointer: Input, action: Action, left: floa
         case Wait(seconds=seconds):
             time.sleep(seconds)
         case Shell():
-            return shell(virt, domain, action.command, action.timeout, action.as_root)
+            return shell(virt, domain, action.command, action.timeout, action.as_root, agent=True)
         case CliCommand():
-            return shell(virt, domain, action.command, action.timeout)
+            return shell(virt, domain, action.command, action.timeout, agent=True)
         case Terminate():
             pass
         case ReadFile(path=path, max_bytes=max_bytes):
@@ -166,20 +182,24 @@ def _run_one(virt: Virt, domain: str, pointer: Input, action: Action, left: floa
             if special == "WAIT":
                 time.sleep(max(0.0, min(OSWORLD_WAIT_SECONDS, left)))
             elif special not in PYAUTOGUI_SPECIAL:
-                return pyautogui_code.run(lambda cmd, t: shell(virt, domain, cmd, t), command, timeout)
+                return pyautogui_code.run(lambda cmd, t: shell(virt, domain, cmd, t, agent=True), command, timeout)
         case Computer13():
             computer13.apply(pointer, action.action, left)
     return {}
 
 
-def shell(virt: Virt, domain: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+def shell(
+    virt: Virt, domain: str, command: str, timeout: float, as_root: bool = False, agent: bool = False
+) -> dict[str, Any]:
     """Run ``command`` with sh in the guest, as the desktop user on its display unless ``as_root``.
 
+    ``agent``: the agent's own command, in the user's home with the user's ways; otherwise osfleet's (a task's
+    set-up or getter), in the home folder as OSWorld runs them but with ``VERIFIER_ENV`` and nothing else.
     The guest's own ``timeout -s KILL`` ends the command's whole process group when time is up, so a
     runaway command never leaves the replica busy; the host waits a little longer than that.
     """
     inner = ["/bin/sh", "-c", command]
-    if not as_root:
+    if not as_root and agent:
         inner = [
             "/usr/sbin/runuser",
             "-u",
@@ -192,6 +212,9 @@ def shell(virt: Virt, domain: str, command: str, timeout: float, as_root: bool =
             "-c",
             f"cd ~ && {command}",
         ]
+    elif not as_root:
+        inner = ["/usr/sbin/runuser", "-u", GUEST_USER, "--", "/usr/bin/env", "-i", *VERIFIER_ENV]
+        inner += ["/bin/sh", "-c", f"cd ~ && {command}"]
     argv = ["/usr/bin/timeout", "-s", "KILL", f"{timeout:.3f}", *inner]
     code, out, err = virt.guest_exec(domain, argv, timeout + GUEST_TIMEOUT_SLACK_SECONDS)
     if code == KILLED_BY_TIMEOUT:

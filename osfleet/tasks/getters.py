@@ -96,9 +96,12 @@ class Context:
 
 
 def _sizes(ctx: Context, paths: list[str]) -> list[int | None]:
-    """Each guest file's size, None where there is no regular file (read as root: the agent's files too)."""
-    script = 'for p in "$@"; do if [ -f "$p" ]; then stat -c %s -- "$p"; else echo -; fi; done'
-    out = ctx.sh(f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(p) for p in paths)}", as_root=True)
+    """Each guest file's size, None where there is no regular file the desktop user may read. Asked as that
+    user: the guest agent then reads the file as root, and a path the agent chose (a wallpaper's URI, a slide's
+    linked file, a link it made in its home) must not become a way to read what the user cannot (``/etc/shadow``,
+    root's files). (A link swapped between this probe and the read is not caught: see the threat model.)"""
+    script = 'for p in "$@"; do if [ -f "$p" ] && [ -r "$p" ]; then stat -L -c %s -- "$p"; else echo -; fi; done'
+    out = ctx.sh(f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(p) for p in paths)}")
     words = out["stdout"].split()
     if len(words) != len(paths):
         raise GetterValueError(f"cannot tell whether {', '.join(paths)} exist: {out['stderr'].strip()[-200:]}")

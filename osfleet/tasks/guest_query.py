@@ -5,7 +5,9 @@ VLC's HTTP interface, AT-SPI's accessibility tree and the browser's profile file
 a replica has no network device: so the script (``guest/osworld_query.py``, package data) is sent whole with
 each call as ``python3 -c SCRIPT OP ARGS`` and run as the desktop user on its display. It prints one JSON
 document; anything else (a crash, a timeout, output that is not that document) is reported as a
-``GuestQueryError`` naming the operation, never parsed further.
+``GuestQueryError`` naming the operation, never parsed further. It runs isolated from what the desktop user
+(the agent) can write: Debian's python3, ``-I -S``, from ``/``, in a fixed environment (``command``;
+``osfleet.replicas.actions.VERIFIER_ENV``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from importlib import resources
 from typing import Any, Protocol
 
 from osfleet.errors import OsfleetError
+
+GUEST_PYTHON = "/usr/bin/python3"  # Debian's, root's: never the first python3 of a PATH
 
 
 class GuestShell(Protocol):
@@ -45,9 +49,18 @@ def script_deadline(timeout: float) -> float:
 
 
 def command(op: str, args: dict[str, Any], timeout: float) -> str:
-    """The guest command line for ``op``; the script's own deadline leaves room for its answer."""
+    """The guest command line for ``op``; the script's own deadline leaves room for its answer.
+
+    Debian's interpreter by its full path, isolated (``-I``: no working folder or script folder on ``sys.path``,
+    no user site-packages, no ``PYTHON*`` variables; ``-S``: no ``site`` at all, so no ``.pth`` file anywhere
+    runs), from ``/``: a ``~/json.py``, a user ``.pth`` or a ``python3`` earlier in the user's ``PATH`` never runs
+    inside a getter. The script adds Debian's root-owned package folders itself (``_system_packages``). It comes
+    from the host in the command line, so there is no script file in the guest for the agent to change."""
     body = {**args, "deadline": script_deadline(timeout)}
-    return f"python3 -c {shlex.quote(script())} {shlex.quote(op)} {shlex.quote(json.dumps(body))}"
+    return (
+        f"cd / && exec {GUEST_PYTHON} -I -S -c {shlex.quote(script())} {shlex.quote(op)} "
+        f"{shlex.quote(json.dumps(body))}"
+    )
 
 
 def ask(host: GuestShell, rid: str, op: str, args: dict[str, Any], timeout: float) -> Any:

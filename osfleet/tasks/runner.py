@@ -154,6 +154,8 @@ def _keep_output(host: ReplicaHost, rid: str, step: Run, out: dict[str, Any], ti
     """OSWorld's ``stdout``/``stderr`` of an executed command: kept as files of the task's cache in the guest."""
     for name, stream in ((step.stdout_to, "stdout"), (step.stderr_to, "stderr")):
         if name:
+            if name.startswith("/") or ".." in name.split("/"):  # the cache is root's: no way out of it
+                raise TaskSetupError(f"an execute step's {stream} file {name!r} leads out of the task cache")
             put_text(host, rid, f"{CACHE_DIR}/{name}", out[stream], timeout)
 
 

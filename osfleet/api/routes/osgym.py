@@ -35,6 +35,7 @@ from osfleet.api.operations import (
 )
 from osfleet.api.osgym_actions import Parsed as ParsedAction
 from osfleet.api.osgym_actions import parse as parse_osgym
+from osfleet.api.policy import refuse_root_task
 from osfleet.api.routes.leases import release_episode
 from osfleet.api.state import AgentState, LeasedHost, LiveEpisode
 from osfleet.errors import OsfleetError, VirtError
@@ -99,6 +100,7 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
     def reset(req: OsgymReset, who: OsgymCaller) -> OsgymResetResponse:
         s = state()
         task = from_osworld(req.task_config)
+        refuse_root_task(task, True, who, s.config)  # OSGym's task_config is always the caller's own
         rec, lease_ = s.host.lease(who.name, float(req.timeout), owner=who.name)
         live = s.episode(rec.id, lease_.id, who)
         try:

@@ -1,4 +1,4 @@
-"""osfleet's query script, run inside the guest as the desktop user: ``python3 -c <this> OP ARGS-JSON``.
+"""osfleet's query script, run inside the guest as the desktop user: ``/usr/bin/python3 -I -S -c <this> OP ARGS``.
 
 Replicas have no network device, so what OSWorld's evaluator reaches over the network (Chrome's DevTools
 port, VLC's HTTP interface, its in-VM server's accessibility endpoint) is asked from inside the guest by this
@@ -12,22 +12,44 @@ operations that use them. Every wait is bounded by ``deadline`` (seconds, given 
 This file is shipped as package data and sent whole with each call: nothing is installed in the guest.
 """
 
-import base64
-import collections
-import contextlib
-import glob
-import json
-import os
-import re
-import shutil
-import sqlite3
 import sys
-import tempfile
-import time
-import urllib.parse
-import urllib.request
-import zipfile
-from xml.etree import ElementTree
+
+
+def _system_packages():
+    """Debian's package folders, root-owned: the host runs this script with ``python3 -I -S`` (no ``site``, so
+    nothing of the desktop user's: no user site-packages, no ``.pth``, no working folder), which leaves out the
+    system's own packages too (python3-websocket, python3-pyatspi, the image's pip packages): added here, and
+    only these. The process is made non-dumpable as well: another process of the desktop user (the agent's) can
+    then neither trace it nor write its memory (``/proc/PID/mem``)."""
+    minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for folder in (f"/usr/local/lib/python{minor}/dist-packages", "/usr/lib/python3/dist-packages"):
+        if folder not in sys.path:
+            sys.path.append(folder)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    except (OSError, AttributeError):
+        pass
+
+
+_system_packages()
+
+import base64  # noqa: E402 (after the package folders are fixed)
+import collections  # noqa: E402
+import contextlib  # noqa: E402
+import glob  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import sqlite3  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.parse  # noqa: E402
+import urllib.request  # noqa: E402
+import zipfile  # noqa: E402
+from xml.etree import ElementTree  # noqa: E402
 
 DEVTOOLS = "http://127.0.0.1:" + os.environ.get("OSFLEET_DEVTOOLS_PORT", "1337")  # the office image's port
 HOME = os.path.expanduser("~")
