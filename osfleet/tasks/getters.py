@@ -100,7 +100,7 @@ def _sizes(ctx: Context, paths: list[str]) -> list[int | None]:
     user: the guest agent then reads the file as root, and a path the agent chose (a wallpaper's URI, a slide's
     linked file, a link it made in its home) must not become a way to read what the user cannot (``/etc/shadow``,
     root's files). (A link swapped between this probe and the read is not caught: see the threat model.)"""
-    script = 'for p in "$@"; do if [ -f "$p" ] && [ -r "$p" ]; then stat -L -c %s -- "$p"; else echo -; fi; done'
+    script = 'for p in "$@"; do if [ -f "$p" ] && [ -r "$p" ]; then stat -c %s -L -- "$p"; else echo -; fi; done'
     out = ctx.sh(f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(p) for p in paths)}")
     words = out["stdout"].split()
     if len(words) != len(paths):
