@@ -46,6 +46,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from osfleet.errors import OsfleetError
+from osfleet.tasks import jail_cache
 
 JAIL_USER = "osfleet-jail"
 BWRAP = "bwrap"
@@ -130,6 +131,10 @@ class Jail:
         if self.bwrap is None:
             raise JailError("the evaluation jail needs bubblewrap (apt-get install bubblewrap; scripts/setup does)")
         self.who = identity()
+        self.numba_cache = jail_cache.folder()
+        if self.numba_cache is not None:
+            self.numba_cache.mkdir(parents=True, exist_ok=True, mode=0o755)
+            jail_cache.warm_soon(self.numba_cache)
         self.base = Path(tempfile.mkdtemp(prefix="osfleet-jail-"))
         try:
             os.chmod(self.base, 0o711)
@@ -180,6 +185,9 @@ class Jail:
             elif os.path.isdir(link) and not any(PurePosixPath(link).is_relative_to(p) for p in self.readonly()):
                 argv += ["--ro-bind", self._staged(link, binds), link]
         argv += ["--ro-bind", self._staged(str(self.jobs), binds), JOBS, "--dir", EVAL]
+        if self.numba_cache is not None:  # compiled by the host, read-only here (osfleet.tasks.jail_cache)
+            argv += ["--ro-bind", self._staged(str(self.numba_cache), binds), jail_cache.JAIL_PATH]
+            argv += ["--setenv", "NUMBA_CACHE_DIR", jail_cache.JAIL_PATH]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/"]
         # The root tmpfs read-only too: it is shared by every evaluation of this zygote, and a file one of them
         # left there (an /etc/ld.so.preload) would run in the next one's processes.

@@ -212,6 +212,19 @@ def _drop_capabilities() -> None:
         raise OSError(f"the metric's process kept capabilities ({', '.join(held)}) or may gain some")
 
 
+def _numba_cache(func: str) -> None:
+    """A metric that uses numba (librosa's) gets a private, writable copy of the host-made cache in its ``/tmp``:
+    numba refuses a cache folder it cannot write, and the shared one must stay read-only (``jail_cache``)."""
+    from osfleet.tasks.evaluators import NEEDS
+
+    shared = os.environ.get("NUMBA_CACHE_DIR")
+    if shared and "librosa" in NEEDS.get(func, ()) and os.path.isdir(shared):
+        import shutil
+
+        shutil.copytree(shared, "/tmp/numba-cache")
+        os.environ["NUMBA_CACHE_DIR"] = "/tmp/numba-cache"
+
+
 def _isolate(folder: str, tmp_bytes: int) -> None:
     """This evaluation's namespaces and mounts (it is PID 1 of its own PID namespace already)."""
     _check(_libc().unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
@@ -246,6 +259,7 @@ def _evaluation(conn: socket.socket, seccomp: bytes) -> None:
         _send_line(conn, {"jail_error": f"{type(exc).__name__}: {exc}"[:DETAIL_MAX_CHARS]})
         os._exit(70)
     try:
+        _numba_cache(str(job["func"]))
         _apply_limits(job["limits"])
         _send_line(conn, _run(job))
     except BaseException:  # noqa: BLE001 - the zygote reports how this process ended
