@@ -7,8 +7,9 @@ shared by every tenant's evaluations: one of them could leave machine code there
 makes the cache itself, in a process of its own that runs the metric on two recordings it synthesises (nothing
 from a guest), into ``$OSFLEET_HOME/jail/numba-<version>``, and the jail binds that folder read-only with
 ``NUMBA_CACHE_DIR`` pointing at it; an evaluation whose metric uses librosa copies it into its own ``/tmp`` first
-(3 MB; numba refuses a cache folder it cannot write). ``scripts/setup`` warms it (``python -m osfleet.tasks.jail_cache``); a
-sandbox that finds it cold warms it in the background (evaluations meanwhile compile for themselves).
+(3 MB; numba refuses a cache folder it cannot write). ``scripts/setup`` warms it
+(``python -m osfleet.tasks.jail_cache``); a sandbox that finds it cold warms it in the background (evaluations
+meanwhile compile for themselves).
 """
 
 from __future__ import annotations
