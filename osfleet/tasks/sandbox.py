@@ -447,7 +447,7 @@ def _verdict(
             return 0.0, f"{func}: the metric's process ended by signal {sig}"
         cpu = (status or {}).get("cpu_seconds")
         if name == signal.SIGXCPU or (
-            name == signal.SIGKILL and isinstance(cpu, int | float) and cpu >= 0.9 * limits.cpu_seconds
+            name == signal.SIGKILL and isinstance(cpu, int | float) and cpu >= 0.75 * limits.cpu_seconds
         ):  # an evaluation is its namespace's PID 1: its CPU limit ends it with SIGKILL (rusage is sampled)
             return 0.0, f"{func}: the metric hit its CPU-time limit of {limits.cpu_seconds} s"
         if name == signal.SIGALRM:
