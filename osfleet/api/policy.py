@@ -84,7 +84,7 @@ def _root_parts(task: Task) -> Iterator[str]:
     for where, steps in (("set-up", task.setup), ("post-config", task.postconfig)):
         for i, step in enumerate(steps, 1):
             if isinstance(step, Run) and step.as_root:
-                yield f"{where} step {i} runs as root"
+                yield f"{where} step {i} runs as root (as_root)"
             if isinstance(step, PutFile) and not within_user_reach(step.path):
                 yield f"{where} step {i} (download to {step.path}) would write as root outside the user's home and /tmp"
             if isinstance(step, Run):
@@ -93,7 +93,7 @@ def _root_parts(task: Task) -> Iterator[str]:
                         yield f"{where} step {i} keeps its output as {name!r}, outside the task cache"
     for c in task.criteria:
         if isinstance(c.check, CommandOutput) and c.check.as_root:
-            yield f"check {c.name!r} runs as root"
+            yield f"check {c.name!r} runs as root (as_root)"
         if isinstance(c.check, OsworldCheck):
             for key in ("result", "expected"):
                 spec = getattr(c.check, key)
