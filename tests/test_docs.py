@@ -22,8 +22,7 @@ from PIL import Image, ImageStat
 
 import osfleet.client
 from osfleet.cli import cli
-from tests.conftest import REPO, VENV_BIN
-from tests.test_ui import CHROMIUM, CHROMIUM_ARGS
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, REPO, VENV_BIN
 
 pytestmark = pytest.mark.integration
 
