@@ -177,6 +177,8 @@ class Jail:
         ]  # fmt: skip
         for key, value in ENV.items():
             argv += ["--setenv", key, value]
+        # /tmp first: a Python or checkout under /tmp (a clone in /tmp/ci) is bound on top of it, not hidden by it.
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in self.readonly():
             argv += ["--ro-bind", self._staged(path, binds), path]
         for link in MERGED:
@@ -188,7 +190,7 @@ class Jail:
         if self.numba_cache is not None:  # compiled by the host, read-only here (osfleet.tasks.jail_cache)
             argv += ["--ro-bind", self._staged(str(self.numba_cache), binds), jail_cache.JAIL_PATH]
             argv += ["--setenv", "NUMBA_CACHE_DIR", jail_cache.JAIL_PATH]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/"]
+        argv += ["--chdir", "/"]
         # The root tmpfs read-only too: it is shared by every evaluation of this zygote, and a file one of them
         # left there (an /etc/ld.so.preload) would run in the next one's processes.
         argv += ["--remount-ro", "/"]

@@ -49,9 +49,10 @@ import socket
 import struct
 import sys
 import warnings
+from pathlib import PurePosixPath
 from typing import Any
 
-from osfleet.tasks import jail_seccomp
+from osfleet.tasks import jail, jail_seccomp
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -65,6 +66,9 @@ PR_CAPBSET_DROP, PR_SET_SECUREBITS = 24, 28
 SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED, SECBIT_NO_CAP_AMBIENT_RAISE = 1, 4, 32, 64
 CAPABILITY_VERSION_3 = 0x20080522
 JOBS, EVAL = "/jobs", "/eval"  # osfleet.tasks.jail's
+# The jail's read-only Python paths that a private /tmp would hide (a venv in a clone under /tmp), found once in
+# the zygote, before any evaluation forks.
+_PYTHON_UNDER_TMP = [p for p in jail.python_paths() if PurePosixPath(p).is_relative_to("/tmp")]
 # Modules imported once in the zygote so that no child pays for them. The metric registry must import (a zygote
 # without it would score everything 0: it does not start instead); the libraries not installed are skipped.
 REGISTRY = "osfleet.tasks.evaluators"
@@ -232,7 +236,15 @@ def _isolate(folder: str, tmp_bytes: int) -> None:
     _mount(f"{JOBS}/{folder}", EVAL, None, MS_BIND)
     _mount(None, EVAL, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     _mount("tmpfs", JOBS, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0")  # the others'
+    # The Python the metric runs on may live under /tmp (a checkout in /tmp): held open across the private /tmp
+    # and bound back read-only at its own path, or the metric's own interpreter would be gone.
+    held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in _PYTHON_UNDER_TMP]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={max(tmp_bytes, 1 << 20)},mode=0700")
+    for path, fd in held:
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
 
 
