@@ -14,7 +14,7 @@ import pytest
 
 from osfleet.cli import cli
 from tests.conftest import REPO
-from tests.doc_commands import SHELLS, Page, Runner, parse
+from tests.doc_commands import SHELLS, Block, Page, Runner, parse
 
 DOCS = REPO / "docs"
 RUN_AS_WRITTEN = [REPO / "README.md", *sorted(p for p in (DOCS / "tutorials").glob("*.md") if p.name != "index.md")]
@@ -92,6 +92,15 @@ def osfleet_command_lines(text: str) -> list[list[str]]:
     return found
 
 
+def typed_lines(block: Block) -> str:
+    """The shell code a reader types from a block: a ``console`` block's ``$ `` lines alone (the rest is what the
+    commands print, such as ``osfleet mcp: serving ...``), every line of any other."""
+    if block.lang != "console":
+        return block.code
+    joined = block.code.replace("\\\n", " ").splitlines()
+    return "\n".join(line[2:] for line in joined if line.startswith("$ "))
+
+
 def check_command(args: list[str]) -> str | None:
     """None when ``osfleet ARGS`` names a command and options that exist; else what is wrong."""
     command: click.Command = cli
@@ -118,7 +127,7 @@ def test_every_documented_osfleet_command_exists() -> None:
     problems, seen = [], 0
     for path in all_pages():
         for block in (b for b in parse(path).blocks if b.lang in SHELLS | {"text", "console", ""}):
-            for args in osfleet_command_lines(block.code):
+            for args in osfleet_command_lines(typed_lines(block)):
                 seen += 1
                 wrong = check_command(args)
                 if wrong:
@@ -199,3 +208,9 @@ def test_a_failing_block_fails_the_page_with_its_output(tmp_path: Path) -> None:
     page_file.write_text("```sh\necho before\nfalse\necho never\n```\n")
     with pytest.raises(AssertionError, match=r"page.md:1 failed \(exit 1\)[\s\S]*before"):
         Runner(parse(page_file), tmp_path, dict(os.environ)).run_page()
+
+
+@pytest.mark.unit
+def test_a_console_blocks_output_is_not_taken_for_a_command() -> None:
+    block = Block("console", "$ osfleet mcp serve --transport http \\\n  --port 8765\nosfleet mcp: serving\n", 1)
+    assert osfleet_command_lines(typed_lines(block)) == [["mcp", "serve", "--transport", "http", "--port", "8765"]]
