@@ -1,8 +1,12 @@
 """An OpenEnv session on an osfleet desktop, with openenv-core's own client.
 
-    osfleet openenv serve --url http://127.0.0.1:8080 --token-file /var/lib/osfleet/api-token --port 8000 \
+    osfleet openenv serve --url http://127.0.0.1:8080 --token-file ~/.config/osfleet/tenant-token --port 8000 \
         --task cli-write-note &
     python examples/openenv_session.py --url http://127.0.0.1:8000
+
+``--token-file`` is the fleet token the server spends: a tenant's (a line of the host's ``--clients-file``), not
+the operator's. The server lets in processes of its own user on loopback as they are; any other client puts the
+server's client token (``$OSFLEET_HOME/openenv-token``) in the URL: ``--url http://osfleet:TOKEN@host:8000``.
 
 One WebSocket session is one leased desktop: reset, a few steps (``{"actions": [osfleet actions]}``), the reward
 when the episode ends (the agent's ``terminate`` action), then the session closes and the desktop goes back.

@@ -103,16 +103,16 @@ def serve(
         if transport == "stdio":
             server.run("stdio")
         else:
-            _serve_http(server, bind, port, client_token)
+            _serve_http(server, bind, port, client_token, list(origins) or None)
     except KeyboardInterrupt:  # each session's desktop was given back on the way out
         sys.exit(130)
 
 
-def _serve_http(server: object, bind: str, port: int, token: str) -> None:
+def _serve_http(server: object, bind: str, port: int, token: str, origins: list[str] | None) -> None:
     import uvicorn
 
-    from osfleet.mcp.http import BearerToken
+    from osfleet.serving_gate import ServingGate
 
-    app = BearerToken(server.streamable_http_app(), token)  # type: ignore[attr-defined]
+    app = ServingGate(server.streamable_http_app(), token, origins=origins)  # type: ignore[attr-defined]
     click.echo(f"osfleet mcp: serving streamable HTTP at http://{bind}:{port}/mcp", err=True)
     uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning", lifespan="on")).run()

@@ -32,7 +32,21 @@ def openenv() -> None:
 @click.option("--format", "fmt", type=click.Choice(["png", "jpeg", "webp"]), default="png", show_default=True)
 @click.option("--max-sessions", default=64, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--lease-seconds", default=None, type=click.FloatRange(1, 86400), help="lease length (server default)")
-@click.option("--allow-remote", is_flag=True, help="listen beyond loopback (OpenEnv clients send no credentials)")
+@click.option("--allow-remote", is_flag=True, help="listen beyond loopback (clients there need the client token)")
+@click.option(
+    "--client-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="the token OpenEnv clients present, its own (never --token-file's): Bearer, Basic, or in the URL as "
+    "http://osfleet:TOKEN@host:port; made (mode 0600) when missing [default: $OSFLEET_HOME/openenv-token]; "
+    "processes of this server's own user on loopback need none",
+)
+@click.option(
+    "--allow-origin",
+    "origins",
+    multiple=True,
+    help="an Origin a browser-based client may call from (repeatable; default: loopback origins only)",
+)
 @friendly
 @listener_options
 def serve(
@@ -46,14 +60,24 @@ def serve(
     max_sessions: int,
     lease_seconds: float | None,
     allow_remote: bool,
+    client_token_file: Path | None,
+    origins: tuple[str, ...],
     listener: Listener,
 ) -> None:
     """Serve OpenEnv's protocol (/reset, /step, /state, /health, /schema, /ws) over osfleet desktops."""
+    from osfleet.api.auth import load_or_create_token
     from osfleet.cli_support import serve
     from osfleet.client import Fleet, FleetError
+    from osfleet.config import Settings
     from osfleet.openenv.server import check_bind, create_openenv_app
+    from osfleet.serving_gate import ServingGate
 
     check_bind(bind, allow_remote)
+    client_token_file = client_token_file or Settings.from_env().home / "openenv-token"
+    try:
+        client_token = load_or_create_token(client_token_file)
+    except OSError as exc:
+        raise OsfleetError(f"--client-token-file {client_token_file}: {exc.strerror or exc}") from None
     chosen: str | Path | None = task
     if task is not None and Path(task).is_file():
         chosen = Path(task)
@@ -71,9 +95,11 @@ def serve(
             max_sessions=max_sessions,
             lease_seconds=lease_seconds,
         )
+        app = ServingGate(app, client_token, same_user_peers=True, origins=list(origins) or None)
         click.echo(
             f"osfleet OpenEnv server on {listener.url(bind, port)} over {url} ({health.get('image', 'fleet')}); "
-            f"default task {task or 'none'}",
+            f"default task {task or 'none'}; clients: this user's processes on loopback, or the token in "
+            f"{client_token_file}",
             err=True,
         )
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()

@@ -2,9 +2,9 @@
 
 openenv-core's app serves its protocol (``/reset``, ``/step``, ``/state``, ``/health``, ``/schema``,
 ``/metadata`` and the ``/ws`` sessions its ``EnvClient`` uses); this module only supplies the environment
-(``DesktopEnvironment``) and the fleet client every session shares. OpenEnv's protocol has no authentication,
-so the server listens on loopback unless told otherwise: whoever reaches its port uses the fleet with this
-server's token.
+(``DesktopEnvironment``) and the fleet client every session shares. OpenEnv's protocol has no authentication of
+its own; the CLI puts ``osfleet.serving_gate`` in front (a client token of this server's own, same-user peers on
+loopback, Origin), and the server listens on loopback unless told otherwise.
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def create_openenv_app(
 
 
 def check_bind(bind: str, allow_remote: bool) -> None:
-    """OpenEnv clients send no credentials: refuse to listen beyond loopback unless the operator says so."""
+    """Clients beyond loopback send the client token, in clear over plain HTTP: only when the operator says so."""
     try:
         loopback = ipaddress.ip_address(bind).is_loopback
     except ValueError:
         loopback = bind == "localhost"
     if not loopback and not allow_remote:
         raise OsfleetError(
-            f"--bind {bind}: OpenEnv's protocol has no authentication, so anyone who reaches this port uses the "
-            "fleet with this server's token; pass --allow-remote to listen beyond loopback anyway"
+            f"--bind {bind}: clients beyond loopback must send the client token (in clear unless --tls-cert is "
+            "given); pass --allow-remote to listen beyond loopback"
         )

@@ -1,0 +1,141 @@
+"""Who may use a server osfleet puts in front of a fleet (``osfleet openenv serve``, ``osfleet mcp serve``).
+
+Such a server holds a fleet token and spends it for whoever reaches its port: a session drives a desktop and runs
+commands on it. So every HTTP request and WebSocket handshake passes this gate before the app reads anything:
+
+- **A token of the server's own** (never the fleet token it forwards with): ``Authorization: Bearer <token>``, or
+  HTTP Basic with the token as password, which is what clients send for a URL with credentials in it
+  (``http://osfleet:<token>@host:port``): OpenEnv's ``EnvClient`` sends no header of its own, but its WebSocket
+  library turns such a URL into that header, so OpenEnv's client works unchanged and the token never travels in a
+  path or query string (nor in any access log).
+- **Same-user peers on loopback**, when the server allows them (OpenEnv): a connection from this machine's loopback
+  whose socket belongs to the server's own user (read from ``/proc/net/tcp``, as ``identd`` and PostgreSQL's
+  ``peer`` authentication do) needs no token: that process could read the token file anyway. Another user of the
+  machine, a container with a forwarded port or any remote address still needs the token.
+- **Origin**: a request that carries an ``Origin`` header comes from a browser; it must be one of the allowed
+  origins (default: loopback origins), else 403, so a web page cannot drive a desktop through a browser that
+  happens to run beside the server (DNS rebinding included). Programs send no ``Origin`` and are not affected.
+
+A refusal is 401 (with ``WWW-Authenticate``) or 403 and a JSON reason, and for a WebSocket the handshake is refused
+the same way: nothing of the session starts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import hmac
+import ipaddress
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+LOOPBACK_ORIGINS = tuple(f"http://{h}:*" for h in ("127.0.0.1", "localhost", "[::1]")) + tuple(
+    f"http://{h}" for h in ("127.0.0.1", "localhost", "[::1]")
+)
+PROC_TCP = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+
+
+class ServingGate:
+    """ASGI middleware in front of a served app: the token, same-user loopback peers (if allowed) and Origin."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        *,
+        same_user_peers: bool = False,
+        origins: Sequence[str] | None = None,
+    ) -> None:
+        self.app = app
+        self._token = token.encode()
+        self.same_user_peers = same_user_peers
+        self.origins = tuple(origins) if origins is not None else LOOPBACK_ORIGINS
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = {name.lower(): value for name, value in scope.get("headers", ())}
+        origin = headers.get(b"origin")
+        if origin is not None and not self.origin_allowed(origin.decode("latin-1")):
+            await _refuse(scope, send, 403, f"Origin {origin.decode('latin-1')[:100]} is not allowed", "forbidden")
+            return
+        if not (self.token_given(headers.get(b"authorization")) or self._same_user_peer(scope)):
+            await _refuse(scope, send, 401, "missing or wrong token", "unauthorized")
+            return
+        await self.app(scope, receive, send)
+
+    def origin_allowed(self, origin: str) -> bool:
+        return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.origins)
+
+    def token_given(self, authorization: bytes | None) -> bool:
+        """``Bearer <token>``, or Basic with the token as password (any user name)."""
+        if not authorization:
+            return False
+        scheme, _, given = authorization.partition(b" ")
+        given = given.strip()
+        if scheme.lower() == b"bearer":
+            return hmac.compare_digest(given, self._token)
+        if scheme.lower() == b"basic":
+            try:
+                _, _, password = base64.b64decode(given, validate=True).partition(b":")
+            except (binascii.Error, ValueError):
+                return False
+            return hmac.compare_digest(password, self._token)
+        return False
+
+    def _same_user_peer(self, scope: Scope) -> bool:
+        if not self.same_user_peers or not scope.get("client") or not scope.get("server"):
+            return False
+        return loopback_peer_uid(tuple(scope["client"]), tuple(scope["server"])) == os.geteuid()
+
+
+def loopback_peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The owner of the client's end of a loopback TCP connection to ``server``, or None (not loopback, not found:
+    a process in another network namespace, a connection already gone)."""
+    try:
+        if not ipaddress.ip_address(client[0]).is_loopback:
+            return None
+        local, remote = _proc_address(*client), _proc_address(*server)
+    except (ValueError, OSError):
+        return None
+    for table in PROC_TCP:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 7 and fields[1] == local and fields[2] == remote:
+                return int(fields[7])
+    return None
+
+
+def _proc_address(host: str, port: int) -> str:
+    """``host:port`` as ``/proc/net/tcp{,6}`` prints it: each 32-bit word of the address in host byte order, in
+    hex, then the port in hex."""
+    ip = ipaddress.ip_address(host)
+    raw = ip.packed  # network order, as the kernel keeps it; /proc prints it word by word in host order
+    words = struct.unpack(f"={len(raw) // 4}I", raw)
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
+
+
+async def _refuse(scope: Scope, send: Send, status: int, reason: str, kind: str) -> None:
+    body = json.dumps({"error": reason, "kind": kind}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer, Basic realm="osfleet"'))
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    elif "websocket.http.response" in scope.get("extensions", {}):  # the handshake answered with this response
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # a server without that extension refuses a handshake closed before it is accepted (403)
+        await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
