@@ -225,8 +225,17 @@ class KeyPair:
     key_pem: str
 
 
-def make_ca(common_name: str, days: int = CA_DAYS) -> KeyPair:
-    """A self-signed CA that may sign server certificates only (path length 0)."""
+# The permitted DNS subtree of a CA that may name no host by DNS at all (a reserved name, RFC 2606).
+NO_DNS_NAMES = "osfleet.invalid"
+
+
+def make_ca(common_name: str, days: int = CA_DAYS, dns_names: Sequence[str] | None = None) -> KeyPair:
+    """A self-signed CA that may sign server certificates only (path length 0).
+
+    ``dns_names``: the only DNS names its certificates may carry (a critical name constraint; none at all when the
+    list is empty). A stack's CA sits in the bundle ``osfleet infra env`` exports as ``SSL_CERT_FILE``: constrained,
+    its key, if it ever leaked, could not vouch for any web site in that shell, only for the stack's own names and
+    addresses. None: unconstrained (a CA that no shell trusts, such as the k8s lab's)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -236,7 +245,7 @@ def make_ca(common_name: str, days: int = CA_DAYS) -> KeyPair:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = dt.datetime.now(dt.UTC)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
@@ -260,9 +269,12 @@ def make_ca(common_name: str, days: int = CA_DAYS) -> KeyPair:
             critical=True,
         )  # fmt: skip
         .add_extension(ski, critical=False)
-        .sign(key, hashes.SHA256())
     )
-    return KeyPair(_cert_pem(cert), _key_pem(key))
+    if dns_names is not None:
+        permitted = [x509.DNSName(n) for n in dict.fromkeys(dns_names)] or [x509.DNSName(NO_DNS_NAMES)]
+        constraints = x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=None)
+        builder = builder.add_extension(constraints, critical=True)
+    return KeyPair(_cert_pem(builder.sign(key, hashes.SHA256())), _key_pem(key))
 
 
 def issue(
@@ -299,7 +311,9 @@ def issue(
         except ValueError:
             alt.append(x509.DNSName(n))
     subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
-    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name or names[0]))
+    # A server certificate for an address gets a common name that is no host name (OpenSSL checks a host-name-like
+    # common name against a CA's DNS name constraints when no DNS name is in subjectAltName).
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name or _server_common_name(names[0])))
     usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
     usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     now = dt.datetime.now(dt.UTC)
@@ -319,6 +333,24 @@ def issue(
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return KeyPair(_cert_pem(cert), _key_pem(key))
+
+
+def _server_common_name(name: str) -> str:
+    try:
+        return f"osfleet {ipaddress.ip_address(name)}"
+    except ValueError:
+        return name
+
+
+def dns_names_of(names: Sequence[str]) -> list[str]:
+    """The DNS names among host names and addresses (what a constrained CA must permit), sorted, once each."""
+    out = set()
+    for n in names:
+        try:
+            ipaddress.ip_address(n)
+        except ValueError:
+            out.add(n)
+    return sorted(out)
 
 
 def validity(cert_pem: bytes | str) -> tuple[dt.datetime, dt.datetime]:
@@ -363,6 +395,7 @@ __all__ = [
     "issue",
     "listener",
     "listener_options",
+    "dns_names_of",
     "make_ca",
     "needs_renewal",
     "validity",

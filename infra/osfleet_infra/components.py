@@ -171,9 +171,17 @@ class CertificateAuthority(pulumi.ComponentResource):
     (``cert_pem``, public: the ``caCert`` output) is what the gateway and clients verify the agents against.
     Its key is a secret in the stack's state and nowhere else."""
 
-    def __init__(self, name: str, common_name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        common_name: str,
+        dns_names: pulumi.Input[list[str]],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        """``dns_names``: every DNS name its certificates will carry (``osfleet.tls.make_ca``'s constraint)."""
         super().__init__("osfleet:infra:CertificateAuthority", name, None, opts)
-        self.ca = _Ca(f"{name}-key", {"common_name": common_name}, pulumi.ResourceOptions(parent=self))
+        props = {"common_name": common_name, "dns_names": dns_names}
+        self.ca = _Ca(f"{name}-key", props, pulumi.ResourceOptions(parent=self))
         self.cert_pem: pulumi.Output[str] = self.ca.cert_pem
         self.register_outputs({"cert_pem": self.cert_pem})
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import pulumi
 
+from osfleet.tls import dns_names_of
 from osfleet_infra.components import CertificateAuthority
 from osfleet_infra.settings import REPO, Common, ConfigError, bool_value, list_value
 
@@ -183,7 +184,7 @@ class K8sFleet(pulumi.ComponentResource):
         self.name, self.k, self.common = name, k, common
         self.child = pulumi.ResourceOptions(parent=self)
         self.agent_port = common.agent_port
-        self._namespace_and_secrets()
+        self._namespace_and_secrets(k.fleet_address or fleet_address)
         self._agent()
         self.fleet_url: pulumi.Output[str] | None = None
         self.gateway_token: pulumi.Output[str] | None = None
@@ -202,14 +203,18 @@ class K8sFleet(pulumi.ComponentResource):
 
         return kube
 
-    def _namespace_and_secrets(self) -> None:
+    def _namespace_and_secrets(self, fleet_address: str | None) -> None:
         """The namespace, the stack's CA, the agents' token and certificate, the CA's certificate."""
         kube, k, name = self._kube(), self.k, self.name
         meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
         self.namespace = core.Namespace(name, metadata=meta(name=k.namespace), opts=self.child)
         self.ns = ns = self.namespace.metadata.name
-        self.ca = CertificateAuthority(f"{name}-tls", f"osfleet {pulumi.get_stack()} k8s CA", opts=self.child)
         agent_names = service_names("osfleet-agent", k.namespace) + [addr for _, addr in k.kvm_nodes]
+        gateway_names = service_names("osfleet-gateway", k.namespace) + ([fleet_address] if fleet_address else [])
+        self.ca = CertificateAuthority(
+            f"{name}-tls", f"osfleet {pulumi.get_stack()} k8s CA", dns_names_of(agent_names + gateway_names),
+            opts=self.child,
+        )  # fmt: skip
         self.agent_cert = self.ca.certificate(f"{name}-agent-tls", agent_names, self)
         self.tls_secret = core.Secret(
             f"{name}-agent-tls", metadata=meta(name="osfleet-agent-tls", namespace=ns), type="kubernetes.io/tls",

@@ -12,6 +12,7 @@ from typing import Any
 
 import pulumi
 
+from osfleet.tls import dns_names_of
 from osfleet_infra.components import (
     CertificateAuthority,
     GoldenImage,
@@ -110,7 +111,8 @@ def onprem_targets(cfg: pulumi.Config) -> list[HostTarget]:
 
 def deploy_bare_metal(targets: list[HostTarget], common: Common, tune_kernel: bool) -> None:
     hosts = [KvmHost(t.name, KvmHostArgs(target=t, tune_kernel=tune_kernel, tenancy=common.tenancy)) for t in targets]
-    ca = CertificateAuthority("tls", f"osfleet {pulumi.get_project()}/{pulumi.get_stack()} CA")
+    addresses = pulumi.Output.all(*[t.addr for t in targets]).apply(lambda a: dns_names_of([str(x) for x in a]))
+    ca = CertificateAuthority("tls", f"osfleet {pulumi.get_project()}/{pulumi.get_stack()} CA", addresses)
     image = GoldenImage(
         "golden", GoldenImageArgs(recipe=str(common.recipe), recipe_hash=common.recipe_hash, hosts=hosts)
     )

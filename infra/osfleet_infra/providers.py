@@ -241,13 +241,15 @@ def _trust(cert_pem: str, trusted: bool) -> None:
 class CaProvider(ResourceProvider):
     """A small CA made by the stack (``osfleet.tls.make_ca``): its key lives only in the stack's state, encrypted
     as a secret (``additional_secret_outputs``). Outside the state only its public certificate, in this machine's
-    bundle for ``osfleet infra env`` (removed on delete). Renewed (replaced, and every certificate with it) by an
-    ``up`` within ``RENEW_DAYS`` of its end."""
+    bundle for ``osfleet infra env`` (removed on delete). It may sign for the DNS names in ``dns_names`` alone
+    (a name constraint: none when empty; addresses are not constrained), so its place in that bundle vouches for
+    no web site. Renewed (replaced, and every certificate with it) by an ``up`` within ``RENEW_DAYS`` of its end,
+    and replaced when the stack's DNS names change."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from osfleet.tls import make_ca
 
-        ca = make_ca(str(props["common_name"]))
+        ca = make_ca(str(props["common_name"]), dns_names=[str(n) for n in props.get("dns_names") or []])
         _trust(ca.cert_pem, True)
         return CreateResult(
             id_=_fingerprint(ca.cert_pem), outs={**props, "cert_pem": ca.cert_pem, "key_pem": ca.key_pem}
@@ -260,7 +262,9 @@ class CaProvider(ResourceProvider):
         from osfleet.tls import needs_renewal
 
         renew = needs_renewal(str(olds.get("cert_pem", "")))
-        changed = olds.get("common_name") != news.get("common_name") or renew
+        names_changed = list(olds.get("dns_names") or []) != list(news.get("dns_names") or [])
+        changed = olds.get("common_name") != news.get("common_name") or renew or names_changed
+        changed = changed or "dns_names" not in olds  # a CA made before name constraints: made anew, constrained
         return DiffResult(changes=changed, replaces=["cert_pem"] if changed else [], delete_before_replace=False)
 
 
