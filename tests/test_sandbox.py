@@ -318,3 +318,46 @@ def test_run_metric_goes_through_the_sandbox(files: Path) -> None:
     score, detail = evaluators.run_metric("compare_table", far, files / "e.xlsx", ALL_SHEET)
     assert score == 0.0 and "too many to read" in detail
     assert evaluators.run_metric("exact_match", "x", "not rules", {})[0] == 0.0
+
+
+def test_a_zygote_started_from_a_thread_that_ended_still_evaluates(files: Path) -> None:
+    """``start_soon`` starts the zygote from a thread that ends at once; a death signal tied to that thread
+    (bwrap's --die-with-parent) killed it, and every first evaluation of a host agent failed (503)."""
+    box = Sandbox(Limits(wall_seconds=30))
+    try:
+        box.start_soon()
+        assert box._starter is not None
+        box._starter.join(60)
+        time.sleep(0.5)  # a death signal would have landed by now
+        assert box._alive_locked(), "the zygote died with the thread that started it"
+        same = xlsx(files / "same.xlsx", {"A1": "x"})
+        assert box.run("compare_table", same, files / "e.xlsx", ALL_SHEET) == (1.0, "1 rule(s) hold")
+    finally:
+        box.close()
+
+
+def test_the_zygote_ends_when_its_host_process_dies(tmp_path: Path) -> None:
+    """No death signal: the zygote ends on its control socket's EOF, which a killed host agent gives."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, time\nfrom osfleet.tasks.sandbox import Sandbox\n"
+        "b = Sandbox(); b.start(); print(b._zygote_pid, flush=True); time.sleep(600)\n"
+    )
+    host = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        zygote = int(host.stdout.readline())
+        assert psutil.pid_exists(zygote)
+        host.kill()
+        host.wait(10)
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(zygote) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not psutil.pid_exists(zygote), "the zygote outlived its host agent"
+    finally:
+        host.kill()
+        host.wait(10)
+        if host.stdout is not None:
+            host.stdout.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from osfleet.protocol.wire import JsonInt, integral
 
@@ -129,8 +130,11 @@ KeyName = Annotated[str, Field(min_length=1, max_length=40, description="a pyaut
 class C13Position(_C13):
     """Where to act: both ``x`` and ``y``, or neither (where the pointer is)."""
 
-    x: Coordinate | None = None
-    y: Coordinate | None = None
+    # The schema says it too (no null, each needs the other), so a body valid by the schema is one this takes.
+    model_config = ConfigDict(json_schema_extra={"dependentRequired": {"x": ["y"], "y": ["x"]}})
+
+    x: Coordinate | SkipJsonSchema[None] = None
+    y: Coordinate | SkipJsonSchema[None] = None
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> C13Position:

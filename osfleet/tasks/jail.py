@@ -166,7 +166,10 @@ class Jail:
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try",  # (no --disable-userns: it nests a second user namespace, which the zygote's
             # setns back to its own PID namespace cannot cross; the seccomp filters forbid new user namespaces)
-            "--die-with-parent", "--new-session", "--as-pid-1",
+            # No --die-with-parent: it is PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends,
+            # and start_soon starts the zygote from a thread that ends at once (every first evaluation then found
+            # it killed). The zygote exits when its control socket reads EOF, which the host agent's death gives.
+            "--new-session", "--as-pid-1",
             # uid 0 of its own user namespace (which is the jail user on the host): bwrap nests a second user
             # namespace for any other uid, and the zygote could not go back to its PID namespace from there.
             "--uid", "0", "--gid", "0",
