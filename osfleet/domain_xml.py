@@ -70,6 +70,7 @@ class NicSpec:
     replicas on one bridge cannot reach each other (see ``osfleet.replicas.network``)."""
 
     bridge: str
+    port: str | None = None  # the host's name for the replica's port (the tap): the anti-spoofing rules key on it
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,8 @@ class DomainSpec:
         if self.nic is not None:
             iface = ET.SubElement(devices, "interface", type="bridge")
             ET.SubElement(iface, "source", bridge=self.nic.bridge)
+            if self.nic.port:
+                ET.SubElement(iface, "target", dev=self.nic.port)
             ET.SubElement(iface, "model", type="virtio")
             ET.SubElement(iface, "port", isolated="yes")
         ET.SubElement(devices, "controller", type="usb", model="none")

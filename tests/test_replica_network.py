@@ -173,7 +173,8 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         replicas = {}
         book = AddressBook(Path(f"/tmp/{prefix}book"), policy)
         for i in (1, 2):
-            ns, host_end = f"osfnt{tag}-r{i}", f"osfnt{tag}r{i}"
+            ns = f"osfnt{tag}-r{i}"
+            host_end = network.port_name(bridge, ns)  # named as libvirt names a replica's tap (<target dev>)
             sh("ip", "netns", "add", ns)
             namespaces.append(ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -182,6 +183,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
             sh("ip", "link", "set", host_end, "master", bridge, "up")
             sh("bridge", "link", "set", "dev", host_end, "isolated", "on")
             address = book.assign(ns)
+            network.apply_bindings(prefix, book.bind(ns, host_end))
             sh("ip", "netns", "exec", ns, "sh", "-c", network.guest_config_command(address, policy, []))
             replicas[ns] = address.ip
         until_up(internet, f"http://{INTERNET}:{WEB_PORT}/")
@@ -222,6 +224,37 @@ def test_nat_reaches_the_internet_but_not_the_host_or_another_replica(lab: Lab) 
         web_r2.wait(timeout=10)
     # The host still reaches the internet side itself: only replicas' traffic is filtered.
     assert "Directory listing" in fetch(lab.internet, f"http://{INTERNET}:{WEB_PORT}/")
+
+
+def claim(ns: str, ip: str, mac: str | None = None) -> None:
+    """What a hostile guest does as root: take another address (and MAC) on its NIC."""
+    steps = ["ip link set eth0 down"] + ([f"ip link set eth0 address {mac}"] if mac else [])
+    steps += ["ip addr flush dev eth0", f"ip addr add {ip}/24 dev eth0", "ip link set eth0 up",
+              "ip route replace default via 172.31.77.1 dev eth0"]  # fmt: skip
+    sh("ip", "netns", "exec", ns, "sh", "-c", " && ".join(steps))
+
+
+def mac_of(ns: str) -> str:
+    return sh("ip", "-n", ns, "-br", "link", "show", "eth0").stdout.split()[2]
+
+
+@needs_net_admin
+@pytest.mark.parametrize("lab", ["nat"], indirect=True)
+def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab) -> None:
+    (r1, ip1), (r2, ip2) = lab.replicas.items()
+    site = f"http://{INTERNET}:{WEB_PORT}/"
+    assert "Directory listing" in fetch(r1, site) and "Directory listing" in fetch(r2, site)
+    claim(r1, ip2)  # r2's address on r1's own MAC
+    assert fetch(r1, site).startswith("unreachable")
+    claim(r1, ip2, mac_of(r2))  # r2's address and MAC: still r1's port
+    assert fetch(r1, site).startswith("unreachable")
+    claim(r1, "172.31.77.200")  # an address nobody has
+    assert fetch(r1, site).startswith("unreachable")
+    assert "Directory listing" in fetch(r2, site)  # r2 is untouched
+    neighbours = sh("ip", "neigh", "show", ip2).stdout
+    assert mac_of(r2) in neighbours or not neighbours.strip(), neighbours  # the host never learnt r1's claim
+    claim(r1, ip1, network.Address(ip1, 24, lab.policy.gateway).mac)  # back to its own: it works again
+    assert "Directory listing" in until_up(r1, site)
 
 
 @needs_net_admin

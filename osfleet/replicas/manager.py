@@ -121,6 +121,8 @@ class ReplicaHost:
             bridge = network.setup(self.network, self.settings.name_prefix)
             self.shape = dataclasses.replace(self.shape, network_bridge=bridge)
             self.addresses = network.AddressBook(self.settings.network_dir, self.network)
+            # setup() made the port rules anew (empty): the replicas of an earlier run keep their bindings
+            network.apply_bindings(self.settings.name_prefix, self.addresses.bindings())
         self.mode: Mode = mode
         self.warm = warm
         self.max_replicas = max_replicas or default_max_replicas(footprint(self.settings, self.shape, mode, memory))
@@ -295,6 +297,9 @@ class ReplicaHost:
         if self.addresses is None:
             return
         address = self.addresses.assign(replica_id)
+        assert self.shape.network_bridge is not None
+        port = network.port_name(self.shape.network_bridge, self.get(replica_id).domain)
+        network.apply_bindings(self.settings.name_prefix, self.addresses.bind(replica_id, port))
         command = network.guest_config_command(address, self.network, network.host_nameservers())
         out = self.shell(replica_id, command, 30, as_root=True)
         if out["exit_code"] != 0:
@@ -310,7 +315,7 @@ class ReplicaHost:
     def retire(self, replica_id: str, claim: Claim | None = None) -> None:
         self.lifecycle.retire(replica_id, check=self._checker(claim))
         if self.addresses is not None:
-            self.addresses.release(replica_id)
+            network.apply_bindings(self.settings.name_prefix, self.addresses.release(replica_id))
 
     def _checker(self, claim: Claim | None) -> Callable[[ReplicaRecord], None] | None:
         """``claim`` as a check that the lifecycle runs under the replica's lock."""
@@ -357,7 +362,10 @@ class ReplicaHost:
             who, owner = (held.holder, held.owner) if held is not None else ("", "")
             grant = lambda rec: self.leases.grant(rec, who, seconds, owner)  # noqa: E731
         with self.reserve(children):  # children counted from here until they are registered (or failed)
-            return self.lifecycle.fork(replica_id, children, lease_id, grant, check=self._checker(claim))
+            forked = self.lifecycle.fork(replica_id, children, lease_id, grant, check=self._checker(claim))
+        for child in forked.children:  # a child restores its parent's NIC: its own address, or it sends nothing
+            self._network_up(child.record.id)
+        return forked
 
     def fork_states(self) -> list[ForkInfo]:
         """Saved forks with how many replicas use each (their reference count) and their disk and memory."""

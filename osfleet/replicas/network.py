@@ -17,6 +17,13 @@ By default a replica has no network device at all (``ReplicaShape.network`` off:
     and shared ranges (the operator's own network, other hosts' agents), multicast; in ``proxy`` mode only TCP to
     the proxy's address and port leaves;
   - *postrouting*: the replicas' subnet is masqueraded behind the host's address.
+- **Anti-spoofing**, one ``bridge`` family table per bridge (same name): every frame a replica's port sends must
+  carry that replica's own MAC and IPv4 source (ARP: sender MAC and address too), else it is dropped before the
+  bridge sees it; anything but IPv4 and ARP is dropped. Ports are named by osfleet (``port_name``: libvirt's
+  ``<target dev>``), so the rules cover every port of the bridge by its name pattern, bound or not: a port whose
+  replica has no address yet sends nothing. The set of (port, MAC, address) is rewritten whole whenever a replica
+  gets its address (``AddressBook.bind`` then ``apply_bindings``), so a guest that changes its IP or MAC can
+  neither send as another replica nor take its answers (the host's neighbour table learns only true pairs).
 - **Addresses**: each replica gets one address in the subnet (allocated under a lock in
   ``$OSFLEET_HOME/network/addresses.json``) and a MAC derived from it; the guest is told both (and the proxy,
   in ``proxy`` mode) by ``guest_config_command``, run as root through the guest agent. Replicas restored
@@ -139,6 +146,48 @@ def _tag(name_prefix: str) -> str:
     return hashlib.sha256(name_prefix.encode()).hexdigest()[:8]
 
 
+def port_name(bridge: str, domain: str) -> str:
+    """The name of ``domain``'s port (tap) on ``bridge``: ``port_pattern(bridge)`` and a hash of the domain's name
+    (15 characters, an interface name's limit)."""
+    return port_pattern(bridge).rstrip("*") + hashlib.sha256(domain.encode()).hexdigest()[:6]
+
+
+def port_pattern(bridge: str) -> str:
+    """The name pattern of every port osfleet puts on ``bridge`` (nft's wildcard)."""
+    return f"osfp{bridge[-5:]}*"
+
+
+def port_ruleset(bridge: str, table: str) -> str:
+    """The ``bridge`` family table: frames from the bridge's ports must carry their replica's MAC and address."""
+    q = json.dumps
+    lines = [
+        f"table bridge {table} {{",
+        "  set bound {",
+        "    type ifname . ether_addr . ipv4_addr;",
+        "  }",
+        "  chain prerouting {",
+        "    type filter hook prerouting priority filter; policy accept;",
+        f"    iifname != {q(port_pattern(bridge))} accept",
+        "    ether type arp iifname . ether saddr . arp saddr ip != @bound drop",
+        "    ether type arp iifname . arp saddr ether . arp saddr ip @bound accept",
+        "    ether type ip iifname . ether saddr . ip saddr @bound accept",
+        "    drop",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def apply_bindings(name_prefix: str, bindings: list[tuple[str, str, str]]) -> None:
+    """Replace the set of (port, MAC, address) the bridge lets send, in one transaction."""
+    table = table_name(name_prefix)
+    script = f"flush set bridge {table} bound\n"
+    if bindings:
+        elements = ", ".join(f"{json.dumps(port)} . {mac} . {ip}" for port, mac, ip in bindings)
+        script += f"add element bridge {table} bound {{ {elements} }}\n"
+    _run(["nft", "-f", "-"], stdin=script)
+
+
 def ruleset(policy: NetworkPolicy, bridge: str, table: str) -> str:
     """The nftables table for ``policy`` (a whole table: ``nft -f`` replaces it atomically)."""
     blocked = ", ".join(BLOCKED_V4)
@@ -206,8 +255,11 @@ def setup(policy: NetworkPolicy, name_prefix: str) -> str:
     _run(["ip", "addr", "replace", f"{policy.gateway}/{prefix_len}", "dev", bridge])
     _run(["ip", "link", "set", bridge, "up"])
     # Apply the whole table in one transaction: delete the old one (if any) and add the new.
-    existing = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode == 0
-    script = (f"delete table inet {table}\n" if existing else "") + ruleset(policy, bridge, table)
+    script = ""
+    for family, rules in (("inet", ruleset(policy, bridge, table)), ("bridge", port_ruleset(bridge, table))):
+        if subprocess.run(["nft", "list", "table", family, table], capture_output=True).returncode == 0:
+            script += f"delete table {family} {table}\n"
+        script += rules
     _run(["nft", "-f", "-"], stdin=script)
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
     return bridge
@@ -216,8 +268,9 @@ def setup(policy: NetworkPolicy, name_prefix: str) -> str:
 def teardown(name_prefix: str) -> None:
     """Remove this prefix's table and bridge (what ``setup`` made; nothing else)."""
     table, bridge = table_name(name_prefix), bridge_name(name_prefix)
-    if subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode == 0:
-        _run(["nft", "delete", "table", "inet", table])
+    for family in ("inet", "bridge"):
+        if subprocess.run(["nft", "list", "table", family, table], capture_output=True).returncode == 0:
+            _run(["nft", "delete", "table", family, table])
     if Path(f"/sys/class/net/{bridge}").exists():
         _run(["ip", "link", "del", bridge])
 
@@ -240,6 +293,7 @@ class AddressBook:
 
     def __init__(self, directory: Path, policy: NetworkPolicy) -> None:
         self.path = directory / "addresses.json"
+        self.ports_path = directory / "ports.json"  # replica -> the port (tap) its current domain sends from
         self.policy = policy
 
     def _locked(self) -> int:
@@ -248,17 +302,18 @@ class AddressBook:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
-    def _read(self) -> dict[str, str]:
+    def _read(self, path: Path | None = None) -> dict[str, str]:
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads((path or self.path).read_text())
         except (FileNotFoundError, ValueError):
             return {}
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
-    def _write(self, data: dict[str, str]) -> None:
-        tmp = self.path.with_suffix(".tmp")
+    def _write(self, data: dict[str, str], path: Path | None = None) -> None:
+        path = path or self.path
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        os.replace(tmp, path)
 
     def assign(self, replica: str) -> Address:
         """The replica's address (the same one on every call until ``release``)."""
@@ -277,14 +332,50 @@ class AddressBook:
         finally:
             os.close(fd)
 
-    def release(self, replica: str) -> None:
+    def release(self, replica: str) -> list[tuple[str, str, str]]:
+        """Forget the replica's address and port; returns the bindings left (for ``apply_bindings``)."""
         fd = self._locked()
         try:
-            data = self._read()
+            data, ports = self._read(), self._read(self.ports_path)
             if data.pop(replica, None) is not None:
                 self._write(data)
+            if ports.pop(replica, None) is not None:
+                self._write(ports, self.ports_path)
+            return self._bindings(data, ports)
         finally:
             os.close(fd)
+
+    def bind(self, replica: str, port: str) -> list[tuple[str, str, str]]:
+        """Record the port the replica sends from now (its domain's); returns every (port, MAC, address) binding
+        of the bridge, for ``apply_bindings``. A port another replica held before is taken from it."""
+        fd = self._locked()
+        try:
+            data, ports = self._read(), self._read(self.ports_path)
+            if replica not in data:
+                raise NetworkError(f"replica {replica} has no address to bind to port {port}")
+            ports = {r: p for r, p in ports.items() if p != port and r in data}
+            ports[replica] = port
+            self._write(ports, self.ports_path)
+            return self._bindings(data, ports)
+        finally:
+            os.close(fd)
+
+    def bindings(self) -> list[tuple[str, str, str]]:
+        """Every (port, MAC, address) recorded: what a restarted host agent puts back for the replicas it adopts."""
+        fd = self._locked()
+        try:
+            return self._bindings(self._read(), self._read(self.ports_path))
+        finally:
+            os.close(fd)
+
+    def _bindings(self, data: dict[str, str], ports: dict[str, str]) -> list[tuple[str, str, str]]:
+        prefix_len = ipaddress.ip_network(self.policy.subnet).prefixlen
+        out = []
+        for replica, port in sorted(ports.items()):
+            if replica in data:
+                address = Address(data[replica], prefix_len, self.policy.gateway)
+                out.append((port, address.mac, address.ip))
+        return out
 
 
 def guest_config_command(address: Address, policy: NetworkPolicy, nameservers: list[str]) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from osfleet.config import ReplicaShape
 from osfleet.domain_xml import Accel, DiskSpec, DomainSpec, MemoryFile, NicSpec
 from osfleet.images import GoldenImage
+from osfleet.replicas.network import port_name
 
 INCOMING_ARGS = ("-incoming", "defer")
 
@@ -44,6 +45,6 @@ def replica_spec(
         metadata=metadata or {},
         qemu_args=INCOMING_ARGS if incoming else (),
         memory_file=memory,
-        nic=NicSpec(shape.network_bridge) if shape.network_bridge else None,
+        nic=NicSpec(shape.network_bridge, port_name(shape.network_bridge, name)) if shape.network_bridge else None,
         genid=str(uuid.uuid4()),
     )
