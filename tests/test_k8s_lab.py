@@ -89,7 +89,7 @@ def test_the_components_are_configured_for_this_machine(tmp_path: Path) -> None:
     bridge = cni["plugins"][0]
     assert bridge["ipMasq"] is False and bridge["ipam"]["ranges"] == [[{"subnet": "10.233.9.64/26"}]]
     corefile = configs.corefile(s)
-    assert "forward" not in corefile and "bind 10.233.9.2" in corefile  # nothing outside the cluster resolves
+    assert "forward" not in corefile and "ready 10.233.9.2:8181" in corefile  # nothing outside the cluster resolves
 
 
 def test_simulated_nodes_are_tainted_loopback_nodes_labelled_for_kvm_only_when_asked() -> None:

@@ -78,6 +78,9 @@ var components = map[string]func() int{
 
 // runKwok is cmd/kwok's main: the kwok controller that plays the kubelet of simulated nodes.
 func runKwok() int {
+	// Kubernetes' verflag registers a non-bool --version in pflag.CommandLine at init, and cobra adds that set to
+	// every root command: kwok's own bool --version then fails to parse. kwok needs none of those global flags.
+	pflag.CommandLine = pflag.NewFlagSet(os.Args[0], pflag.ExitOnError)
 	flags := pflag.NewFlagSet("global", pflag.ContinueOnError)
 	flags.ParseErrorsAllowlist.UnknownFlags = true
 	flags.Usage = func() {}

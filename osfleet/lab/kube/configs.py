@@ -229,10 +229,11 @@ def cni_config(s: KubeLabState) -> str:
 
 
 def corefile(s: KubeLabState) -> str:
-    """Cluster DNS on the node's address; names outside the cluster get no answer (no forwarder)."""
+    """Cluster DNS on the node's address; names outside the cluster get no answer (no forwarder). No ``bind``: the
+    multi-call binary carries only the plugins this file uses, and in the lab's network namespace every address
+    on port 53 is the node's anyway."""
     node = s.addresses.node
     return f""".:53 {{
-    bind {node}
     errors
     ready {node}:8181
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
