@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "infra"))
 
-from osfleet_infra.providers import CaProvider, CertProvider, prep_steps  # noqa: E402
+from osfleet_infra.providers import CaProvider, CertProvider, TokenProvider, prep_steps  # noqa: E402
 from osfleet_infra.settings import ConfigError  # noqa: E402
 
 # The generated AWS SDK warns about its own deprecated resources when its package is imported.
@@ -45,6 +45,8 @@ class Mocks(pulumi.runtime.Mocks):
             outs["url"] = f"{scheme}://{args.inputs['url_host']}:{int(args.inputs['agent_port'])}"
         if args.typ == "pulumi-python:dynamic:Resource" and "common_name" in args.inputs:
             outs = CaProvider().create(_plain(args.inputs)).outs  # the stack's CA, made as the provider makes it
+        if args.typ == "pulumi-python:dynamic:Resource" and args.name == "agent-token":
+            outs = TokenProvider().create(_plain(args.inputs)).outs  # a generated token, as the provider makes it
         if args.typ == "pulumi-python:dynamic:Resource" and "ca_key_pem" in args.inputs:
             outs = CertProvider().create(_plain(args.inputs)).outs
         self.outputs[args.name] = outs
@@ -342,6 +344,19 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
     assert services == {"osfleet-agent", "osfleet-gateway", "osfleet-locust-master"}
     master = deployments["osfleet-locust-master"].inputs["spec"]["template"]["spec"]["containers"][0]
     assert master["command"][-3:] == ["https://osfleet-gateway:8090", "--ca-file", "/run/osfleet-ca/ca.crt"]
+
+
+def test_k8s_makes_the_agents_token_when_none_is_set(mocks: Mocks) -> None:
+    """What a user types first (and what the k8s-real check does): no 'osfleet infra token' before 'pulumi up'."""
+    pulumi.runtime.set_mocks(mocks, project="osfleet", stack="k8s", preview=False)
+    pulumi.runtime.set_all_config({"osfleet:containerImage": "localhost/osfleet:1", "osfleet:checkCluster": "false"})
+    _run_program()
+    (made,) = [r for r in mocks.of("pulumi-python:dynamic:Resource") if r.name == "agent-token"]
+    token = mocks.outputs["agent-token"]["token"]
+    assert len(token) >= 32
+    secrets = {x.inputs["metadata"]["name"]: x for x in mocks.of("kubernetes:core/v1:Secret")}
+    assert secrets["osfleet-agent-token"].inputs["stringData"] == {SECRET_SIG: SECRET_VALUE, "value": {"token": token}}
+    assert made.name == "agent-token"
 
 
 def test_k8s_needs_a_container_image(mocks: Mocks) -> None:

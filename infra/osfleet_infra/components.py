@@ -20,6 +20,7 @@ from osfleet_infra.providers import (
     HostPrepProvider,
     ImageBuildProvider,
     ImagePublishProvider,
+    TokenProvider,
 )
 from osfleet_infra.remote import conn_inputs
 
@@ -72,6 +73,19 @@ class _ImagePublish(Resource):
 
     def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
         super().__init__(ImagePublishProvider(), name, {**props, "disk": None}, opts)
+
+
+class _Token(Resource):
+    token: pulumi.Output[str]
+
+    def __init__(self, name: str) -> None:
+        opts = pulumi.ResourceOptions(additional_secret_outputs=["token"])
+        super().__init__(TokenProvider(), name, {"token": None}, opts)
+
+
+def generated_token(name: str) -> pulumi.Output[str]:
+    """A bearer token the stack makes once and keeps secret in its state."""
+    return pulumi.Output.secret(_Token(name).token)
 
 
 class _Ca(Resource):

@@ -8,6 +8,7 @@ whose one-line message the engine shows next to the resource.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shlex
 import time
@@ -236,6 +237,20 @@ def _trust(cert_pem: str, trusted: bool) -> None:
     if cert_pem:
         with contextlib.suppress(OSError):
             trust_stack_ca(Settings.from_env().home, cert_pem, trusted)
+
+
+class TokenProvider(ResourceProvider):
+    """A random bearer token made once (``secrets.token_urlsafe``) and kept only in the stack's state, encrypted as
+    a secret: the ``k8s`` stack's agents' token when ``osfleet:agentToken`` is not set."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        import secrets
+
+        token = secrets.token_urlsafe(32)
+        return CreateResult(id_=hashlib.sha256(token.encode()).hexdigest()[:16], outs={**props, "token": token})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return DiffResult(changes=False, replaces=[], delete_before_replace=False)
 
 
 class CaProvider(ResourceProvider):

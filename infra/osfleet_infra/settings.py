@@ -86,7 +86,8 @@ def bool_value(cfg: pulumi.Config, key: str, default: bool) -> bool:
 
 
 def read_common(cfg: pulumi.Config, stack: str) -> Common:
-    """Validate the keys every stack shares; the secret token must be set (``pulumi config set --secret``)."""
+    """Validate the keys every stack shares. The agents' secret token comes from ``pulumi config set --secret
+    osfleet:agentToken``; the ``k8s`` stack makes one when it is not set (``pulumi stack output agentToken``)."""
     from osfleet.imaging.builder import image_hash_for
     from osfleet.recipe import load_recipe
 
@@ -99,9 +100,14 @@ def read_common(cfg: pulumi.Config, stack: str) -> Common:
         recipe_hash = image_hash_for(load_recipe(recipe))
     except OsfleetError as exc:
         raise ConfigError("recipe", str(exc)) from None
-    if cfg.get_secret("agentToken") is None:
+    if cfg.get_secret("agentToken") is not None:
+        token = cfg.require_secret("agentToken")
+    elif platform == "k8s":  # the cluster keeps it in a Secret: a token made once, kept secret in the stack's state
+        from osfleet_infra.components import generated_token
+
+        token = generated_token("agent-token")
+    else:
         raise ConfigError("agentToken", "missing secret; set it with 'pulumi config set --secret osfleet:agentToken'")
-    token = cfg.require_secret("agentToken")
     price = cfg.get_float("usdPerHostHour")
     if price is not None and price < 0:
         raise ConfigError("usdPerHostHour", f"{price} is negative")
