@@ -359,13 +359,38 @@ def test_k8s_makes_the_agents_token_when_none_is_set(mocks: Mocks) -> None:
     assert made.name == "agent-token"
 
 
-def test_k8s_needs_a_container_image(mocks: Mocks) -> None:
+def test_k8s_needs_a_container_image(mocks: Mocks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from osfleet_infra.program import run
 
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path))  # no image built on this "machine"
     _stack(mocks, "k8s", {})
     with pytest.raises(ConfigError) as err:
         run()
-    assert str(err.value) == "osfleet:containerImage: missing; the container image with osfleet installed"
+    assert str(err.value) == (
+        "osfleet:containerImage: missing; run 'osfleet image container', or set it to your registry's osfleet image"
+    )
+
+
+def test_k8s_deploys_the_newest_image_built_here_by_default(
+    mocks: Mocks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from osfleet.config import Settings
+    from osfleet.imaging.container import images_dir
+
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path))
+    store = images_dir(Settings.from_env())
+    store.mkdir(parents=True)
+    for age, tag in ((200, "0.1.0-aaaaaaaaaaaa"), (100, "0.1.0-bbbbbbbbbbbb")):
+        archive = store / f"osfleet-{tag}.oci.tar"
+        archive.write_bytes(b"")
+        os.utime(archive, (archive.stat().st_mtime - age,) * 2)
+    _stack(mocks, "k8s", {"checkCluster": "false"})
+    _run_program()
+    (agents,) = mocks.of("kubernetes:apps/v1:DaemonSet")
+    (container,) = agents.inputs["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "localhost/osfleet:0.1.0-bbbbbbbbbbbb"
 
 
 def test_k8s_with_discovery_runs_two_gateways_that_find_the_agents_with_a_read_only_account(mocks: Mocks) -> None:

@@ -92,9 +92,13 @@ class K8sConfig:
 
 
 def read_k8s(cfg: pulumi.Config) -> K8sConfig:
-    image = cfg.get("containerImage")
+    from osfleet.imaging.container import newest_reference
+
+    image = cfg.get("containerImage") or newest_reference()  # the image 'osfleet image container' built here
     if not image:
-        raise ConfigError("containerImage", "missing; the container image with osfleet installed")
+        raise ConfigError(
+            "containerImage", "missing; run 'osfleet image container', or set it to your registry's osfleet image"
+        )
     label = cfg.get("kvmNodeLabel") or DEFAULT_NODE_LABEL
     key, eq, value = label.partition("=")
     if not eq or not key or not value:

@@ -69,6 +69,16 @@ class ContainerImage:
     cached: bool
 
 
+def newest_reference(settings: Settings | None = None) -> str | None:
+    """The reference of the newest image ``osfleet image container`` built on this machine, or None: what the
+    ``k8s`` stack deploys when ``osfleet:containerImage`` is not set."""
+    archives = sorted(images_dir(settings or Settings.from_env()).glob("osfleet-*.oci.tar"),
+                      key=lambda p: p.stat().st_mtime)  # fmt: skip
+    if not archives:
+        return None
+    return f"{REPOSITORY}:{archives[-1].name.removeprefix('osfleet-').removesuffix('.oci.tar')}"
+
+
 def images_dir(settings: Settings) -> Path:
     """Where built container images (OCI archives) and the cached base layer live."""
     return settings.build_dir / "container"
