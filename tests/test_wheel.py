@@ -25,6 +25,7 @@ NEEDS_AN_EXTRA = {
     "osfleet.loadtest.bringup": "gevent",
     "osfleet.gym": "gymnasium",  # sdk
     "osfleet.openenv.environment": "openenv",
+    "osfleet.mcp.server": "mcp",  # mcp
     "osfleet.lab.language_host": "grpc",  # infra (pulumi's gRPC stubs)
 }
 IMPORT_EVERYTHING = """

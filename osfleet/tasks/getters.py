@@ -95,13 +95,13 @@ class Context:
         return folder / base
 
 
-def _sizes(ctx: Context, paths: list[str]) -> list[int | None]:
+def _sizes(ctx: Context, paths: list[str], as_root: bool = False) -> list[int | None]:
     """Each guest file's size, None where there is no regular file the desktop user may read. Asked as that
     user: the guest agent then reads the file as root, and a path the agent chose (a wallpaper's URI, a slide's
     linked file, a link it made in its home) must not become a way to read what the user cannot (``/etc/shadow``,
     root's files). (A link swapped between this probe and the read is not caught: see the threat model.)"""
     script = 'for p in "$@"; do if [ -f "$p" ] && [ -r "$p" ]; then stat -c %s -L -- "$p"; else echo -; fi; done'
-    out = ctx.sh(f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(p) for p in paths)}")
+    out = ctx.sh(f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(p) for p in paths)}", as_root=as_root)
     words = out["stdout"].split()
     if len(words) != len(paths):
         raise GetterValueError(f"cannot tell whether {', '.join(paths)} exist: {out['stderr'].strip()[-200:]}")
@@ -156,7 +156,15 @@ def cloud_file(ctx: Context, spec: dict[str, Any]) -> Any:
 
 
 def cache_file(ctx: Context, spec: dict[str, Any]) -> Path | None:
-    return fetch(ctx, f"{CACHE_DIR}/{spec['path']}", str(spec["path"]))
+    """A file of osfleet's task cache, which root writes and the desktop user may not even list (the agent must
+    not rewrite, or read, what set-up kept there): probed as root, so the name must stay inside the cache."""
+    name = str(spec["path"])
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
+        raise GetterValueError(f"cache_file {name!r}: a name inside the task cache is expected")
+    path = f"{CACHE_DIR}/{name}"
+    size = _sizes(ctx, [path], as_root=True)[0]
+    return None if size is None else fetch(ctx, path, name, size)
 
 
 def _command_output(stream: str) -> Callable[[Context, dict[str, Any]], Any]:

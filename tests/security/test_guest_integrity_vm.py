@@ -104,7 +104,7 @@ def test_code_the_agent_plants_never_runs_inside_a_getter(api: tuple[TestClient,
     # the plants work for the agent's own commands (they are the agent's): the test would prove nothing otherwise
     assert "forged" in step(c, rid, lid, "cd ~ && python3 -c 'import json; print(json.dumps(1))'").lower()
     step(c, rid, lid, "rm -f /home/user/forged-*")
-    r = c.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=A, timeout=300)
+    r = c.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=A)
     assert r.status_code == 200, r.text
     evaluation = r.json()
     assert evaluation["criteria"][0]["score"] == 1.0, evaluation  # the real json module printed [1]
