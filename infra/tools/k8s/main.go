@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -71,6 +72,9 @@ var components = map[string]func() int{
 	"coredns":    func() int { coremain.Run(); return 0 },
 	"kwok":       runKwok,
 	"containerd-shim-runc-v2": func() int {
+		// The shim defines its flags (-version, -id, ...) on Go's global flag set, where another component of
+		// this binary already put a -version: it panicked "flag redefined: version" and no pod sandbox started.
+		flag.CommandLine = flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 		shim.RunShim(context.Background(), shimmanager.NewShimManager("io.containerd.runc.v2"))
 		return 0
 	},
