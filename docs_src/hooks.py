@@ -100,6 +100,8 @@ def type_of(schema: dict[str, Any], link: Callable[[str], str]) -> str:
         return f"map of {type_of(extra, link)}" if isinstance(extra, dict) and extra else "object"
     if isinstance(kind, list):
         return " \\| ".join(kind)
+    if kind == "string" and schema.get("format") == "binary":
+        return "bytes"  # a file's, as they are (application/octet-stream)
     return str(kind or "any")
 
 
@@ -300,6 +302,8 @@ LIMITS: dict[str, list[Limit]] = {
               "DEFAULT_MAX_BODY_BYTES", "bytes"),
         Limit("dashboard login form", "osfleet.api.limits", "LOGIN_MAX_BYTES", "bytes"),
         Limit("children of one fork request", "osfleet.protocol.models", "MAX_FORK_CHILDREN", "count"),
+        Limit("replicas started from a checkpoint by one lease request", "osfleet.protocol.models",
+              "MAX_CHECKPOINT_COPIES", "count"),
         Limit("worker threads per replica the host may hold (plus a spare pool)", "osfleet.api.limits",
               "THREADS_PER_REPLICA", "count"),
         Limit("spare worker threads", "osfleet.api.limits", "THREADS_SPARE", "count"),
@@ -313,12 +317,17 @@ LIMITS: dict[str, list[Limit]] = {
               "EVALUATE_BUDGET_SECONDS", "seconds"),
         Limit("one guest-agent call", "osfleet.replicas.actions", "AGENT_CALL_SECONDS", "seconds"),
         Limit("one guest file read", "osfleet.replicas.actions", "READ_FILE_SECONDS", "seconds"),
+        Limit("one file upload or download (PUT/GET /v1/replicas/{id}/files) in the guest",
+              "osfleet.replicas.guest_files", "FILE_SECONDS", "seconds"),
     ],
     "What comes out of a guest": [
         Limit("a guest file read for a check (over it: scored 0)", "osfleet.protocol.actions", "MAX_READ_BYTES",
               "bytes"),
         Limit("empty chunks in a row before a read is given up", "osfleet.replicas.actions", "MAX_EMPTY_READS",
               "count"),
+        Limit("a downloaded file (over it: 413, never cut short)", "osfleet.replicas.guest_files",
+              "MAX_DOWNLOAD_BYTES", "bytes"),
+        Limit("a file's path in the desktop (characters)", "osfleet.protocol.models", "MAX_GUEST_PATH", "count"),
         Limit("a metric's address space (above the warm worker's)", "osfleet.tasks.sandbox", "METRIC_MEMORY_BYTES",
               "bytes"),
         Limit("a metric's CPU time", "osfleet.tasks.sandbox", "METRIC_CPU_SECONDS", "seconds"),
@@ -339,6 +348,9 @@ LIMITS: dict[str, list[Limit]] = {
         Limit("client metadata kept per recorded step", "osfleet.recording.store", "METADATA_MAX_BYTES", "bytes"),
         Limit("text of a recorded result (characters)", "osfleet.recording.store", "RESULT_TEXT_MAX", "count"),
         Limit("text of a recorded action (characters)", "osfleet.recording.store", "ACTION_TEXT_MAX", "count"),
+        Limit("frames a second of an episode's MP4", "osfleet.recording.video", "FPS", "count"),
+        Limit("the last screen of an episode's MP4 stays on", "osfleet.recording.video", "LAST_SCREEN_SECONDS",
+              "seconds"),
         Limit("one episode's share of the recording store (1/N)", "osfleet.recording.recorder", "EPISODE_SHARE",
               "count"),
         Limit("the recording store's share of its file system (1/N)", "osfleet.recording.recorder", "FS_SHARE",

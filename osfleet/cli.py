@@ -23,6 +23,7 @@ COMMANDS = {
     "accel": "osfleet.imaging.cli:accel_cmd",
     "bench": "osfleet.bench.cli:bench",
     "replicas": "osfleet.replicas.cli:replicas",
+    "checkpoints": "osfleet.replicas.cli:checkpoints",
     "host": "osfleet.api.cli:host",
     "fleet": "osfleet.fleet.cli:fleet",
     "tasks": "osfleet.tasks.cli:tasks",

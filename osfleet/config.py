@@ -116,6 +116,10 @@ class Settings:
     fork_max_depth: int = 4
     fork_max_bytes: int = 8 * 2**30
     fork_ready: int = 0
+    # Checkpoints (``osfleet.replicas.checkpoints``): what one client may keep on this host, in number
+    # (OSFLEET_CHECKPOINT_MAX_COUNT) and bytes of disk layers and memory (OSFLEET_CHECKPOINT_MAX_BYTES).
+    checkpoint_max_count: int = 32
+    checkpoint_max_bytes: int = 32 * 2**30
 
     def __post_init__(self) -> None:
         if not _PREFIX_PATTERN.match(self.name_prefix):
@@ -132,6 +136,8 @@ class Settings:
                 "OSFLEET_FORK_MAX_DEPTH must be at least 1, OSFLEET_FORK_MAX_BYTES at least 1 MiB and "
                 "OSFLEET_FORK_READY 0..64"
             )
+        if self.checkpoint_max_count < 0 or self.checkpoint_max_bytes < 0:
+            raise ConfigError("OSFLEET_CHECKPOINT_MAX_COUNT and OSFLEET_CHECKPOINT_MAX_BYTES cannot be negative")
 
     @property
     def replica_prefix(self) -> str:
@@ -173,6 +179,11 @@ class Settings:
         return self.home / "forks"
 
     @property
+    def checkpoints_dir(self) -> Path:
+        """Named checkpoints' records, one folder per client (their forks stay in ``forks_dir``)."""
+        return self.home / "checkpoints"
+
+    @property
     def network_dir(self) -> Path:
         """The opt-in replica network's address book."""
         return self.home / "network"
@@ -198,6 +209,8 @@ class Settings:
             replica_subnet=os.environ.get("OSFLEET_REPLICA_SUBNET", "172.30.0.0/16") or "172.30.0.0/16",
             fork_max_depth=_int_env("OSFLEET_FORK_MAX_DEPTH", 4),
             fork_max_bytes=_int_env("OSFLEET_FORK_MAX_BYTES", 8 * 2**30),
+            checkpoint_max_count=_int_env("OSFLEET_CHECKPOINT_MAX_COUNT", 32),
+            checkpoint_max_bytes=_int_env("OSFLEET_CHECKPOINT_MAX_BYTES", 32 * 2**30),
             fork_ready=_int_env("OSFLEET_FORK_READY", 0),
         )
 

@@ -20,11 +20,19 @@ from typing import Any
 from PIL import Image
 
 from osfleet.config import Settings
-from osfleet.errors import OsfleetError
+from osfleet.errors import GuestFileTooLargeError, OsfleetError
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.protocol.models import ImageFormat, Mode
+from osfleet.replicas import guest_files
 from osfleet.replicas.adoption import AdoptReport
-from osfleet.replicas.errors import CapacityError, LeaseError, ReplicaBusyError
+from osfleet.replicas.checkpoints import Checkpoint, CheckpointBook
+from osfleet.replicas.errors import (
+    CapacityError,
+    GuestFileConflictError,
+    GuestFileNotFoundError,
+    LeaseError,
+    ReplicaBusyError,
+)
 from osfleet.replicas.forks import ForkInfo
 from osfleet.replicas.leases import Claim, LeaseBook
 from osfleet.replicas.lifecycle import Child, Forked, Timed
@@ -58,6 +66,8 @@ class FakeHost:
     shots: list[tuple[str, int | None]] = field(default_factory=list)  # (format, quality) of each screenshot
     forked: list[str] = field(default_factory=list)
     act_gate: threading.Event | None = None  # when set, ``act`` waits for it (under the replica's lock)
+    desktop_files: dict[str, bytes] = field(default_factory=dict)  # the desktop's files (upload_file, download_file)
+    folders: set[str] = field(default_factory=set)  # paths that are folders in the desktop
     acting: threading.Event = field(default_factory=threading.Event)  # set while an ``act`` is waiting at the gate
 
     def __post_init__(self) -> None:
@@ -67,6 +77,8 @@ class FakeHost:
         self.image.disk.write_bytes(b"")
         self.registry = Registry(RecordStore(self.settings.replicas_dir))
         self.leases = LeaseBook(self.registry, self._reset_locked)
+        self.checkpoints = CheckpointBook(self.settings.checkpoints_dir, 4, 64 * 2**20)
+        self.checkpoint_files: dict[str, dict[str, str]] = {}  # fork id -> the files it kept (the fake guest's)
         self.background = False
         self.closed = False
         self._lock = threading.Lock()
@@ -182,6 +194,58 @@ class FakeHost:
     def fork_states(self) -> list[ForkInfo]:
         return []
 
+    # --- checkpoints: the real book (names, tenancy, quota); the kept "state" is the fake guest's files ----------
+    def checkpoint(
+        self,
+        rid: str,
+        name: str,
+        owner: str,
+        lease_id: str | None = None,
+        claim: Claim | None = None,
+        task: dict[str, Any] | None = None,
+    ) -> Checkpoint:
+        with self.checkpoints.reserving(owner, name, 16 * 2**20), self.leases.touching(rid, claim) as rec:
+            if rec.lease is None or rec.lease.id != lease_id:
+                raise LeaseError(f"lease {lease_id} does not hold replica {rid}")
+            fork_id = f"f-{uuid.uuid4().hex[:10]}"
+            self.checkpoint_files[fork_id] = dict(self.files)
+            made = Checkpoint(
+                name,
+                owner,
+                fork_id,
+                self.image.name,
+                rid,
+                time.time(),
+                time.time(),
+                0.0,
+                8 * 2**20,
+                8 * 2**20,
+                ("fake", "0" * 32),
+                task,
+            )
+            self.checkpoints.add(made)
+            return made
+
+    def start_checkpoint(
+        self, name: str, owner: str, count: int, holder: str, seconds: float = 600.0
+    ) -> tuple[Checkpoint, list[Child]]:
+        found = self.checkpoints.get(owner, name)
+        if len(self.registry.all()) + count > self.max_replicas:
+            raise CapacityError(f"this host can take {self.max_replicas - len(self.registry.all())} more replica(s)")
+        made = []
+        for _ in range(count):
+            child = self._make()
+            with self.registry.locked(child) as rec:
+                lease = self.leases.grant(rec, holder, seconds, owner)
+                self.registry.save(rec)
+                made.append(Child(rec.model_copy(deep=True), lease, 0.0))
+        return found, made
+
+    def delete_checkpoint(self, name: str, owner: str) -> Checkpoint:
+        gone = self.checkpoints.remove(owner, name)
+        self.checkpoint_files.pop(gone.fork_id, None)
+        return gone
+
     # --- guest ----------------------------------------------------------------------------------------------
     def _running(self, rid: str, rec: ReplicaRecord | None = None) -> ReplicaRecord:
         rec = rec if rec is not None else self.get(rid)
@@ -238,3 +302,21 @@ class FakeHost:
     def read_file(self, rid: str, path: str, limit: int, timeout: float = 60.0, claim: Claim | None = None) -> bytes:
         with self._touching(rid, claim):
             raise OsfleetError("no files in the fake guest")
+
+    # --- files: the real path policy (guest_files.allowed_path) over a dict standing in for the desktop ---------
+    def upload_file(self, rid: str, path: str, data: bytes, claim: Claim | None = None) -> None:
+        path = guest_files.allowed_path(path)
+        with self._touching(rid, claim):
+            if path in self.folders:
+                raise GuestFileConflictError(f"{path} is a folder")
+            self.desktop_files[path] = data
+
+    def download_file(self, rid: str, path: str, claim: Claim | None = None) -> bytes:
+        path = guest_files.allowed_path(path)
+        with self._touching(rid, claim):
+            if path not in self.desktop_files:
+                raise GuestFileNotFoundError(f"no file {path} in the desktop (or none the desktop user can see)")
+            data = self.desktop_files[path]
+            if len(data) > guest_files.MAX_DOWNLOAD_BYTES:
+                raise GuestFileTooLargeError(f"{path} is over {guest_files.MAX_DOWNLOAD_BYTES} bytes")
+            return data

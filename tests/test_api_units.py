@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from osfleet.api.app import create_app
+from osfleet.api.operations import OPERATIONS
 from osfleet.api.osgym_actions import ActionStringError, parse
 from osfleet.config import AgentConfig
 from osfleet.replicas.episodes import EpisodeStore
@@ -166,9 +167,10 @@ def test_every_api_endpoint_needs_the_token(client: TestClient) -> None:
         ("post", "/v1/replicas/r-x/fork"),
         ("post", "/v1/replicas/r-x/step"),
         ("post", "/shutdown"),
+        ("put", "/v1/replicas/r-x/files"),
     ]:
         assert must in operations  # the list is the published API, not one written by hand
-    assert len(operations) == 15
+    assert len(operations) == len(OPERATIONS)  # every operation of the table, and nothing else
     for method, path in operations:
         for headers in (
             {},

@@ -74,3 +74,12 @@ def test_an_openenv_session_through_osfleet_openenv_serve(agent: tuple[LocalAgen
     with openenv_server(a.url, token, tmp_path, "--task", "cli-write-note") as port:
         out = example("openenv_session.py", "--url", f"http://127.0.0.1:{port}")
     assert "terminated: done True, reward 1.0" in out, out
+
+
+def test_checkpoints_start_copies_at_the_kept_state(agent: tuple[LocalAgent, Path]) -> None:
+    a, token = agent
+    out = example("checkpoints.py", "--url", a.url, "--token-file", str(token), "--copies", "2", "--name", "sdk-cp")
+    assert re.search(r"^checkpoint sdk-cp: \d+ MiB, saved in [0-9.]+ s$", out, re.M), out
+    assert "checkpoints: sdk-cp" in out, out
+    assert len(re.findall(r"^copy \d: 'halfway', reward on cli-write-note now 0\.0$", out, re.M)) == 2, out
+    assert "deleted sdk-cp" in out, out

@@ -1,7 +1,7 @@
 """The host agent: a FastAPI service over the replicas of one host.
 
 State (the replica host and the episodes) is created in the app's lifespan; nothing happens at import.
-Routes live one module per resource in ``osfleet.api.routes`` (leases, replicas, episodes, OSGym's) and are
+Routes live one module per resource in ``osfleet.api.routes`` (leases, replicas, episodes, files, OSGym's) and are
 joined here with their shared auth and error docs. Handlers that block on libvirt are plain (threaded)
 functions, in a thread pool sized to the host's replicas; what must always answer (``/health``, ``/v1/host``,
 ``/metrics``) never waits for that pool. Request bodies over the limit are refused before anything else, and a
@@ -23,7 +23,7 @@ from osfleet.api.contract import Routes, add_metrics_route
 from osfleet.api.limits import BodyLimit, size_thread_pool
 from osfleet.api.models import Health
 from osfleet.api.operations import OPERATIONS
-from osfleet.api.routes import episodes, leases, osgym, replicas
+from osfleet.api.routes import checkpoints, episodes, files, leases, osgym, replicas
 from osfleet.api.state import AgentState
 from osfleet.config import AgentConfig
 from osfleet.replicas.manager import ReplicaHost
@@ -58,7 +58,7 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 
     routes = Routes(OPERATIONS)
-    for resource in (leases, replicas, episodes, osgym):
+    for resource in (leases, replicas, episodes, files, checkpoints, osgym):
         resource.mount(routes, state)
     app.include_router(routes.complete())
 
@@ -80,6 +80,7 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
         who = auth.principal_if_any(request)
         if who is not None:
             body.image, body.accelerator = s.host.image.name, s.host.accel
+            body.max_body_bytes = config.max_body_bytes
         if who is not None and who.operator:
             counts: dict[str, int] = {}
             for rec in s.host.replicas():

@@ -4,7 +4,10 @@ the gateway, so the published OpenAPI is the truth on both.
 ``Routes`` mounts a server's handler for each operation with everything the table says (path, method, status,
 answer model, error statuses and their ``ErrorBody``, who may call it, its description) and checks the handler
 against it: its path parameters, its body or query model and its caller must be the operation's, and nothing
-else may be declared, so a handler cannot publish a parameter the table does not have. ``complete()`` refuses
+else may be declared, so a handler cannot publish a parameter the table does not have. A file's bytes travel as
+they are (``application/octet-stream``): an operation with ``raw_body`` takes them as a ``RawBody`` parameter (read
+whole, bounded by the server's ``BodyLimit``: 413 past it), one with ``raw_response`` answers an ``OctetStream``,
+and both are published so (a binary request body, a binary answer), not as JSON. ``complete()`` refuses
 a server that leaves an operation out. ``BoundaryRoute`` is the last line of defence: an exception that is not
 one of osfleet's own becomes an ``InternalError`` (503, kind infrastructure) instead of a bare 500.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -62,6 +65,24 @@ class BoundaryRoute(APIRoute):
 CALLERS: dict[Auth, Any] = {"caller": auth.Caller, "operator": auth.Operator, "osgym": auth.OsgymCaller}
 EVERY_ROUTE_MAY_ANSWER = (401, 413, 422)
 Endpoint = Callable[..., Any]
+OCTET_STREAM = "application/octet-stream"
+BINARY = {"type": "string", "format": "binary"}
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The request's body as it came, whatever its content type says (the server's ``BodyLimit`` middleware has
+    bounded it: past the limit this raises its 413)."""
+    return await request.body()
+
+
+RawBody = Annotated[bytes, Depends(_raw_body)]
+"""A handler's parameter for the bytes of an operation with ``raw_body``."""
+
+
+class OctetStream(Response):
+    """The answer of an operation with ``raw_response``: bytes as they are."""
+
+    media_type = OCTET_STREAM
 
 
 class Routes:
@@ -88,13 +109,22 @@ class Routes:
             raise RuntimeError(f"{op.name} has two handlers")
         check_handler(op, endpoint)
         self.bound[op.name] = endpoint
+        responses = errors(*sorted({*EVERY_ROUTE_MAY_ANSWER, *op.errors}))
+        extra: dict[str, Any] = {}
+        if op.raw_response:
+            responses[op.status] = {"description": "the file's bytes", "content": {OCTET_STREAM: {"schema": BINARY}}}
+            extra["response_class"] = OctetStream
+        if op.raw_body:
+            body = {"required": True, "content": {OCTET_STREAM: {"schema": BINARY}}}
+            extra["openapi_extra"] = {"requestBody": {**body, "description": "the file's bytes"}}
         self.router.add_api_route(
             op.path,
             endpoint,
             methods=[op.method],
             status_code=op.status,
             response_model=op.response,
-            responses=errors(*sorted({*EVERY_ROUTE_MAY_ANSWER, *op.errors})),
+            responses=responses,
+            **extra,
             dependencies=[Depends(CALLERS[op.auth].__metadata__[0].dependency)],
             tags=[op.tag],
             summary=op.summary,
@@ -112,7 +142,7 @@ class Routes:
 
 def check_handler(op: Operation, endpoint: Endpoint) -> None:
     """Refuse a handler whose parameters are not the operation's: its path parameters (text), its body or query
-    model, its caller, and the request or response objects; nothing else."""
+    model (``RawBody`` for a raw body), its caller, and the request or response objects; nothing else."""
     hints = typing.get_type_hints(endpoint, include_extras=True)
     expected: dict[str, Any] = {name: str for name in op.path_params}
     seen: set[str] = set()
@@ -122,7 +152,8 @@ def check_handler(op: Operation, endpoint: Endpoint) -> None:
         if problem:
             raise RuntimeError(f"{op.name} handler {endpoint.__qualname__}: parameter {name} {problem}")
         seen.add(_role(op, name, hint))
-    wanted = {*op.path_params, "caller", *(["body"] if op.body else []), *(["query"] if op.query else [])}
+    body = ["body"] if op.body or op.raw_body else []
+    wanted = {*op.path_params, "caller", *body, *(["query"] if op.query else [])}
     if wanted - seen:
         raise RuntimeError(f"{op.name} handler {endpoint.__qualname__} lacks: {', '.join(sorted(wanted - seen))}")
 
@@ -133,6 +164,8 @@ def _role(op: Operation, name: str, hint: Any) -> str:
     if hint == CALLERS[op.auth]:
         return "caller"
     if op.body is not None and hint is op.body:
+        return "body"
+    if op.raw_body and hint == RawBody:
         return "body"
     if op.query is not None and typing.get_origin(hint) is typing.Annotated and hint.__origin__ is op.query:
         return "query"

@@ -15,10 +15,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from osfleet.api.osgym_actions import ActionStringError
-from osfleet.errors import GuestTimeoutError, ImageNotFoundError, OsfleetError, VirtError
+from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, ImageNotFoundError, OsfleetError, VirtError
 from osfleet.protocol.errors import STATUS, USUAL_KIND, ErrorKind, kind_of
+from osfleet.replicas.checkpoints import (
+    CheckpointExistsError,
+    CheckpointNameError,
+    CheckpointNotFoundError,
+    CheckpointQuotaError,
+)
 from osfleet.replicas.errors import (
     CapacityError,
+    GuestFileConflictError,
+    GuestFileNotFoundError,
+    GuestPathRefusedError,
     LeaseError,
     NoReplicaAvailableError,
     ReplicaBusyError,
@@ -59,11 +68,19 @@ class Relayed(OsfleetError):
 # match wins, so more precise classes come before the classes they derive from.
 KIND: list[tuple[type[Exception], ErrorKind]] = [
     (NotFound, "not_found"),
+    (CheckpointNotFoundError, "not_found"),
+    (CheckpointExistsError, "conflict"),
+    (CheckpointQuotaError, "quota"),
+    (CheckpointNameError, "invalid_request"),
     (Conflict, "conflict"),
     (Forbidden, "forbidden"),
     (PayloadTooLarge, "too_large"),
     (ReplicaNotFoundError, "not_found"),
     (ImageNotFoundError, "not_found"),
+    (GuestPathRefusedError, "forbidden"),
+    (GuestFileNotFoundError, "not_found"),
+    (GuestFileConflictError, "conflict"),
+    (GuestFileTooLargeError, "too_large"),
     (LeaseError, "lease"),
     (ReplicaBusyError, "busy"),
     (InvalidTransitionError, "busy"),

@@ -18,6 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from osfleet.api.models import (
+    CheckpointDeleted,
+    CheckpointRequest,
+    CheckpointView,
+    FileQuery,
+    FileWritten,
     ForkRequest,
     ForkResponse,
     LeaseBody,
@@ -42,6 +47,7 @@ from osfleet.api.models import (
     StepRequest,
     StepResponse,
 )
+from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.protocol.tasks import Evaluation
 
 Auth = Literal["caller", "operator", "osgym"]
@@ -68,11 +74,17 @@ class Operation:
     errors: tuple[int, ...] = ()  # besides 401, 413 and 422, which every operation can answer
     auth: Auth = "caller"
     tag: str = "replicas"
+    # A file's bytes as they are (``application/octet-stream``), not JSON: the request's body (instead of a
+    # ``body`` model), or the answer (instead of a ``response`` model); see ``osfleet.api.contract``.
+    raw_body: bool = False
+    raw_response: bool = False
     path_params: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         names = tuple(part[1:-1] for part in self.path.split("/") if part.startswith("{") and part.endswith("}"))
         object.__setattr__(self, "path_params", names)
+        if (self.raw_body and self.body is not None) or (self.raw_response and self.response is not None):
+            raise ValueError(f"{self.name}: a raw body or answer has no model")
 
     @property
     def summary(self) -> str:
@@ -84,11 +96,13 @@ LEASE = Operation(
     "POST",
     "/v1/leases",
     "Lease a ready replica (503 capacity with Retry-After when none is ready). It is the caller's: only they (and "
-    "the operator) see and touch it until it is released or the lease expires.",
+    "the operator) see and touch it until it is released or the lease expires. With ``checkpoint``: start "
+    "``count`` new replicas at exactly that checkpoint's state (memory and disk), each leased to the caller (404 "
+    "for a name the caller does not keep).",
     body=LeaseRequest,
     response=LeaseResponse,
     status=201,
-    errors=(503,),
+    errors=(404, 503),
 )
 RELEASE = Operation(
     "release",
@@ -191,6 +205,67 @@ EVALUATE = Operation(
     response=Evaluation,
     errors=(404, 409, 503),
 )
+_FILE_RULES = (
+    "``path``: absolute and normalised, under /home/user/ or /tmp/ (403 elsewhere, or with '.' or '..' parts, "
+    "naming why); the desktop user's own permissions decide the rest (403 when it may not)."
+)
+UPLOAD_FILE = Operation(
+    "upload_file",
+    "PUT",
+    "/v1/replicas/{rid}/files",
+    "Write the request's body (the file's bytes, application/octet-stream) to ``path`` in the desktop as the "
+    "desktop user: its folder is made, a file already there is replaced. " + _FILE_RULES + " A body over the "
+    "server's limit (``--max-body-mib``) is 413, unread; 409 when a folder is in the way or the guest cannot hold "
+    "the file (its reason named).",
+    query=FileQuery,
+    raw_body=True,
+    response=FileWritten,
+    errors=(403, 404, 409, 503),
+)
+DOWNLOAD_FILE = Operation(
+    "download_file",
+    "GET",
+    "/v1/replicas/{rid}/files",
+    "The file at ``path`` in the desktop, read as the desktop user, as its bytes (application/octet-stream). "
+    + _FILE_RULES
+    + f" 404 for a file the user cannot see, 409 for one that is not a regular file, 413 for one over "
+    f"{MAX_READ_BYTES // 2**20} MiB (the most a host reads from a guest file), never a file cut short.",
+    query=FileQuery,
+    raw_response=True,
+    errors=(403, 404, 409, 503),
+)
+CHECKPOINT = Operation(
+    "checkpoint",
+    "POST",
+    "/v1/replicas/{rid}/checkpoints",
+    "Keep the leased replica's running state (memory and disk) under a name of the caller's; the replica goes on. "
+    "Start replicas from it later with POST /v1/leases {checkpoint}. It outlives the replica and the host "
+    "agent's restarts until deleted. 409 for a name the caller keeps already; 507 when the caller's checkpoint "
+    "quota on the host (number or bytes, named) is full.",
+    body=CheckpointRequest,
+    response=CheckpointView,
+    status=201,
+    errors=(404, 409, 503, 507),
+    tag="checkpoints",
+)
+LIST_CHECKPOINTS = Operation(
+    "list_checkpoints",
+    "GET",
+    "/v1/checkpoints",
+    "The caller's checkpoints (no one else's), oldest first.",
+    response=list[CheckpointView],
+    tag="checkpoints",
+)
+DELETE_CHECKPOINT = Operation(
+    "delete_checkpoint",
+    "DELETE",
+    "/v1/checkpoints/{name}",
+    "Delete one of the caller's checkpoints (404 for any other name); replicas started from it go on, its files "
+    "go once none of them uses them.",
+    response=CheckpointDeleted,
+    errors=(404,),
+    tag="checkpoints",
+)
 
 OSGYM_RESET = Operation(
     "osgym_reset",
@@ -249,6 +324,11 @@ OPERATIONS: tuple[Operation, ...] = (
     STEP,
     FORK,
     EVALUATE,
+    UPLOAD_FILE,
+    DOWNLOAD_FILE,
+    CHECKPOINT,
+    LIST_CHECKPOINTS,
+    DELETE_CHECKPOINT,
     OSGYM_RESET,
     OSGYM_STEP,
     OSGYM_SHUTDOWN,

@@ -60,6 +60,12 @@ class LeasedHost:
     def read_file(self, replica_id: str, path: str, limit: int, timeout: float = READ_FILE_SECONDS) -> bytes:
         return self.host.read_file(replica_id, path, limit, timeout, claim=self.claim)
 
+    def upload_file(self, replica_id: str, path: str, data: bytes) -> None:
+        self.host.upload_file(replica_id, path, data, claim=self.claim)
+
+    def download_file(self, replica_id: str, path: str) -> bytes:
+        return self.host.download_file(replica_id, path, claim=self.claim)
+
     def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
         return self.host.act(replica_id, actions, claim=self.claim)
 
@@ -189,6 +195,21 @@ class AgentState:
             if base is not None:
                 base.unlink(missing_ok=True)  # each child holds its own link
         return made
+
+    def adopt_checkpoint_copies(self, task: dict[str, Any] | None, children: list[ReplicaRecord]) -> None:
+        """Replicas started from a checkpoint go on with its episode's task (so ``evaluate`` works on each);
+        the steps before it are not carried over (a copy's action ids start afresh)."""
+        parsed = Task.model_validate(task) if task is not None else None
+        for rec in children:
+            assert rec.lease is not None  # every copy is leased to whoever started it
+            data = Episode(
+                replica_id=rec.id, lease_id=rec.lease.id, owner=rec.lease.owner, generation=rec.generation, task=task
+            )
+            live = LiveEpisode(data, parsed)
+            self.store.start(live.data)
+            live.started = True
+            with self._lock:
+                self._episodes[rec.id] = live
 
     def save(self, live: LiveEpisode) -> None:
         """Write the episode's header (its task, OSGym vm): not per step (steps go to its log)."""

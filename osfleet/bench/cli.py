@@ -161,6 +161,25 @@ def bench_fork(children: int, ready: bool, image_ref: str | None, as_json: bool,
     _fail_if_failed(result)
 
 
+@bench.command("checkpoint")
+@click.option("--copies", default=4, show_default=True, type=click.IntRange(1, 64), help="copies started at once")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--image", "image_ref", default=None, help="golden image (default: newest)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
+@_friendly
+def bench_checkpoint(copies: int, rounds: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
+    """Save a checkpoint mid-task, start 1 and N copies from it, fork N ways: timings and bytes side by side."""
+    from osfleet.bench import checkpoint as checkpoint_bench
+    from osfleet.images import find_image
+
+    settings = Settings.from_env()
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    result = checkpoint_bench.run(find_image(image_ref, settings), copies, rounds, settings, say)
+    emit(result, as_json or "failure" in result, out, checkpoint_bench.checkpoint_table)
+    _fail_if_failed(result)
+
+
 @bench.command("density")
 @click.option("--max", "max_replicas", default=None, type=click.IntRange(1, 100000), help="stop at N replicas")
 @click.option("--compare", is_flag=True, help="also run with template memory off (full-stream restores)")

@@ -27,6 +27,7 @@ from osfleet.client.errors import (
     InvalidTaskError,
     LeaseError,
     NotFoundError,
+    QuotaError,
 )
 from osfleet.client.fleet import AsyncFleet, AsyncGroup, AsyncSession
 from osfleet.client.sync import Fleet, Group, Session
@@ -51,6 +52,7 @@ __all__ = [
     "InvalidTaskError",
     "LeaseError",
     "NotFoundError",
+    "QuotaError",
     "ResetResult",
     "RetryPolicy",
     "Screen",

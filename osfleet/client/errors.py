@@ -80,6 +80,12 @@ class CapacityError(FleetError):
     status = 503
 
 
+class QuotaError(FleetError):
+    """507: the client's quota on the host is full (its checkpoints' number or bytes, named in the message)."""
+
+    status = 507
+
+
 class InfrastructureError(FleetError):
     """The replica, its host or the connection failed: the episode says nothing about the agent. Never a
     reward of 0; discard or retry the rollout."""
@@ -100,6 +106,7 @@ BY_KIND: dict[ErrorKind, type[FleetError]] = {
     "invalid_action": InvalidActionError,
     "invalid_task": InvalidTaskError,
     "capacity": CapacityError,
+    "quota": QuotaError,
     "infrastructure": InfrastructureError,
 }
 

@@ -36,6 +36,8 @@ from osfleet.client.types import (
     task_body,
 )
 from osfleet.protocol.models import (
+    CheckpointView,
+    FileWritten,
     ForkResponse,
     ImageFormat,
     LeaseResponse,
@@ -192,6 +194,47 @@ class AsyncSession:
         )
         return Evaluation.model_validate(data)
 
+    async def upload(self, path: str, data: bytes, *, timeout: float | None = None) -> int:
+        """Write ``data`` to the file ``path`` in the desktop, as the desktop user (its folder is made, a file
+        already there is replaced); returns the bytes written. ``path`` is absolute and normalised, under
+        ``/home/user/`` or ``/tmp/``: any other raises ``ForbiddenError``, as does a file the user may not write.
+        More than the server takes in one request (its ``--max-body-mib``) raises ``InvalidRequestError``."""
+        self._live()
+        limit = await self.fleet._max_body()
+        if limit is not None and len(data) > limit:
+            raise InvalidRequestError(
+                f"upload {path}: {len(data)} bytes, over the server's limit of {limit} bytes (its --max-body-mib)",
+                status=413,
+                kind="too_large",
+            )
+        answer = await self.fleet._t.call(
+            "PUT",
+            f"{self._path}/files",
+            params={"lease_id": self.lease_id, "path": path},
+            content=bytes(data),
+            retry="idempotent",  # the same bytes to the same path: sent again, the file is the same
+            timeout=timeout,
+            what=f"upload {path} to {self.replica_id}",
+        )
+        return FileWritten.model_validate(answer).bytes
+
+    async def download(self, path: str, *, timeout: float | None = None) -> bytes:
+        """The file ``path`` of the desktop, read as the desktop user, whole. ``NotFoundError`` when there is no
+        such file (or none the user can see); ``ForbiddenError`` for a path as ``upload`` refuses it or a file the
+        user may not read; a file over the most a host reads from a guest (``osfleet.protocol.actions.MAX_READ_BYTES``,
+        8 MiB) raises ``InvalidRequestError``, never comes back cut short."""
+        self._live()
+        data: bytes = await self.fleet._t.call(
+            "GET",
+            f"{self._path}/files",
+            params={"lease_id": self.lease_id, "path": path},
+            raw=True,
+            retry="idempotent",
+            timeout=timeout,
+            what=f"download {path} from {self.replica_id}",
+        )
+        return data
+
     async def fork(self, children: int, *, timeout: float | None = None) -> list[AsyncSession]:
         """``children`` new sessions that start from this replica's current state (screen, memory, disk), each
         with its own lease, the task and the steps so far; this session goes on unchanged."""
@@ -217,6 +260,21 @@ class AsyncSession:
             child.task_id, child.instruction = self.task_id, self.instruction
             out.append(child)
         return out
+
+    async def checkpoint(self, name: str, *, timeout: float | None = None) -> CheckpointView:
+        """Keep this replica's running state (memory and disk) under ``name``, the caller's own; this session goes
+        on. Start replicas from it with ``fleet.lease(checkpoint=name)`` or ``fleet.from_checkpoint(name, n)``,
+        until ``fleet.delete_checkpoint(name)``. ``QuotaError`` when the host's quota for the caller is full."""
+        self._live()
+        data = await self.fleet._t.call(
+            "POST",
+            f"{self._path}/checkpoints",
+            {"lease_id": self.lease_id, "name": name},
+            retry="never",
+            timeout=timeout or max(self.fleet._t.timeout, 120.0),
+            what=f"checkpoint {self.replica_id} as {name!r}",
+        )
+        return CheckpointView.model_validate(data)
 
     async def release(self) -> None:
         """End the lease (idempotent: a lease that already ended is not an error here)."""
@@ -244,15 +302,21 @@ class AsyncSession:
 class _Leasing:
     """``await fleet.lease()`` gives a session; ``async with fleet.lease() as s`` also releases it."""
 
-    def __init__(self, fleet: AsyncFleet, holder: str, ttl: float | None, wait: float) -> None:
+    def __init__(self, fleet: AsyncFleet, holder: str, ttl: float | None, wait: float, checkpoint: str | None) -> None:
         self._fleet, self._holder, self._ttl, self._wait = fleet, holder, ttl, wait
+        self._checkpoint = checkpoint
         self._session: AsyncSession | None = None
 
+    async def _get(self) -> AsyncSession:
+        if self._checkpoint is not None:
+            return (await self._fleet._from_checkpoint(self._checkpoint, 1, self._holder, self._ttl))[0]
+        return await self._fleet._lease(self._holder, self._ttl, self._wait)
+
     def __await__(self) -> Generator[Any, None, AsyncSession]:
-        return self._fleet._lease(self._holder, self._ttl, self._wait).__await__()
+        return self._get().__await__()
 
     async def __aenter__(self) -> AsyncSession:
-        self._session = await self._fleet._lease(self._holder, self._ttl, self._wait)
+        self._session = await self._get()
         return self._session
 
     async def __aexit__(self, *_: object) -> None:
@@ -320,9 +384,24 @@ class AsyncFleet:
         self.url = self._t.url
         self.observation_format: ImageFormat = observation_format
         self.observation_quality = observation_quality
+        self._body_limit: int | None = None
+        self._body_limit_known = False
 
     def __repr__(self) -> str:
         return f"<AsyncFleet {self.url}>"
+
+    async def _max_body(self) -> int | None:
+        """The largest request body the server takes (its ``/health`` says, once asked; None if it does not).
+
+        Why ask: a server refuses a larger body with 413 before reading it and closes the connection, and the
+        unread bytes make the connection's end a reset that can swallow the 413; so an upload over the limit is
+        refused here, with the figure, instead of ending as a connection failure."""
+        if not self._body_limit_known:
+            with contextlib.suppress(FleetError):  # not known now: the server's own 413 will do
+                limit = (await self.health()).get("max_body_bytes")
+                self._body_limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+                self._body_limit_known = True
+        return self._body_limit
 
     def _observe_options(
         self, fmt: ImageFormat | None, quality: int | None, include: Sequence[ObservationPart] = ()
@@ -343,11 +422,56 @@ class AsyncFleet:
         return AsyncSession(self, LeaseResponse.model_validate(data))
 
     def lease(
-        self, holder: str = "osfleet-client", *, ttl: float | None = None, wait: float = DEFAULT_LEASE_WAIT
+        self,
+        holder: str = "osfleet-client",
+        *,
+        ttl: float | None = None,
+        wait: float = DEFAULT_LEASE_WAIT,
+        checkpoint: str | None = None,
     ) -> _Leasing:
         """A ready replica, waiting up to ``wait`` seconds for one (then ``CapacityError``). ``ttl``: the lease's
-        length in seconds (the server's default otherwise): a crashed client's replica comes back after it."""
-        return _Leasing(self, holder, ttl, wait)
+        length in seconds (the server's default otherwise): a crashed client's replica comes back after it.
+        ``checkpoint``: a new replica started at exactly that checkpoint's state instead (``NotFoundError`` for a
+        name the caller does not keep)."""
+        return _Leasing(self, holder, ttl, wait, checkpoint)
+
+    async def _from_checkpoint(self, name: str, n: int, holder: str, ttl: float | None) -> list[AsyncSession]:
+        body: dict[str, Any] = {"holder": holder, "checkpoint": name, "count": n}
+        if ttl is not None:
+            body["ttl_seconds"] = ttl
+        data = await self._t.call(
+            "POST",
+            "/v1/leases",
+            body,
+            retry="never",  # each try would start replicas: a lost answer leaves them to their lease's end
+            timeout=max(self._t.timeout, 60.0 + 15.0 * n),
+            what=f"start {n} from checkpoint {name!r}",
+        )
+        answer = LeaseResponse.model_validate(data)
+        sessions = [AsyncSession(self, LeaseResponse(**g.model_dump())) for g in answer.leases or [answer]]
+        for s in sessions:
+            s.task_id = answer.task_id
+        return sessions
+
+    async def from_checkpoint(
+        self, name: str, n: int, *, holder: str = "osfleet-checkpoint", ttl: float | None = None
+    ) -> AsyncGroup:
+        """n sessions, each a new replica at exactly the checkpoint's state (its task too, so ``evaluate``
+        works); released together with ``async with``."""
+        if n < 1:
+            raise InvalidRequestError(f"from_checkpoint: n must be at least 1, not {n}")
+        start = time.monotonic()
+        sessions = await self._from_checkpoint(name, n, holder, ttl)
+        return AsyncGroup(sessions, [None] * len(sessions), time.monotonic() - start)
+
+    async def checkpoints(self) -> list[CheckpointView]:
+        """The caller's checkpoints (through a gateway: on every host, each naming its host)."""
+        data = await self._t.call("GET", "/v1/checkpoints", retry="idempotent", what="list checkpoints")
+        return [CheckpointView.model_validate(x) for x in data]
+
+    async def delete_checkpoint(self, name: str) -> None:
+        """Delete one of the caller's checkpoints (``NotFoundError`` for any other name)."""
+        await self._t.call("DELETE", f"/v1/checkpoints/{name}", retry="idempotent", what=f"delete checkpoint {name!r}")
 
     async def group(
         self,

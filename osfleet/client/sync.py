@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 from osfleet.client.fleet import DEFAULT_LEASE_WAIT, AsyncFleet, AsyncGroup, AsyncSession
 from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Verify
 from osfleet.client.types import ActionLike, ResetResult, Screen, StepResult, TaskLike
-from osfleet.protocol.models import ImageFormat, ObservationPart, ReplicaView
+from osfleet.protocol.models import CheckpointView, ImageFormat, ObservationPart, ReplicaView
 from osfleet.protocol.tasks import Evaluation
 
 T = TypeVar("T")
@@ -87,8 +87,19 @@ class Session:
     def evaluate(self, *, timeout: float | None = None) -> Evaluation:
         return self._loop.run(self.inner.evaluate(timeout=timeout))
 
+    def upload(self, path: str, data: bytes, *, timeout: float | None = None) -> int:
+        """Write ``data`` to ``path`` in the desktop as the desktop user (``AsyncSession.upload``)."""
+        return self._loop.run(self.inner.upload(path, data, timeout=timeout))
+
+    def download(self, path: str, *, timeout: float | None = None) -> bytes:
+        """The file ``path`` of the desktop, read as the desktop user, whole (``AsyncSession.download``)."""
+        return self._loop.run(self.inner.download(path, timeout=timeout))
+
     def fork(self, children: int, *, timeout: float | None = None) -> list[Session]:
         return [Session(self._loop, s) for s in self._loop.run(self.inner.fork(children, timeout=timeout))]
+
+    def checkpoint(self, name: str, *, timeout: float | None = None) -> CheckpointView:
+        return self._loop.run(self.inner.checkpoint(name, timeout=timeout))
 
     def release(self) -> None:
         self._loop.run(self.inner.release())
@@ -170,10 +181,26 @@ class Fleet:
         return f"<Fleet {self.url}>"
 
     def lease(
-        self, holder: str = "osfleet-client", *, ttl: float | None = None, wait: float = DEFAULT_LEASE_WAIT
+        self,
+        holder: str = "osfleet-client",
+        *,
+        ttl: float | None = None,
+        wait: float = DEFAULT_LEASE_WAIT,
+        checkpoint: str | None = None,
     ) -> Session:
-        """A leased replica now; use it in a ``with`` block to release it whatever happens."""
-        return Session(self._loop, self._loop.run(self.inner._lease(holder, ttl, wait)))
+        """A leased replica now (``checkpoint``: a new one at that checkpoint's state); use it in a ``with`` block
+        to release it whatever happens."""
+        leasing = self.inner.lease(holder, ttl=ttl, wait=wait, checkpoint=checkpoint)
+        return Session(self._loop, self._loop.run(leasing._get()))
+
+    def from_checkpoint(self, name: str, n: int, **options: Any) -> Group:
+        return Group(self._loop, self._loop.run(self.inner.from_checkpoint(name, n, **options)))
+
+    def checkpoints(self) -> list[CheckpointView]:
+        return self._loop.run(self.inner.checkpoints())
+
+    def delete_checkpoint(self, name: str) -> None:
+        self._loop.run(self.inner.delete_checkpoint(name))
 
     def group(self, task: TaskLike, n: int, **options: Any) -> Group:
         return Group(self._loop, self._loop.run(self.inner.group(task, n, **options)))

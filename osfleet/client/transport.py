@@ -35,6 +35,7 @@ DEFAULT_TIMEOUT = 180.0  # seconds for one call; a step's actions alone may take
 CONNECT_TIMEOUT = 10.0
 MAX_RETRY_AFTER = 30.0
 CA_FILE_ENV = "OSFLEET_CA_FILE"
+OCTET_STREAM = "application/octet-stream"
 
 Verify = bool | str | Path | ssl.SSLContext
 """``True``: the system's CAs, or the CA file in ``$OSFLEET_CA_FILE``; a path: that CA file (PEM) alone, e.g. the
@@ -87,11 +88,15 @@ class Transport:
         timeout: float | None = None,
         wait_capacity: float | None = None,
         what: str | None = None,
+        content: bytes | None = None,
+        raw: bool = False,
     ) -> Any:
         """The JSON answer of one call (after the retries ``retry`` allows), or the matching ``FleetError``.
 
         ``timeout`` bounds each attempt; ``wait_capacity`` is how long 503 capacity answers are waited out in all
-        (default: as many attempts as the policy allows)."""
+        (default: as many attempts as the policy allows). ``content``: a body of bytes as they are (a file's,
+        ``application/octet-stream``) instead of the JSON ``body``; ``raw``: the answer's bytes as they are (a file)
+        instead of its JSON (errors are JSON all the same)."""
         what = what or f"{method} {path}"
         per_try = timeout or self.timeout
         started = time.monotonic()
@@ -105,6 +110,8 @@ class Transport:
                     method,
                     path,
                     json=body,
+                    content=content,
+                    headers={"Content-Type": OCTET_STREAM} if content is not None else None,
                     params=params,
                     timeout=httpx.Timeout(per_try, connect=min(CONNECT_TIMEOUT, per_try)),
                 )
@@ -121,6 +128,8 @@ class Transport:
                 )
                 again = retry == "idempotent"
             else:
+                if raw and resp.status_code < 400:
+                    return resp.content
                 data = _json(resp)
                 if resp.status_code < 400:
                     return data

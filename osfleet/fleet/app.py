@@ -95,11 +95,14 @@ def create_gateway(
 
     @app.get("/health", tags=["meta"], responses={503: {"description": "no host is healthy"}})
     async def health(request: Request) -> Response:
-        """200 while at least one host is healthy, else 503; ``status`` only without the operator's token, and
-        with it every host's state and why (host names and addresses are the operator's to know)."""
+        """200 while at least one host is healthy, else 503; ``status`` only without a token, the largest request
+        body the gateway takes with one (an upload's bound), and with the operator's every host's state and why
+        (host names and addresses are the operator's to know)."""
         pool = gw().pool
         body: dict[str, object] = {"status": "ok" if pool.healthy() else "failing"}
         who = auth.principal_if_any(request)
+        if who is not None:
+            body["max_body_bytes"] = max_body_bytes
         if who is not None and who.operator:
             body["hosts"] = {h.name: {"healthy": h.healthy, "reason": h.reason} for h in pool.hosts}
         return JSONResponse(body, status_code=200 if pool.healthy() else 503)

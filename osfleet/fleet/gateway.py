@@ -29,6 +29,9 @@ DEADLINES = {
     "reset": 400.0,
     "step": 700.0,
     "evaluate": 300.0,
+    "upload_file": 300.0,  # a file into the guest (the host gives it guest_files.FILE_SECONDS, after any step)
+    "download_file": 300.0,
+    "video": 900.0,  # a recorded episode encoded as MP4 by its host (the dashboard's download)
     "release": 400.0,
     "quick": 30.0,
 }
@@ -94,9 +97,10 @@ class Gateway:
         return passthrough(await self.forward("step", rid, req.lease_id, "step", req.model_dump(mode="json"), who))
 
 
-def passthrough(resp: HostResponse) -> Response:
+def passthrough(resp: HostResponse, media_type: str = "application/json") -> Response:
+    """The host's answer as it was (a JSON body unless ``media_type`` says otherwise: a file's bytes)."""
     headers = {k: v for k, v in resp.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
-    return Response(resp.content, status_code=resp.status_code, media_type="application/json", headers=headers)
+    return Response(resp.content, status_code=resp.status_code, media_type=media_type, headers=headers)
 
 
 def rewritten(resp: HostResponse, host: str, keys: tuple[str, ...] = ("replica_id", "lease_id")) -> Response:

@@ -185,16 +185,19 @@ class HostClient:
         timeout: float,
         json: Any = None,
         content: bytes | None = None,
+        content_type: str = "application/json",
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> HostResponse:
-        """One exchange with the whole of it (waiting for a connection included) bounded by ``timeout``."""
+        """One exchange with the whole of it (waiting for a connection included) bounded by ``timeout``. The body
+        is ``json`` encoded, or ``content`` as it is (of ``content_type``)."""
         scheme, _, rest = url.partition("://")
         base, slash, path = rest.partition("/")
         origin = self._origin(scheme, base)
         body = content if json is None else jsonlib.dumps(json, separators=(",", ":")).encode()
+        kind = content_type if json is None else "application/json"
         target = quote(slash + path, safe="/:@-._~!$&'()*+,;=") + ("?" + urlencode(params) if params else "")
-        head = _head(method, target, origin.netloc, headers or {}, body)
+        head = _head(method, target, origin.netloc, headers or {}, body, kind)
         try:
             async with asyncio.timeout(timeout):
                 async with origin.slots:
@@ -282,14 +285,14 @@ class HostClient:
                 conn.close()
 
 
-def _head(method: str, target: str, host: str, headers: dict[str, str], body: bytes | None) -> bytes:
+def _head(method: str, target: str, host: str, headers: dict[str, str], body: bytes | None, content_type: str) -> bytes:
     lines = [f"{method} {target} HTTP/1.1", f"host: {host}"]
     for k, v in headers.items():
         if "\r" in k or "\n" in k or ":" in k or "\r" in v or "\n" in v:
             raise HostCallError(f"header {k[:40]!r} has a line break or colon where none may be")
         lines.append(f"{k}: {v}")
     if body is not None:
-        lines += ["content-type: application/json", f"content-length: {len(body)}"]
+        lines += [f"content-type: {content_type}", f"content-length: {len(body)}"]
     elif method in ("POST", "PUT", "PATCH"):
         lines.append("content-length: 0")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -220,12 +220,14 @@ class HostPool:
         *,
         json: Any = None,
         params: dict[str, Any] | None = None,
+        content: bytes | None = None,
         timeout: float,
         client_id: str | None = None,
     ) -> HostResponse:
         """Call a host with its own token and a deadline, naming the client it is for (``client_id``). A
         drained host, a refused connection or a timeout is a 503 infrastructure error naming the host; a
-        connection that failed also drains it. ``HostNotReachedError`` says that the host cannot have acted."""
+        connection that failed also drains it. ``HostNotReachedError`` says that the host cannot have acted.
+        ``content``: a body of bytes as they are (a file's: ``application/octet-stream``) instead of ``json``."""
         if not host.healthy:
             raise HostNotReachedError(f"{host.reason}; lease again")
         headers = {"Authorization": f"Bearer {host.entry.token}"}
@@ -234,7 +236,14 @@ class HostPool:
             headers[VOUCHED_BY] = self.gateway
         try:
             return await self.client.request(
-                method, host.entry.url + path, json=json, params=params, headers=headers, timeout=timeout
+                method,
+                host.entry.url + path,
+                json=json,
+                content=content,
+                content_type="application/json" if content is None else "application/octet-stream",
+                params=params,
+                headers=headers,
+                timeout=timeout,
             )
         except HostCallTimeout:
             raise HostTimeoutError(f"host {host.name} did not answer {method} {path} within {timeout:.0f} s") from None

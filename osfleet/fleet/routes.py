@@ -20,8 +20,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from osfleet.api.auth import Caller, Operator, OsgymCaller, Principal
-from osfleet.api.contract import CALLERS, Endpoint, Routes
+from osfleet.api.contract import CALLERS, OCTET_STREAM, Endpoint, RawBody, Routes
+from osfleet.api.errors import Conflict
 from osfleet.api.models import (
+    CheckpointRequest,
+    CheckpointView,
     ForkRequest,
     LeaseRequest,
     OsgymReset,
@@ -33,9 +36,12 @@ from osfleet.api.models import (
     StepRequest,
 )
 from osfleet.api.operations import (
+    CHECKPOINT,
+    DELETE_CHECKPOINT,
     FORK,
     HOST_SAMPLE,
     LEASE,
+    LIST_CHECKPOINTS,
     LIST_REPLICAS,
     OPERATIONS,
     OSGYM_RESET,
@@ -51,6 +57,7 @@ from osfleet.fleet import ids, placement
 from osfleet.fleet.gateway import Gateway, lease_on, passthrough, rewritten
 from osfleet.fleet.hostclient import HostResponse
 from osfleet.fleet.hosts import HostNotReachedError, HostState
+from osfleet.replicas.checkpoints import CheckpointNotFoundError
 from osfleet.replicas.errors import CapacityError, NoReplicaAvailableError
 
 # Operations on one replica that are relayed as they are, with the ids in their answer that become fleet ids.
@@ -60,6 +67,8 @@ RELAYED: dict[str, tuple[str, ...]] = {
     "evaluate": (),
     "release": ("replica_id",),
     "retire": ("replica_id",),
+    "upload_file": (),
+    "download_file": (),
 }
 
 
@@ -70,17 +79,19 @@ def routes(gw: Callable[[], Gateway]) -> Routes:
         if op.name in RELAYED:
             r.mount(op, relay(op, RELAYED[op.name], gw))
     native(r, gw)
+    checkpoints(r, gw)
     osgym(r, gw)
     return r
 
 
 def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) -> Endpoint:
     """A handler that sends the operation to the replica's host with the host's own ids (the lease's too), and
-    answers with the host's answer, its ``fleet_ids`` made fleet ids."""
+    answers with the host's answer, its ``fleet_ids`` made fleet ids. A raw body (a file's bytes, bounded by the
+    gateway's own ``BodyLimit`` as by the host's) is sent on as it came, and a raw answer comes back as it was."""
     if op.path_params != ("rid",):
         raise RuntimeError(f"{op.name}: only operations on one replica ({{rid}}) are relayed")
 
-    async def call(rid: str, who: Principal, req: BaseModel | None) -> Response:
+    async def call(rid: str, who: Principal, req: BaseModel | None, content: bytes | None = None) -> Response:
         g = gw()
         host, local = ids.split(rid)
         sent: dict[str, Any] = {}
@@ -90,8 +101,12 @@ def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) 
             if "lease_id" in values:
                 values["lease_id"] = lease_on(host, values["lease_id"])
             sent = {"json": values} if op.body is not None else {"params": values}
+        if content is not None:
+            sent["content"] = content
         path = op.path.replace("{rid}", local)
         resp = await g.call(op.name, g.pool.get(host), op.method, path, who, **sent)
+        if op.raw_response and resp.status_code < 300:
+            return passthrough(resp, OCTET_STREAM)
         return rewritten(resp, host, fleet_ids) if fleet_ids else passthrough(resp)
 
     if op.body is None and op.query is None:
@@ -101,6 +116,17 @@ def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) 
 
         bare.__annotations__["who"] = CALLERS[op.auth]
         return bare
+
+    if op.raw_body:
+        if op.query is None:
+            raise RuntimeError(f"{op.name}: a raw body is relayed with its query (the lease id is in it)")
+
+        async def with_bytes(rid: str, req: Any, data: RawBody, who: Caller) -> Response:
+            return await call(rid, who, req, data)
+
+        with_bytes.__annotations__["req"] = Annotated[op.query, Query()]
+        with_bytes.__annotations__["who"] = CALLERS[op.auth]
+        return with_bytes
 
     async def with_input(rid: str, req: Any, who: Caller) -> Response:
         return await call(rid, who, req)
@@ -117,6 +143,10 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
         # On the host placement picks; another host only if that one was not reached (drained, or it refused the
         # connection): a host that timed out may have leased one all the same.
         g = gw()
+        if req.checkpoint is not None:  # on the host that keeps it, where its memory and disk are
+            host = await checkpoint_host(g, req.checkpoint, who)
+            resp = await g.call("fork", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_none=True))
+            return copies(resp, host.name)
         for i, host in enumerate(g.lease_hosts()):
             try:
                 resp = await g.call("lease", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_none=True))
@@ -198,6 +228,64 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
             child["replica_id"] = ids.join(host, child["replica_id"])
             child["lease_id"] = ids.join(host, child["lease_id"])
         return JSONResponse(body, status_code=resp.status_code)
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------
+def checkpoints(r: Routes, gw: Callable[[], Gateway]) -> None:
+    """A checkpoint stays on the host of the replica it was saved from; the gateway finds it by asking every
+    healthy host for the caller's checkpoints (a name is the caller's across the fleet)."""
+
+    @r(CHECKPOINT)
+    async def checkpoint(rid: str, req: CheckpointRequest, who: Caller) -> Response:
+        g = gw()
+        host = ids.split(rid)[0]
+        if any(c.name == req.name for c in await fleet_checkpoints(g, who)):
+            raise Conflict(f"checkpoint {req.name!r} exists: delete it first or choose another name")
+        resp = await g.forward("fork", rid, req.lease_id, "checkpoints", {"name": req.name}, who)
+        if resp.status_code >= 300:
+            return passthrough(resp)
+        return JSONResponse({**resp.json(), "host": host}, status_code=resp.status_code)
+
+    @r(LIST_CHECKPOINTS)
+    async def list_checkpoints(who: Caller) -> list[CheckpointView]:
+        return sorted(await fleet_checkpoints(gw(), who), key=lambda c: c.created_at)
+
+    @r(DELETE_CHECKPOINT)
+    async def delete_checkpoint(name: str, who: Caller) -> Response:
+        g = gw()
+        host = await checkpoint_host(g, name, who)
+        return passthrough(await g.call("quick", host, "DELETE", f"/v1/checkpoints/{name}", who))
+
+
+async def fleet_checkpoints(g: Gateway, who: Principal) -> list[CheckpointView]:
+    """The caller's checkpoints on every healthy host, each naming its host."""
+    hosts = g.pool.healthy()
+    answers = await asyncio.gather(
+        *(g.call("quick", h, "GET", "/v1/checkpoints", who) for h in hosts), return_exceptions=True
+    )
+    out = []
+    for host, resp in zip(hosts, answers, strict=True):
+        if isinstance(resp, HostResponse) and resp.status_code == 200:
+            out += [CheckpointView.model_validate({**x, "host": host.name}) for x in resp.json()]
+    return out
+
+
+async def checkpoint_host(g: Gateway, name: str, who: Principal) -> HostState:
+    for c in await fleet_checkpoints(g, who):
+        if c.name == name and c.host is not None:
+            return g.pool.get(c.host)
+    raise CheckpointNotFoundError(f"no checkpoint named {name!r} on a host that answered")
+
+
+def copies(resp: HostResponse, host: str) -> Response:
+    """A lease from a checkpoint: every replica's and lease's id made a fleet id."""
+    if resp.status_code >= 300:
+        return passthrough(resp)
+    body = resp.json()
+    for grant in [body, *(body.get("leases") or [])]:
+        grant["replica_id"] = ids.join(host, grant["replica_id"])
+        grant["lease_id"] = ids.join(host, grant["lease_id"])
+    return JSONResponse(body, status_code=resp.status_code)
 
 
 # --- OSGym wire compatibility -------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ ErrorKind = Literal[
     "invalid_action",
     "invalid_task",
     "capacity",
+    "quota",
     "infrastructure",
 ]
 KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
@@ -40,6 +41,7 @@ STATUS: dict[ErrorKind, int] = {
     "invalid_action": 422,  # an action cannot be carried out as given (off-screen, untypable, unknown key)
     "invalid_task": 422,  # the task is malformed or uses a feature this host does not run
     "capacity": 503,  # no replica free now: retry after Retry-After
+    "quota": 507,  # the client's quota on the host is full (its checkpoints): delete something first
     "infrastructure": 503,  # the replica, its guest or its host failed: never a reward of 0
 }
 
@@ -53,16 +55,19 @@ USUAL_KIND: dict[int, ErrorKind] = {
     413: "too_large",
     422: "invalid_request",
     503: "infrastructure",
+    507: "quota",
 }
 
 WHY: dict[int, str] = {
     401: "missing or wrong bearer token",
     403: "the operator's token is needed: scale-up, /v1/host, replicas of the warm pool, or a shell as_root "
-    "(unless the host runs with --allow-agent-root)",
+    "(unless the host runs with --allow-agent-root); or a file path the desktop user may not use (named)",
     404: "unknown replica, task or vm id, or one that is another client's (not confirmed to exist)",
     409: "the lease is expired, released or does not hold the replica, or the replica is busy",
-    413: "the request body is over the server's limit (refused before it is read)",
+    413: "the request body is over the server's limit (refused before it is read), or a file to download is over "
+    "the most a host reads from a guest (named)",
     422: "malformed request, action or task (the problem is named)",
+    507: "the client's quota on this host is full (the figure is named): delete a checkpoint first",
     503: "no capacity right now, or the replica or guest failed (kind: infrastructure, never a reward of 0)",
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.protocol.wire import JsonInt, integral
@@ -41,15 +41,62 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # no "1" or true where the schema says a number
 
 
+CHECKPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+CheckpointName = Annotated[
+    str,
+    Field(
+        pattern=CHECKPOINT_NAME_PATTERN,
+        max_length=64,
+        description="1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    ),
+]
+MAX_CHECKPOINT_COPIES = 64
+
+
 class LeaseRequest(_Strict):
     holder: str = Field("anonymous", max_length=200)
     ttl_seconds: float | None = Field(None, gt=0, le=86400)
+    checkpoint: CheckpointName | None = Field(
+        None, description="start new replicas at exactly this checkpoint's state instead of leasing a ready one"
+    )
+    count: JsonInt = Field(
+        1, ge=1, le=MAX_CHECKPOINT_COPIES, description="with checkpoint: how many replicas to start from it"
+    )
+
+    @model_validator(mode="after")
+    def _count_needs_checkpoint(self) -> LeaseRequest:
+        if self.count != 1 and self.checkpoint is None:
+            raise ValueError("count is for starting replicas from a checkpoint: give checkpoint too")
+        return self
 
 
-class LeaseResponse(BaseModel):
+class LeaseGrant(BaseModel):
     replica_id: str
     lease_id: str
     expires_at: float
+
+
+class LeaseResponse(LeaseGrant):
+    leases: list[LeaseGrant] | None = Field(
+        None, description="from a checkpoint: every replica started (the first is the one above)"
+    )
+    seconds: float | None = Field(None, description="from a checkpoint: until every replica was ready")
+    task_id: str | None = Field(None, description="from a checkpoint: the task its replicas are on")
+
+
+class CheckpointView(BaseModel):
+    name: str
+    host: str | None = Field(None, description="through a gateway: the host that keeps it")
+    image: str
+    created_at: float
+    bytes: int = Field(description="disk layers and memory it holds on its host")
+    save_seconds: float | None = Field(None, description="how long saving it took (the replica then went on)")
+    task_id: str | None = Field(None, description="the task its episode was on (evaluate works on its copies)")
+
+
+class CheckpointDeleted(BaseModel):
+    name: str
+    deleted: bool
 
 
 class ScaleRequest(_Strict):
@@ -88,6 +135,10 @@ class Released(BaseModel):
 
 class LeaseBody(_Strict):
     lease_id: LeaseId
+
+
+class CheckpointRequest(LeaseBody):
+    name: CheckpointName
 
 
 class ForkRequest(LeaseBody):
@@ -132,6 +183,26 @@ class ObservationQuery(BaseModel):
     @property
     def parts(self) -> list[ObservationPart]:
         return [p for p in self.include.split(",") if p]  # type: ignore[misc]  # the pattern admits these only
+
+
+MAX_GUEST_PATH = 4096  # characters of a file's path in the desktop (Linux's PATH_MAX)
+FILE_ROOTS = ("/home/user/", "/tmp/")  # where a client may put or get files: the desktop user's home and /tmp
+FILE_PATH_DOC = (
+    "absolute, normalised path of a file in the desktop, under /home/user/ or /tmp/; a path without the leading "
+    "'/', empty or with a NUL is 422; one elsewhere, or with '.' or '..' parts, '//' or a trailing '/', is 403"
+)
+
+
+class FileQuery(BaseModel):
+    """The query of ``PUT`` and ``GET /v1/replicas/{rid}/files`` (query strings are text: not strict)."""
+
+    lease_id: LeaseId
+    path: str = Field(min_length=2, max_length=MAX_GUEST_PATH, pattern=r"^/[^\x00]+$", description=FILE_PATH_DOC)
+
+
+class FileWritten(BaseModel):
+    path: str
+    bytes: int = Field(description="how many bytes the file now holds")
 
 
 class ResetOptions(LeaseBody, ObserveOptions):
@@ -202,3 +273,6 @@ class Health(BaseModel):
     accelerator: str | None = None
     replicas: dict[str, int] | None = Field(None, description="replicas by state (the operator's token only)")
     problem: str | None = None
+    max_body_bytes: int | None = Field(
+        None, description="the largest request body the server takes (--max-body-mib): an upload's file at most"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from osfleet.errors import OsfleetError
 from osfleet.recording import TrajectoryStore, store_dir
 from osfleet.recording.export import export as export_rows
 from osfleet.recording.store import TrajectoryMeta
+from osfleet.recording.video import export_mp4, screens
 
 
 def _store() -> TrajectoryStore:
@@ -85,17 +87,38 @@ def trajectories_show(episode_id: str, as_json: bool) -> None:
 
 @trajectories.command("export")
 @click.argument("episode_id", required=False)
-@click.option("--all", "everything", is_flag=True, help="every recorded episode")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="file to write")
+@click.option("--all", "everything", is_flag=True, help="every recorded episode (jsonl and parquet)")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet", "mp4"]), default="jsonl", show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="file to write  [default: EPISODE_ID.mp4 for mp4; required for the others]",
+)
 @friendly
-def trajectories_export(episode_id: str | None, everything: bool, fmt: str, out: Path) -> None:
-    """One row per step with its episode's fields and its image inline (JSONL: base64; Parquet: bytes)."""
+def trajectories_export(episode_id: str | None, everything: bool, fmt: str, out: Path | None) -> None:
+    """One row per step with its episode's fields and its image inline (JSONL: base64; Parquet: bytes); or one
+    episode as an MP4 video, each screen on from the time it was recorded until the next one (10 frames a second;
+    the file appears only once it is whole)."""
     store = _store()
     if bool(episode_id) == everything:
         raise OsfleetError("give one episode id or --all")
+    if fmt == "mp4":
+        if everything or episode_id is None:
+            raise OsfleetError("an MP4 is of one episode: give its id, not --all")
+        _export_video(store, episode_id, out or Path(f"{episode_id}.mp4"))
+        return
+    if out is None:
+        raise OsfleetError(f"--format {fmt} needs --out FILE")
     ids = store.ids() if everything else [episode_id or ""]
     for tid in ids:
         store.meta(tid)  # an unknown id fails before anything is written
     n = export_rows(store, ids, fmt, out)  # type: ignore[arg-type]  # a click.Choice of the two
     click.echo(f"{out}: {n} row(s) from {len(ids)} episode(s)")
+
+
+def _export_video(store: TrajectoryStore, tid: str, out: Path) -> None:
+    """The episode as an MP4, with a progress bar on a terminal (long episodes take a while to encode)."""
+    frames = sum(s.frames for s in screens(store, tid))  # an unknown id, or no screens: refused before anything
+    with click.progressbar(length=frames, label=f"encoding {tid}", file=sys.stderr) as bar:
+        video = export_mp4(store, tid, out, progress=lambda done, _: bar.update(done - bar.pos))
+    click.echo(f"{out}: {video.frames} frames, {video.seconds:.1f} s, {video.width}x{video.height}")

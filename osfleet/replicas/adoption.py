@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
-from osfleet.replicas import forks, saved_state
+from osfleet.replicas import checkpoints, forks, saved_state
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.records import (
     RUNNING_STATES,
@@ -114,6 +114,7 @@ def _unclaimed(store: RecordStore, replica_id: str) -> bool:
 def teardown_all(settings: Settings, states: bool = False, force: bool = False) -> tuple[int, int]:
     """Remove every replica domain and file of this host (its name prefix and its home), whatever image.
 
+    Checkpoints stay (with their forks), unless ``states``: they sit on the saved states removed then.
     Returns (domains destroyed, records removed). Refuses while another process manages replicas here,
     unless ``force``. Another host sharing this libvirtd (a lab host) has its own prefix and is untouched.
     """
@@ -132,7 +133,10 @@ def teardown_all(settings: Settings, states: bool = False, force: bool = False) 
     if settings.replicas_dir.exists():
         removed = len(list(settings.replicas_dir.glob("*.json")))
         shutil.rmtree(settings.replicas_dir)
-    forks.remove_all_forks(settings)
+    book = checkpoints.CheckpointBook(settings.checkpoints_dir, 0, 0)
+    if states:  # checkpoints sit on the saved states' layers: they go with them
+        book.remove_all()
+    forks.remove_all_forks(settings, keep=book.fork_ids())
     if states:
         saved_state.remove_saved_states(settings)
     return len(names), removed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -176,7 +177,7 @@ def replicas_fork(replica_id: str, children: int) -> None:
 @replicas.command("down")
 @click.argument("replica_ids", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="every replica on this host, whatever its image")
-@click.option("--states", is_flag=True, help="with --all: also delete the saved running states")
+@click.option("--states", is_flag=True, help="with --all: also delete the saved running states and every checkpoint")
 @click.option("--force", is_flag=True, help="with --all: even while another process (a host agent) manages replicas")
 @_friendly
 def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool, force: bool) -> None:
@@ -204,3 +205,62 @@ def replicas_down(replica_ids: tuple[str, ...], everything: bool, states: bool, 
             _refuse_foreign(host.adopt(), ids)
             host.down(ids)
     click.echo(f"removed {len(replica_ids)} replica(s)")
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------
+@click.group()
+def checkpoints() -> None:
+    """Checkpoints kept on this host (saved through the API: POST /v1/replicas/{id}/checkpoints)."""
+
+
+def _book() -> Any:
+    from osfleet.replicas.checkpoints import CheckpointBook
+
+    settings = Settings.from_env()
+    return CheckpointBook(settings.checkpoints_dir, settings.checkpoint_max_count, settings.checkpoint_max_bytes)
+
+
+@checkpoints.command("ls")
+@click.option("--client", "owner", default=None, help="only this client's (its name in the clients file)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per checkpoint")
+@_friendly
+def checkpoints_ls(owner: str | None, as_json: bool) -> None:
+    """Every checkpoint on this host: its client, name, image, size and age."""
+    import time
+
+    book = _book()
+    found = book.list(owner) if owner is not None else book.all()
+    for c in sorted(found, key=lambda c: (c.owner, c.created_at)):
+        if as_json:
+            click.echo(json.dumps({k: v for k, v in c.__dict__.items() if k != "task"} | {"bytes": c.bytes}))
+        else:
+            age = (time.time() - c.created_at) / 3600
+            click.echo(f"{c.owner:20} {c.name:32} {c.image:28} {c.bytes / 2**20:8.0f} MiB {age:6.1f} h")
+    if not found and not as_json:
+        click.echo("no checkpoints", err=True)
+
+
+@checkpoints.command("rm")
+@click.argument("name")
+@click.option(
+    "--client", "owner", required=True, help="the client that keeps it (its name in the clients file; 'operator')"
+)
+@_friendly
+def checkpoints_rm(name: str, owner: str) -> None:
+    """Delete a client's checkpoint; its files go once no replica started from it uses them (now, when no host
+    agent runs; else at the host agent's next collection)."""
+    from osfleet.replicas.forks import remove_fork
+
+    settings = Settings.from_env()
+    book = _book()
+    gone = book.remove(owner, name)
+    with contextlib.suppress(OSError, ValueError):
+        from osfleet.replicas.records import RecordStore, owned_by_other_live_process
+
+        records, _ = RecordStore(settings.replicas_dir).load_all()
+        directory = settings.forks_dir / gone.fork_id
+        managed = any(owned_by_other_live_process(r) for r in records)  # a host agent collects it, not us
+        used = any(str(Path(p).parent) == str(directory) for r in records for p in r.layers)
+        if not managed and not used and gone.fork_id not in book.fork_ids():
+            remove_fork(directory, settings.memory_dir)
+    click.echo(f"deleted checkpoint {name} of client {owner}")

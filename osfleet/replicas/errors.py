@@ -31,3 +31,17 @@ class ReplicaFailedError(OsfleetError):
 
 class LeaseLostError(OsfleetError):
     """The lease ended because its replica failed and was rebuilt: lease again (an infrastructure failure)."""
+
+
+class GuestPathRefusedError(OsfleetError):
+    """A client named a file in the desktop where osfleet does not move files (outside the desktop user's home and
+    /tmp, or a path that is not normalised), or the desktop user may not read or write it there."""
+
+
+class GuestFileNotFoundError(OsfleetError):
+    """No file at that path in the desktop, or none the desktop user can see."""
+
+
+class GuestFileConflictError(OsfleetError):
+    """The desktop's files are not as the request needs: a folder where the file would go, a file to read that is
+    not a regular one, a guest that cannot hold the file (its disk full): the guest's reason is named."""

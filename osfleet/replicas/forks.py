@@ -39,6 +39,7 @@ last) plus, in template mode, its RAM file. Its disk is needed while any replica
 runs a generation made from that fork (a child not reset since). ``collect`` removes forks no replica
 uses and RAM files no replica maps, so a chain of forks keeps one RAM file, not one per ancestor.
 Limits: ``Settings.fork_max_depth`` forks in one chain and ``Settings.fork_max_bytes`` of saved forks.
+A checkpoint (``osfleet.replicas.checkpoints``) is a fork kept by a name: ``kept`` forks are never collected.
 """
 
 from __future__ import annotations
@@ -144,9 +145,11 @@ class Forks:
         capture: ScreenCapture | None = None,
         saved: Callable[[], SavedState] | None = None,
         ready: int = 0,
+        kept: Callable[[], set[str]] | None = None,
     ) -> None:
         """``saved``: the image's saved state (slots are made on its chain); ``ready``: how many child
-        slots to keep started ahead of time (0: none, every child starts its own domain)."""
+        slots to keep started ahead of time (0: none, every child starts its own domain); ``kept``: the forks
+        something other than a replica keeps (checkpoints): never collected, their RAM files never released."""
         self.virt = virt
         self.image = image
         self.accel = accel
@@ -155,6 +158,7 @@ class Forks:
         self.capture = capture or ScreenCapture(virt, None)
         self._saved = saved
         self.ready = ready
+        self._kept = kept or set
         self._pinned: set[str] = set()
         self._lock = threading.Lock()
         self._batch: _Batch | None = None
@@ -266,6 +270,11 @@ class Forks:
             self.unpin(fork_id)
             self._remove(directory, ram)
             raise
+
+    def pin(self, fork_id: str) -> None:
+        """Keep the fork from being collected while children start from it (``unpin`` after)."""
+        with self._lock:
+            self._pinned.add(fork_id)
 
     def unpin(self, fork_id: str) -> None:
         with self._lock:
@@ -556,6 +565,7 @@ class Forks:
             pinned = set(self._pinned)
             if self._batch is not None:
                 pinned.add(self._batch.fork_id)
+        pinned |= self._kept()
         for fork_id, n in counts.items():
             directory = self.root / fork_id
             if fork_id in pinned:
@@ -647,13 +657,14 @@ def remove_fork(directory: Path, memory_dir: Path | None, ram: Path | None = Non
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def remove_all_forks(settings: Settings) -> int:
-    """Every fork of this host (once its replicas are gone, no fork can be used); returns how many."""
+def remove_all_forks(settings: Settings, keep: set[str] | frozenset[str] = frozenset()) -> int:
+    """Every fork of this host but those in ``keep`` (checkpoints'; once its replicas are gone no other fork
+    can be used); returns how many."""
     if not settings.forks_dir.exists():
         return 0
     n = 0
     for directory in settings.forks_dir.iterdir():
-        if directory.is_dir():
+        if directory.is_dir() and directory.name not in keep:
             remove_fork(directory, settings.memory_dir)
             n += 1
     return n

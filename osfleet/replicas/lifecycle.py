@@ -24,7 +24,7 @@ from osfleet.private import private_dir
 from osfleet.protocol.models import Mode
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
-from osfleet.replicas.forks import Forks, Slot
+from osfleet.replicas.forks import Forks, Saved, Slot
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
@@ -205,9 +205,68 @@ class Lifecycle:
         (``osfleet.replicas.forks``: its hostname and machine id, a new VM generation ID); their spares are made
         once all of them run.
         """
+        started = time.monotonic()
+        saved, identity = self._save(parent_id, lease_id, check)
+        saved_s = time.monotonic() - started
+        state = saved.state
+        self.registry.counters.inc("forks")
+        try:
+            results = self._children(state, children, grant, identity, saved.stopped_at, saved.slots, parent_id)
+        finally:
+            self.forks_unpinned(state.directory.name)
+        total = time.monotonic() - started
+        paused = float(state.meta.get("parent_paused_seconds", 0.0))
+        return Forked(parent_id, state.directory.name, state.memory_mode, saved_s, total, results, paused)
+
+    def checkpoint(
+        self,
+        parent_id: str,
+        lease_id: str | None,
+        keep: Callable[[SavedState, tuple[str, str], float], None],
+        check: Check | None = None,
+    ) -> SavedState:
+        """Save the running replica ``parent_id`` as a fork no replica uses yet and hand it to ``keep(state,
+        identity, stopped_at)`` (which records it under a name) before the fork could be collected; a ``keep`` that
+        raises leaves nothing behind."""
+        saved, identity = self._save(parent_id, lease_id, check)
+        forks = self._forks()
+        try:
+            forks.release_slots(saved.slots)
+            keep(saved.state, identity, saved.stopped_at)
+        finally:
+            self.forks_unpinned(saved.state.directory.name)
+        return saved.state
+
+    def start_from(
+        self, state: SavedState, count: int, grant: Grant | None, identity: tuple[str, str], stopped_at: float
+    ) -> list[Child]:
+        """Bring up ``count`` new replicas from a kept fork (a checkpoint), as a fork's children start; the
+        fork is pinned meanwhile, so deleting its name cannot take it away under them."""
+        forks = self._forks()
+        fork_id = state.directory.name
+        forks.pin(fork_id)
+        try:
+            return self._children(state, count, grant, identity, stopped_at, [], f"checkpoint {fork_id}")
+        finally:
+            self.forks_unpinned(fork_id)
+
+    def forks_unpinned(self, fork_id: str) -> None:
+        """A fork's save or start is over: it may be collected now if nothing keeps it, and the next fork's
+        slots are made (once the children run: they would slow them down)."""
+        forks = self._forks()
+        forks.unpin(fork_id)
+        self.collect_forks()
+        forks.prepare()
+
+    def _forks(self) -> Forks:
         if self.forks is None:
             raise OsfleetError("forks are not available on this host")
-        started = time.monotonic()
+        return self.forks
+
+    def _save(self, parent_id: str, lease_id: str | None, check: Check | None) -> tuple[Saved, tuple[str, str]]:
+        """Save the running replica under its lock (its lease checked); the fork is pinned until
+        ``forks_unpinned``. Returns the save and the parent's identity (hostname, machine id)."""
+        forks = self._forks()
         with self.registry.locked(parent_id) as parent:
             if check is not None:
                 check(parent)
@@ -220,24 +279,34 @@ class Lifecycle:
                     if lease_id
                     else f"replica {parent_id} is leased: fork it through its lease holder"
                 )
-            self.forks.check_limits(parent, self.registry.all())
+            forks.check_limits(parent, self.registry.all())
             identity = (parent.hostname, parent.machine_id)
             try:
                 self.unpark_locked(parent)  # its state is saved running, as any child will run
-                saved = self.forks.save(parent)
+                saved = forks.save(parent)
             except Exception as exc:
-                self.forks.prepare()  # the slots of a failed fork are gone: make new ones for the next
+                forks.prepare()  # the slots of a failed fork are gone: make new ones for the next
                 raise as_osfleet(exc, f"forking {parent_id}") from exc
             finally:
                 self._maybe_park(parent)  # an unleased parent waits parked again, as every ready replica
             if not parent.parked:  # its clock stood still while it was stopped (a parked one is set at its lease)
                 self.gen.adjust_clock_later(parent.domain, float(saved.state.meta["parent_paused_seconds"]))
-        saved_s = time.monotonic() - started
-        state = saved.state
-        fork_id = state.directory.name
-        self.registry.counters.inc("forks")
-        slots = saved.slots[:children]
-        self.forks.release_slots(saved.slots[children:])
+        return saved, identity
+
+    def _children(
+        self,
+        state: SavedState,
+        children: int,
+        grant: Grant | None,
+        identity: tuple[str, str],
+        stopped_at: float,
+        ready: list[Slot],
+        source: str,
+    ) -> list[Child]:
+        """Bring up ``children`` replicas from ``state`` (the first on ``ready`` slots), all or nothing."""
+        forks = self._forks()
+        slots = ready[:children]
+        forks.release_slots(ready[children:])
         made: list[str] = []
         try:
             with ThreadPoolExecutor(max_workers=FORK_WORKERS, thread_name_prefix="osfleet-fork") as pool:
@@ -248,7 +317,7 @@ class Lifecycle:
                         grant,
                         made,
                         identity,
-                        saved.stopped_at,
+                        stopped_at,
                         slots[i] if i < len(slots) else None,
                     )
                     for i in range(children)
@@ -258,22 +327,16 @@ class Lifecycle:
                 self.gen.vcpus_at_normal_priority(r.record.domain)
         except Exception as exc:
             taken = set(made)
-            self.forks.release_slots(s for s in slots if s.replica_id not in taken)
+            forks.release_slots(s for s in slots if s.replica_id not in taken)
             for rid in made:
                 with contextlib.suppress(OsfleetError):
                     self.retire(rid)
-            raise as_osfleet(exc, f"bringing up the children of {parent_id}") from exc
-        finally:
-            self.forks.unpin(fork_id)
-            self.collect_forks()
-            self.forks.prepare()  # the next fork's slots, once the children run (they would slow them down)
+            raise as_osfleet(exc, f"bringing up the children of {source}") from exc
         for child in results:  # spares (and parking) once every child runs: they would slow the others down
             with contextlib.suppress(ReplicaNotFoundError), self.registry.locked(child.record.id) as rec:
                 self.gen.prepare_standby(rec)
                 self._maybe_park(rec)
-        total = time.monotonic() - started
-        paused = float(state.meta.get("parent_paused_seconds", 0.0))
-        return Forked(parent_id, fork_id, state.memory_mode, saved_s, total, results, paused)
+        return results
 
     def _fork_child(
         self,

@@ -26,10 +26,11 @@ from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.protocol.models import FORMATS, MODES, ImageFormat, Mode
-from osfleet.replicas import adoption, network, saved_state, template_memory
-from osfleet.replicas.actions import READ_FILE_SECONDS, read_file, run_actions, shell
+from osfleet.replicas import adoption, guest_files, network, saved_state, template_memory
+from osfleet.replicas.actions import GUEST_USER, READ_FILE_SECONDS, read_file, run_actions, shell
 from osfleet.replicas.adoption import AdoptReport, teardown_all
 from osfleet.replicas.capture import ScreenCapture
+from osfleet.replicas.checkpoints import Checkpoint, CheckpointBook, CheckpointNotFoundError, new_checkpoint
 from osfleet.replicas.errors import (
     CapacityError,
     LeaseError,
@@ -41,12 +42,13 @@ from osfleet.replicas.errors import (
 from osfleet.replicas.forks import ForkInfo, Forks
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.leases import DEFAULT_LEASE_SECONDS, Claim, LeaseBook
-from osfleet.replicas.lifecycle import Forked, Lifecycle, Timed
+from osfleet.replicas.lifecycle import Child, Forked, Lifecycle, Timed
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
+from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.timing import stage
 from osfleet.virt import Virt
@@ -136,6 +138,9 @@ class ReplicaHost:
         self.liveness = Liveness(self.virt)
         memory_dir = self.settings.memory_dir
         self.capture = ScreenCapture(self.virt, memory_dir / "screens" if memory_dir is not None else None)
+        self.checkpoints = CheckpointBook(
+            self.settings.checkpoints_dir, self.settings.checkpoint_max_count, self.settings.checkpoint_max_bytes
+        )
         self.forks = Forks(
             self.virt,
             image,
@@ -145,6 +150,7 @@ class ReplicaHost:
             capture=self.capture,
             saved=self.generations.saved,
             ready=self.settings.fork_ready if fork_ready is None else fork_ready,
+            kept=self.checkpoints.fork_ids,
         )
         self.lifecycle = Lifecycle(
             self.registry,
@@ -371,6 +377,60 @@ class ReplicaHost:
         """Saved forks with how many replicas use each (their reference count) and their disk and memory."""
         return self.forks.info(self.replicas())
 
+    # --- checkpoints ---------------------------------------------------------------------------------------
+    def checkpoint(
+        self,
+        replica_id: str,
+        name: str,
+        owner: str,
+        lease_id: str | None = None,
+        claim: Claim | None = None,
+        task: dict[str, Any] | None = None,
+    ) -> Checkpoint:
+        """Keep the running replica's state (memory and disk) under ``name`` for ``owner``; the replica goes on.
+        Refused (before anything is saved) for a name the owner keeps already or past the owner's quota."""
+        expected = self.shape.memory_mib * 2**20  # at most its RAM, plus a disk layer of what it wrote
+        kept: list[Checkpoint] = []
+
+        def keep(state: SavedState, identity: tuple[str, str], stopped_at: float) -> None:
+            made = new_checkpoint(name, owner, state, identity, stopped_at, task)
+            self.checkpoints.add(made)
+            kept.append(made)
+
+        with self.checkpoints.reserving(owner, name, expected):
+            state = self.lifecycle.checkpoint(replica_id, lease_id, keep, check=self._checker(claim))
+        if state.ram is not None:  # a reboot empties tmpfs: keep the RAM's copy on disk too, off the request
+            self._provisioner.submit(_copy_ram, state, self.virt.qemu_ids())
+        return kept[0]
+
+    def start_checkpoint(
+        self, name: str, owner: str, count: int, holder: str, seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> tuple[Checkpoint, list[Child]]:
+        """Bring up ``count`` replicas at exactly the checkpoint's state, each leased to ``holder`` (``owner``'s)."""
+        found = self.checkpoints.get(owner, name)
+        if found.image != self.image.name:
+            raise CheckpointNotFoundError(
+                f"checkpoint {name!r} was saved from image {found.image}; this host serves {self.image.name}"
+            )
+        state = self.forks.load(found.fork_id)
+        if state.ram is not None and not state.ram.exists():  # tmpfs emptied by a reboot: put the RAM back
+            if not state.ram_copy.exists():
+                raise OsfleetError(f"checkpoint {name!r} lost its memory with a reboot (no copy on disk)")
+            template_memory.put_back(state.ram_copy, state.ram, self.virt.qemu_ids())
+            template_memory.claim(state.ram, state.directory)
+        grant = lambda rec: self.leases.grant(rec, holder, seconds, owner)  # noqa: E731
+        with self.reserve(count):
+            children = self.lifecycle.start_from(state, count, grant, found.identity, found.stopped_at)
+        for child in children:
+            self._network_up(child.record.id)
+        return found, children
+
+    def delete_checkpoint(self, name: str, owner: str) -> Checkpoint:
+        """Forget the name; its files go once no replica started from it still uses them."""
+        found = self.checkpoints.remove(owner, name)
+        self.lifecycle.collect_forks()
+        return found
+
     # --- leases --------------------------------------------------------------------------------------------
     def lease(
         self, holder: str, seconds: float = DEFAULT_LEASE_SECONDS, owner: str = ""
@@ -437,5 +497,32 @@ class ReplicaHost:
         with self._touching(replica_id, claim) as rec:
             return read_file(self.virt, rec.domain, path, limit, timeout, whole=True)
 
+    def upload_file(self, replica_id: str, path: str, data: bytes, claim: Claim | None = None) -> None:
+        """Write a client's file into the desktop as the desktop user (``guest_files``: ``path`` is checked first)."""
+        path = guest_files.allowed_path(path)
+        with self._touching(replica_id, claim) as rec:
+            self.lifecycle.mark_used(rec.id, rec.generation)
+            guest_files.upload(self.virt, rec.domain, GUEST_USER, path, data)
+
+    def download_file(self, replica_id: str, path: str, claim: Claim | None = None) -> bytes:
+        """A file of the desktop read as the desktop user, whole (over ``guest_files.MAX_DOWNLOAD_BYTES``: 413)."""
+        path = guest_files.allowed_path(path)
+        with self._touching(replica_id, claim) as rec:
+            self.lifecycle.mark_used(rec.id, rec.generation)  # the user's copy ran in its guest
+            return guest_files.download(self.virt, rec.domain, GUEST_USER, path)
+
     def rss_bytes(self, replica_id: str) -> int | None:
         return self.virt.rss_bytes(self.get(replica_id).domain)
+
+
+def _copy_ram(state: SavedState, owner: tuple[int, int] | None) -> None:
+    """The sparse copy of a checkpoint's RAM file beside its disk layers (``SavedState.ram_copy``)."""
+    assert state.ram is not None
+    tmp = state.ram_copy.with_name(f".{state.ram_copy.name}.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        template_memory.copy_sparse(state.ram, tmp)
+        tmp.rename(state.ram_copy)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        log.warning("checkpoint %s: no copy of its RAM on disk (%s); a reboot would lose it", state.directory, exc)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from PIL import Image, ImageDraw
@@ -28,6 +31,7 @@ from osfleet.errors import OsfleetError
 from osfleet.protocol.actions import Action
 from osfleet.recording import TrajectoryError, TrajectoryStore, store_dir
 from osfleet.recording.store import TrajectoryMeta
+from osfleet.recording.video import export_mp4
 from osfleet.replicas.actions import check_actions
 from osfleet.replicas.errors import ReplicaNotFoundError
 from osfleet.replicas.leases import Claim
@@ -35,6 +39,7 @@ from osfleet.replicas.records import Lease, ReplicaRecord, State
 
 ACTIONS = TypeAdapter(list[Action])
 THUMB_WIDTH = 320
+VIDEO_ROUTE = "video"  # the gateway's deadline for a host's MP4 (gateway.DEADLINES): encoding takes a while
 SCREEN_CACHE_SECONDS = 0.5  # viewers of one replica share its screenshots (two a second at most per size)
 
 
@@ -67,6 +72,9 @@ class Backend(Protocol):
     async def trajectories(self, who: Principal) -> list[dict[str, Any]]: ...
     async def trajectory(self, tid: str, who: Principal) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
     async def image(self, tid: str, name: str, who: Principal) -> tuple[bytes, str]: ...
+    async def video(self, tid: str, who: Principal) -> Path:
+        """The episode as an MP4 in a temporary file, which the caller streams and then removes."""
+        ...
 
 
 def scaled_jpeg(data: bytes, width: int | None, quality: int = 70) -> bytes:
@@ -103,6 +111,7 @@ class LocalBackend:
         # (replica, lease, width) -> (when, JPEG): viewers of one lease share its screenshots; never another lease
         self._screens: dict[tuple[str, str | None, int | None], tuple[float, bytes]] = {}
         self._screens_lock = threading.Lock()
+        self._encoding = asyncio.Semaphore(1)  # one MP4 encoded at a time: it takes a core while it runs
 
     @property
     def s(self) -> Any:
@@ -245,6 +254,22 @@ class LocalBackend:
         except TrajectoryError as exc:
             raise NotFound(str(exc)) from None
 
+    async def video(self, tid: str, who: Principal) -> Path:
+        self._meta(tid, who)
+        async with self._encoding:
+            path = _temporary(".mp4")
+            gone = threading.Event()  # the request was given up (the browser left): the encoding stops
+            try:
+                await run_in_threadpool(_encode, self._store(), tid, path, gone)
+            except TrajectoryError as exc:  # no screens in it (a step's image gone)
+                path.unlink(missing_ok=True)
+                raise NotFound(str(exc)) from None
+            except BaseException:
+                gone.set()
+                path.unlink(missing_ok=True)
+                raise
+            return path
+
 
 # --- on the fleet gateway -----------------------------------------------------------------------------------
 class FleetBackend:
@@ -256,9 +281,9 @@ class FleetBackend:
     def __init__(self, gw: Any) -> None:
         self._gw = gw  # () -> Gateway
 
-    async def _call(self, host: str, method: str, path: str, who: Principal, **kw: Any) -> Any:
+    async def _call(self, host: str, method: str, path: str, who: Principal, route: str = "quick", **kw: Any) -> Any:
         g = self._gw()
-        resp = await g.call("quick", g.pool.get(host), method, path, who=who, **kw)
+        resp = await g.call(route, g.pool.get(host), method, path, who=who, **kw)
         if resp.status_code < 300:
             return resp
         try:
@@ -332,3 +357,35 @@ class FleetBackend:
         host, local = self._split(tid)
         resp = await self._call(host, "GET", f"/ui/api/trajectories/{local}/images/{name}", who)
         return resp.content, resp.headers.get("content-type", media_type(name))
+
+    async def video(self, tid: str, who: Principal) -> Path:
+        host, local = self._split(tid)
+        resp = await self._call(host, "GET", f"/ui/api/trajectories/{local}/video.mp4", who, route=VIDEO_ROUTE)
+        path = _temporary(".mp4")
+        await run_in_threadpool(path.write_bytes, resp.content)
+        return path
+
+
+class _GivenUp(Exception):
+    """Raised in an encoding thread whose request was given up."""
+
+
+def _encode(store: TrajectoryStore, tid: str, path: Path, gone: threading.Event) -> None:
+    """``export_mp4`` that stops (ffmpeg killed, nothing left) at its next progress once ``gone`` is set."""
+
+    def progress(done: int, total: int) -> None:
+        if gone.is_set():
+            raise _GivenUp(tid)
+
+    try:
+        export_mp4(store, tid, path, progress=progress)
+    finally:
+        if gone.is_set():
+            path.unlink(missing_ok=True)
+
+
+def _temporary(suffix: str) -> Path:
+    """A new empty file of this process's temporary folder (the caller removes it)."""
+    fd, name = tempfile.mkstemp(prefix="osfleet-", suffix=suffix)
+    os.close(fd)
+    return Path(name)

@@ -9,15 +9,16 @@ view's socket is live.py. Nothing here is in the OpenAPI: the routes are the das
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Query, Request, WebSocket, status
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection
@@ -43,6 +44,7 @@ from osfleet.ui.sessions import (
 
 STATIC = {"ui.css": "text/css", "ui.js": "text/javascript"}
 LOGIN_FORM_SECONDS = 3600
+VIDEO_CHUNK_BYTES = 1 << 20  # an MP4 is streamed from its file in pieces of this size
 
 _env = Environment(loader=PackageLoader("osfleet.ui", "templates"), autoescape=select_autoescape(["j2", "html"]))
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else "-"
@@ -265,6 +267,24 @@ def _api_router(backend: Callable[[], Backend]) -> APIRouter:
     async def api_image(tid: str, name: str, who: Reader) -> Response:
         data, kind = await backend().image(tid, name, who)
         return Response(data, media_type=kind)
+
+    @r.get("/trajectories/{tid}/video.mp4")
+    @r.get("/api/trajectories/{tid}/video.mp4")
+    async def video(tid: str, who: Reader) -> Response:
+        """The episode as an MP4 (osfleet.recording.video), encoded for this request and streamed from its
+        temporary file, removed at once (its bytes stay readable until sent): nothing is left however it ends."""
+        path = await backend().video(tid, who)
+        handle = path.open("rb")
+        path.unlink()
+        size = os.fstat(handle.fileno()).st_size
+
+        def chunks() -> Iterator[bytes]:
+            with handle:
+                while block := handle.read(VIDEO_CHUNK_BYTES):
+                    yield block
+
+        headers = {"Content-Length": str(size), "Content-Disposition": f'attachment; filename="{tid}.mp4"'}
+        return StreamingResponse(chunks(), media_type="video/mp4", headers=headers)
 
     return r
 
