@@ -250,7 +250,8 @@ def test_aws_bad_config_names_the_key(mocks: Mocks, ssh_key: str, over: dict[str
 
 
 def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: Mocks) -> None:
-    _stack(mocks, "k8s", {"containerImage": "registry.example.org/osfleet:0.1.0", "warm": "4", "checkCluster": "false"})
+    config = {"containerImage": "registry.example.org/osfleet:0.1.0", "warm": "4", "checkCluster": "false"}
+    _stack(mocks, "k8s", {**config, "gatewayDiscovery": "false"})  # the agents alone (the gateway: tests below)
     _run_program()
     (ns,) = mocks.of("kubernetes:core/v1:Namespace")
     assert ns.inputs["metadata"]["name"] == "osfleet"
@@ -281,6 +282,7 @@ def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: 
     assert c["resources"]["requests"] == {"memory": f"{512 + 4 * 350}Mi", "cpu": "1500m"}
     assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
         "kvm": "/dev/kvm", "store": "/var/lib/osfleet", "libvirt": "/var/run/libvirt",
+        "channels": "/var/lib/libvirt/qemu/channel/target",  # the guests' control sockets libvirtd makes
     }  # fmt: skip
     assert {"name": "tls", "secret": {"secretName": "osfleet-agent-tls"}} in pod["volumes"]
     token_env = next(e for e in c["env"] if e["name"] == "OSFLEET_API_TOKEN")
@@ -343,7 +345,14 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
     services = {s.inputs["metadata"]["name"] for s in mocks.of("kubernetes:core/v1:Service")}
     assert services == {"osfleet-agent", "osfleet-gateway", "osfleet-locust-master"}
     master = deployments["osfleet-locust-master"].inputs["spec"]["template"]["spec"]["containers"][0]
-    assert master["command"][-3:] == ["https://osfleet-gateway:8090", "--ca-file", "/run/osfleet-ca/ca.crt"]
+    cmd = master["command"]
+    assert cmd[cmd.index("--host") + 1] == "https://osfleet-gateway:8090"
+    assert cmd[-2:] == ["--ca-file", "/run/osfleet-ca/ca.crt"]
+    # a short load of its own once its workers joined, its results kept in the web UI
+    assert "--autostart" in cmd and cmd[cmd.index("--run-time") + 1] == "60s"
+    assert cmd[cmd.index("--expect-workers") + 1] == "2"
+    (wait,) = deployments["osfleet-locust-master"].inputs["spec"]["template"]["spec"]["initContainers"]
+    assert wait["command"][-2:] == ["https://osfleet-gateway:8090/health", "/run/osfleet-ca/ca.crt"]
 
 
 def test_k8s_makes_the_agents_token_when_none_is_set(mocks: Mocks) -> None:
@@ -391,6 +400,14 @@ def test_k8s_deploys_the_newest_image_built_here_by_default(
     (agents,) = mocks.of("kubernetes:apps/v1:DaemonSet")
     (container,) = agents.inputs["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "localhost/osfleet:0.1.0-bbbbbbbbbbbb"
+
+
+def test_k8s_puts_a_discovering_gateway_in_front_by_default(mocks: Mocks) -> None:
+    _stack(mocks, "k8s", {"containerImage": "localhost/osfleet:0.1.0-abc", "checkCluster": "false"})
+    _run_program()
+    deployments = {d.inputs["metadata"]["name"]: d for d in mocks.of("kubernetes:apps/v1:Deployment")}
+    (c,) = deployments["osfleet-gateway"].inputs["spec"]["template"]["spec"]["containers"]
+    assert "--host" not in c["command"] and deployments["osfleet-gateway"].inputs["spec"]["replicas"] == 2
 
 
 def test_k8s_with_discovery_runs_two_gateways_that_find_the_agents_with_a_read_only_account(mocks: Mocks) -> None:

@@ -52,6 +52,25 @@ DEFAULT_REPLICA_MEMORY_MIB = 350
 DEFAULT_REPLICA_CPU = 0.25
 AGENT_MEMORY_MIB = 512
 AGENT_CPU = 0.5
+# Where the node's libvirtd makes each domain's channel sockets (the agent talks to its guests' helpers there).
+LIBVIRT_CHANNELS = "/var/lib/libvirt/qemu/channel/target"
+LOCUST_RUN_TIME = "60s"  # the short load the Locust master starts by itself once its workers joined
+# An init container's wait (argv: URL, CA file) until the URL answers at all, for up to 10 minutes.
+WAIT_FOR_URL = """
+import ssl, sys, time, urllib.error, urllib.request
+url, ca = sys.argv[1], sys.argv[2]
+context = ssl.create_default_context(cafile=ca)
+for _ in range(300):
+    try:
+        urllib.request.urlopen(url, timeout=5, context=context)
+        sys.exit(0)
+    except urllib.error.HTTPError:
+        sys.exit(0)
+    except OSError as exc:
+        print(f"waiting for {url}: {exc}", flush=True)
+        time.sleep(2)
+sys.exit(f"{url} did not answer in 10 minutes")
+"""
 LOCUSTFILE = REPO / "loadtest" / "trajectories.py"
 AGENT_LABELS = {"app.kubernetes.io/name": "osfleet-agent", "app.kubernetes.io/part-of": "osfleet"}
 GATEWAY_LABELS = {"app.kubernetes.io/name": "osfleet-gateway", "app.kubernetes.io/part-of": "osfleet"}
@@ -113,7 +132,7 @@ def read_k8s(cfg: pulumi.Config) -> K8sConfig:
         if not eq or not node or not addr:
             raise ConfigError("kvmNodes", f"{spec!r} is not name=address")
         nodes.append((node, addr))
-    discover = bool_value(cfg, "gatewayDiscovery", False)
+    discover = bool_value(cfg, "gatewayDiscovery", not nodes)  # a gateway in front unless hosts are listed
     if discover and nodes:
         raise ConfigError("gatewayDiscovery", "true and a kvmNodes list: the gateway finds its hosts one way")
     replicas = cfg.get_int("gatewayReplicas")
@@ -248,12 +267,14 @@ class K8sFleet(pulumi.ComponentResource):
             core.VolumeMountArgs(name="kvm", mount_path="/dev/kvm"),
             core.VolumeMountArgs(name="store", mount_path=k.store),
             core.VolumeMountArgs(name="libvirt", mount_path="/var/run/libvirt"),
+            core.VolumeMountArgs(name="channels", mount_path=LIBVIRT_CHANNELS),
             core.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True),
         ]
         volumes = [
             _host_path(core, "kvm", "/dev/kvm", "CharDevice"),
             _host_path(core, "store", k.store, "DirectoryOrCreate"),
             _host_path(core, "libvirt", "/var/run/libvirt", "Directory"),
+            _host_path(core, "channels", LIBVIRT_CHANNELS, "DirectoryOrCreate"),
             _secret_volume(core, "tls", "osfleet-agent-tls"),
         ]
         if k.discover:  # the shape of the one-machine lab and of nodes shared with other tenants' agents
@@ -439,7 +460,7 @@ class K8sFleet(pulumi.ComponentResource):
         ]
         token_env = _secret_env(core, client_secret)
 
-        def deployment(role: str, replicas: int, args: list[str]) -> object:
+        def deployment(role: str, replicas: int, args: list[str], wait_for: str | None = None) -> object:
             labels = {"app.kubernetes.io/name": f"osfleet-locust-{role}", "app.kubernetes.io/part-of": "osfleet"}
             return apps.Deployment(
                 f"{name}-locust-{role}",
@@ -451,6 +472,12 @@ class K8sFleet(pulumi.ComponentResource):
                         metadata=meta(labels=labels),
                         spec=core.PodSpecArgs(
                             automount_service_account_token=False,
+                            # the master's load starts by itself: not before its target answers
+                            init_containers=[core.ContainerArgs(
+                                name="wait-for-target", image=k.container_image, image_pull_policy=k.pull_policy,
+                                command=["python3", "-c", WAIT_FOR_URL, f"{wait_for}/health", f"{CA_DIR}/ca.crt"],
+                                volume_mounts=mount,
+                            )] if wait_for else None,
                             containers=[core.ContainerArgs(
                                 name="locust", image=k.container_image, image_pull_policy=k.pull_policy,
                                 command=["locust", "-f", "/locust/trajectories.py", *args,
@@ -468,7 +495,12 @@ class K8sFleet(pulumi.ComponentResource):
         # node (a lease's calls must reach the agent that granted it).
         gw, agent = f"https://osfleet-gateway:{GATEWAY_PORT}", f"https://osfleet-agent:{self.agent_port}"
         target = gw if k.gateway else agent
-        master = deployment("master", 1, ["--master", "--host", target])
+        # The master starts a short load as soon as its workers are there (one user per warm replica, for
+        # LOCUST_RUN_TIME) and keeps its web UI, whose /stats/requests are the results (docs: "Deploy on Kubernetes").
+        users = str(max(1, self.common.warm))
+        run = ["--autostart", "--users", users, "--spawn-rate", users, "--run-time", LOCUST_RUN_TIME,
+               "--expect-workers", str(k.locust_workers)]  # fmt: skip
+        master = deployment("master", 1, ["--master", "--host", target, *run], wait_for=target)
         svc = core.Service(
             f"{name}-locust-master-svc",
             metadata=meta(name="osfleet-locust-master", namespace=ns),

@@ -64,7 +64,7 @@ require (
 	github.com/containerd/nri v0.12.3 // indirect
 	github.com/containerd/otelttrpc v0.1.0 // indirect
 	github.com/containerd/platforms v1.0.0-rc.5 // indirect
-	github.com/containerd/plugin v1.1.0 // indirect
+	github.com/containerd/plugin v1.1.0
 	github.com/containerd/ttrpc v1.2.9 // indirect
 	github.com/containerd/typeurl/v2 v2.3.0 // indirect
 	github.com/containerd/zfs/v2 v2.0.0 // indirect

@@ -37,6 +37,9 @@ import (
 	containerd "github.com/containerd/containerd/v2/cmd/containerd/command"
 	ctr "github.com/containerd/containerd/v2/cmd/ctr/app"
 	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/plugins"
+	"github.com/containerd/plugin"
+	"github.com/containerd/plugin/registry"
 
 	"github.com/coredns/coredns/coremain"
 	_ "github.com/coredns/coredns/plugin/cache"
@@ -75,9 +78,24 @@ var components = map[string]func() int{
 		// The shim defines its flags (-version, -id, ...) on Go's global flag set, where another component of
 		// this binary already put a -version: it panicked "flag redefined: version" and no pod sandbox started.
 		flag.CommandLine = flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+		onlyShimPlugins()
 		shim.RunShim(context.Background(), shimmanager.NewShimManager("io.containerd.runc.v2"))
 		return 0
 	},
+}
+
+// onlyShimPlugins leaves the shim's task service as the one registered plugin. containerd's own plugins (content
+// store, snapshotters, CRI...) are registered in this binary too, and the shim initialises every registered
+// plugin: the content store, given no root, failed with `mkdir "": no such file or directory` and no pod sandbox
+// started. The shim registers its shutdown and event plugins itself when it runs.
+func onlyShimPlugins() {
+	keep := registry.Graph(func(r *plugin.Registration) bool {
+		return r.Type != plugins.TTRPCPlugin || r.ID != "task"
+	})
+	registry.Reset()
+	for i := range keep {
+		registry.Register(&keep[i])
+	}
 }
 
 // runKwok is cmd/kwok's main: the kwok controller that plays the kubelet of simulated nodes.

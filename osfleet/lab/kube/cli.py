@@ -35,7 +35,22 @@ def k8s_up(kwok_nodes: int, kwok_kvm: bool) -> None:
     cluster = tools.build("cluster", _say)
     tools.build("provider", _say)  # what `pulumi up --stack k8s` needs next
     state = up(kwok_nodes, kwok_kvm, lab_root(), cluster, _say)
+    _stack_ready()
     click.echo(str(state.kubeconfig))
+
+
+def _stack_ready() -> None:
+    """The ``k8s`` stack in this machine's Pulumi backend, so ``pulumi up --stack k8s`` (and ``pulumi config set
+    --stack k8s``) work as typed; an existing stack and its Pulumi.k8s.yaml are kept as they are."""
+    from osfleet.errors import OsfleetError
+    from osfleet.lab.engine import run_cli
+
+    try:
+        run_cli(["stack", "select", "--create", "k8s", "--non-interactive"], capture=True)
+    except OsfleetError as exc:  # the cluster is up all the same; the stack can be made by hand
+        _say(f"k8s lab: the Pulumi stack k8s was not made ({exc}): pulumi stack select --create k8s")
+        return
+    _say("k8s lab: Pulumi stack k8s selected (pulumi up --stack k8s deploys osfleet here)")
 
 
 @k8s.command("ls")

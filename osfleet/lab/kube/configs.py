@@ -152,6 +152,23 @@ def kube_proxy_config(s: KubeLabState) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def can_lower_oom_scores(status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this machine's root may set a negative ``oom_score_adj`` (CAP_SYS_RESOURCE). Some sandboxes (this
+    Firecracker VM) drop that capability: runc then fails every pod sandbox ("failed to update
+    /proc/self/oom_score_adj: Permission denied", containerd gives pause -998) unless containerd keeps the
+    scores at or above its own (``restrict_oom_score_adj``)."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def containerd_config(s: KubeLabState, pause_ref: str) -> str:
     c, tools = s.dir / "containerd", Path(s.tools)
     cni = tools.parent / "cni"
@@ -184,6 +201,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
   enable_selinux = false
+  restrict_oom_score_adj = {"false" if can_lower_oom_scores() else "true"}
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{cni}"]
     conf_dir = "{s.dir / "cni" / "conf"}"
