@@ -1,7 +1,7 @@
 """An open port tells nobody how busy a host is: ``/health`` answers up or down to anyone, the replicas by state
-only to the operator's token (a client's token adds the image, never the counts), on a host agent and on the
-gateway (whose detail names its hosts and why they fail). The acceptance checks' ``wait_healthy`` (200 on
-``/health``) keeps working without a token."""
+only to the operator's token (a client's token adds the image and the body limit, never the counts), on a host
+agent and on the gateway (whose detail names its hosts and why they fail). The acceptance checks' ``wait_healthy``
+(200 on ``/health``) keeps working without a token."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def test_the_gateways_health_names_its_hosts_to_the_operator_only(tmp_path: Path
     clients.write_text(f"alice {ALICE}\n")
     app = create_gateway(OPERATOR, [entry], clients=load_clients(clients, OPERATOR))
     with TestClient(app) as gw:
-        for headers in ({}, A):
-            r = gw.get("/health", headers=headers)
-            assert r.json() == {"status": r.json()["status"]} and "kvm7" not in r.text
+        r = gw.get("/health")
+        assert r.json() == {"status": r.json()["status"]} and "kvm7" not in r.text
+        r = gw.get("/health", headers=A)  # a client learns the body limit (the SDK checks uploads against it)
+        assert r.json() == {"status": r.json()["status"], "max_body_bytes": 16 * 2**20} and "kvm7" not in r.text
         assert "kvm7" in gw.get("/health", headers=OP).json()["hosts"]
