@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from osfleet.errors import ImageNotFoundError
 from osfleet.images import GoldenImage, load
 
 if TYPE_CHECKING:
+    from osfleet.bench.load import LocalAgent
     from osfleet.replicas.manager import ReplicaHost
 
 REPO = Path(__file__).resolve().parent.parent
@@ -317,3 +319,20 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         finally:
             context.close()
     shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+
+
+@contextmanager
+def local_agent(image: GoldenImage, folder: Path, warm: int) -> Iterator[tuple[LocalAgent, Path]]:
+    """A host agent of ``image`` in a subprocess (no recording) with ``warm`` ready replicas, and its token's file;
+    stopped (its replicas torn down) on the way out."""
+    from osfleet.bench.load import LocalAgent
+
+    os.environ["OSFLEET_RECORD"] = "0"
+    agent = LocalAgent(warm, folder / "agent.log", image.name)
+    try:
+        agent.wait_ready(warm, 600)
+        token = folder / "token"
+        token.write_text(agent.token + "\n")
+        yield agent, token
+    finally:
+        agent.stop()

@@ -17,6 +17,7 @@ import pytest
 
 from osfleet.bench.load import LocalAgent
 from osfleet.images import GoldenImage
+from tests.conftest import local_agent
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -66,16 +67,8 @@ def client_python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def agent(golden: GoldenImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAgent, Path]]:
-    folder = tmp_path_factory.mktemp("client-agent")
-    os.environ["OSFLEET_RECORD"] = "0"
-    a = LocalAgent(1, folder / "agent.log", golden.name)
-    try:
-        a.wait_ready(1, 600)
-        token = folder / "token"
-        token.write_text(a.token + "\n")
-        yield a, token
-    finally:
-        a.stop()
+    with local_agent(golden, tmp_path_factory.mktemp("client-agent"), 1) as served:
+        yield served
 
 
 def test_the_client_only_install_has_none_of_the_hosts_packages(client_python: str) -> None:

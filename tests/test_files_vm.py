@@ -20,6 +20,7 @@ from osfleet.client import Fleet, ForbiddenError, InvalidRequestError, NotFoundE
 from osfleet.config import DEFAULT_MAX_BODY_BYTES
 from osfleet.images import GoldenImage
 from osfleet.protocol.actions import MAX_READ_BYTES
+from tests.conftest import local_agent
 from tests.test_sdk_vm import example
 
 pytestmark = pytest.mark.vm
@@ -27,16 +28,8 @@ pytestmark = pytest.mark.vm
 
 @pytest.fixture(scope="module")
 def agent(golden: GoldenImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAgent, Path]]:
-    folder = tmp_path_factory.mktemp("files")
-    os.environ["OSFLEET_RECORD"] = "0"
-    a = LocalAgent(1, folder / "agent.log", golden.name)
-    try:
-        a.wait_ready(1, 600)
-        token = folder / "token"
-        token.write_text(a.token + "\n")
-        yield a, token
-    finally:
-        a.stop()
+    with local_agent(golden, tmp_path_factory.mktemp("files"), 1) as served:
+        yield served
 
 
 def shell(s: Session, command: str, as_root: bool = False) -> str:

@@ -3,7 +3,6 @@ through Gymnasium, async rollouts, a GRPO group of forked rollouts scored by the
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from osfleet.bench.load import LocalAgent
 from osfleet.images import GoldenImage
+from tests.conftest import local_agent
 from tests.test_client import openenv_server
 
 pytestmark = pytest.mark.vm
@@ -22,16 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def agent(golden: GoldenImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAgent, Path]]:
-    folder = tmp_path_factory.mktemp("sdk")
-    os.environ["OSFLEET_RECORD"] = "0"
-    a = LocalAgent(3, folder / "agent.log", golden.name)
-    try:
-        a.wait_ready(3, 600)
-        token = folder / "token"
-        token.write_text(a.token + "\n")
-        yield a, token
-    finally:
-        a.stop()
+    with local_agent(golden, tmp_path_factory.mktemp("sdk"), 3) as served:
+        yield served
 
 
 def example(name: str, *args: str, timeout: float = 600) -> str:
