@@ -106,9 +106,21 @@ def test_a_taken_name_is_409_and_a_full_quota_507_with_the_figure(client: TestCl
 
 
 @unit
-def test_count_without_a_checkpoint_is_422(client: TestClient) -> None:
-    r = client.post("/v1/leases", json={"count": 2}, headers=A)
-    assert r.status_code == 422 and "checkpoint" in r.text
+def test_count_without_a_checkpoint_is_422_as_the_schema_says(client: TestClient) -> None:
+    for body in ({"count": 2}, {"count": 1}, {"count": 2, "checkpoint": None}):
+        r = client.post("/v1/leases", json=body, headers=A)
+        assert r.status_code == 422 and "checkpoint" in r.text, (body, r.text)
+    schema = client.get("/openapi.json", headers=A).json()["components"]["schemas"]["LeaseRequest"]
+    assert schema["dependentRequired"] == {"count": ["checkpoint"]}
+    assert "anyOf" not in schema["properties"]["checkpoint"]  # no null: leave it out
+
+
+@unit
+@pytest.mark.parametrize("name", ["a b", "x" * 65, ".x", "%2e%2e"])
+def test_deleting_a_name_no_checkpoint_can_have_is_404(client: TestClient, name: str) -> None:
+    # a path segment is any text by the schema: not a malformed request, a checkpoint the caller does not keep
+    r = client.delete(f"/v1/checkpoints/{name}", headers=A)
+    assert r.status_code == 404 and r.json()["kind"] == "not_found"
 
 
 @unit
@@ -116,8 +128,10 @@ def test_the_book_counts_bytes_and_one_name_is_saved_once_under_a_race(tmp_path:
     book = CheckpointBook(tmp_path, max_count=10, max_bytes=100)
     with pytest.raises(CheckpointQuotaError, match="would pass its"), book.reserving("alice", "big", 101):
         pass
-    with pytest.raises(CheckpointNameError):
-        book.get("alice", "a/b")
+    with pytest.raises(CheckpointNameError), book.reserving("alice", "a/b", 1):
+        pass
+    with pytest.raises(CheckpointNotFoundError):
+        book.get("alice", "a/b")  # a name no checkpoint can have is not found
     with pytest.raises(CheckpointNotFoundError):
         book.get("alice", "nothing")
     won: list[str] = []
@@ -194,3 +208,42 @@ def test_a_checkpoint_outlives_its_replica_and_its_host_object(
     finally:
         for c in second.checkpoints.list("alice"):
             second.delete_checkpoint(c.name, "alice")
+
+
+# --- through a gateway: a checkpoint stays on its host ---------------------------------------------------------------
+@unit
+def test_the_gateway_finds_each_checkpoint_on_its_host(tmp_path: Path) -> None:
+    from osfleet.fleet.app import create_gateway
+    from tests.test_fleet import Agent, free_port
+
+    hosts = [Agent(n, FakeHost(tmp_path / n, ready=2), free_port()) for n in ("h1", "h2")]
+    for h in hosts:
+        h.start()
+    try:
+        auth = {"Authorization": "Bearer gateway-token-0123456789"}
+        with TestClient(create_gateway("gateway-token-0123456789", [h.entry for h in hosts])) as gw:
+            r = gw.post("/v1/leases", json={"holder": "t"}, headers=auth)
+            assert r.status_code == 201, r.text
+            rid, lid = r.json()["replica_id"], r.json()["lease_id"]
+            on = rid.split(".")[0]
+            r = gw.post(f"/v1/replicas/{rid}/checkpoints", json={"lease_id": lid, "name": "g1"}, headers=auth)
+            assert r.status_code == 201 and r.json()["host"] == on, r.text
+            listed = gw.get("/v1/checkpoints", headers=auth).json()
+            assert [(c["name"], c["host"]) for c in listed] == [("g1", on)]
+            # the name is the caller's across the fleet: taken on one host is taken on the other
+            rid2, lid2 = next(
+                (x["replica_id"], x["lease_id"])
+                for x in (gw.post("/v1/leases", json={"holder": "t"}, headers=auth).json() for _ in range(3))
+                if x["replica_id"].split(".")[0] != on
+            )
+            r = gw.post(f"/v1/replicas/{rid2}/checkpoints", json={"lease_id": lid2, "name": "g1"}, headers=auth)
+            assert r.status_code == 409, r.text
+            r = gw.post("/v1/leases", json={"checkpoint": "g1", "count": 2}, headers=auth)
+            assert r.status_code == 201, r.text
+            assert {g["replica_id"].split(".")[0] for g in r.json()["leases"]} == {on}  # started where it is kept
+            assert gw.delete("/v1/checkpoints/g1", headers=auth).json() == {"name": "g1", "deleted": True}
+            assert gw.post("/v1/leases", json={"checkpoint": "g1"}, headers=auth).status_code == 404
+            assert gw.delete("/v1/checkpoints/g1", headers=auth).status_code == 404
+    finally:
+        for h in hosts:
+            h.stop()

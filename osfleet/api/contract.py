@@ -67,6 +67,7 @@ EVERY_ROUTE_MAY_ANSWER = (401, 413, 422)
 Endpoint = Callable[..., Any]
 OCTET_STREAM = "application/octet-stream"
 BINARY = {"type": "string", "format": "binary"}
+ERROR_BODY_REF = {"$ref": "#/components/schemas/ErrorBody"}  # published by every other operation's errors
 
 
 async def _raw_body(request: Request) -> bytes:
@@ -112,6 +113,11 @@ class Routes:
         responses = errors(*sorted({*EVERY_ROUTE_MAY_ANSWER, *op.errors}))
         extra: dict[str, Any] = {}
         if op.raw_response:
+            # FastAPI files every answer of a route under the route's media type: its errors stay JSON here
+            for code, doc in list(responses.items()):
+                if "model" in doc:
+                    json_doc = {k: v for k, v in doc.items() if k != "model"}
+                    responses[code] = {**json_doc, "content": {"application/json": {"schema": ERROR_BODY_REF}}}
             responses[op.status] = {"description": "the file's bytes", "content": {OCTET_STREAM: {"schema": BINARY}}}
             extra["response_class"] = OctetStream
         if op.raw_body:

@@ -145,11 +145,11 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
         g = gw()
         if req.checkpoint is not None:  # on the host that keeps it, where its memory and disk are
             host = await checkpoint_host(g, req.checkpoint, who)
-            resp = await g.call("fork", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_none=True))
+            resp = await g.call("fork", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_unset=True))
             return copies(resp, host.name)
         for i, host in enumerate(g.lease_hosts()):
             try:
-                resp = await g.call("lease", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_none=True))
+                resp = await g.call("lease", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_unset=True))
             except HostNotReachedError:
                 continue
             if resp.status_code == 201:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.protocol.wire import JsonInt, integral
@@ -54,9 +55,12 @@ MAX_CHECKPOINT_COPIES = 64
 
 
 class LeaseRequest(_Strict):
+    # count goes with checkpoint (JSON Schema's dependentRequired, so generated clients and fuzzers know it)
+    model_config = ConfigDict(json_schema_extra={"dependentRequired": {"count": ["checkpoint"]}})
+
     holder: str = Field("anonymous", max_length=200)
     ttl_seconds: float | None = Field(None, gt=0, le=86400)
-    checkpoint: CheckpointName | None = Field(
+    checkpoint: CheckpointName | SkipJsonSchema[None] = Field(
         None, description="start new replicas at exactly this checkpoint's state instead of leasing a ready one"
     )
     count: JsonInt = Field(
@@ -65,7 +69,7 @@ class LeaseRequest(_Strict):
 
     @model_validator(mode="after")
     def _count_needs_checkpoint(self) -> LeaseRequest:
-        if self.count != 1 and self.checkpoint is None:
+        if "count" in self.model_fields_set and self.checkpoint is None:
             raise ValueError("count is for starting replicas from a checkpoint: give checkpoint too")
         return self
 

@@ -140,7 +140,12 @@ class CheckpointBook:
         return [c for c in self.all() if c.owner == owner]
 
     def get(self, owner: str, name: str) -> Checkpoint:
-        path = self._path(owner, name)
+        """The owner's checkpoint ``name``; a name no checkpoint can have is not found either (a path segment of the
+        API is any text: 404, as for any name the client does not keep)."""
+        try:
+            path = self._path(owner, name)
+        except CheckpointNameError:
+            raise CheckpointNotFoundError(f"no checkpoint named {name[:80]!r}") from None
         try:
             found = _load(path)
         except (OSError, ValueError, TypeError, KeyError):
@@ -194,7 +199,7 @@ class CheckpointBook:
         """Forget the name; its fork goes with the next collection once no replica started from it uses it."""
         with self._lock:
             found = self.get(owner, name)
-            self._path(owner, name).unlink(missing_ok=True)
+            self._path(found.owner, found.name).unlink(missing_ok=True)
         return found
 
     def remove_all(self) -> int:
