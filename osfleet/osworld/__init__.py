@@ -61,7 +61,10 @@ the same shapes):
   ``{desktop_path}``; ``POST /wallpaper`` -> bytes; ``POST /list_directory {path}`` -> ``{directory_tree}``;
   ``/setup/change_wallpaper``, ``/setup/open_file {path}``; ``/setup/activate_window`` and ``close_window``
   ``{window_name, strict, by_class}``; ``POST /start_recording``, ``POST /end_recording`` -> MP4 bytes. Only
-  ``status_code == 200`` is tested; failures are retried (3 times, 5 s apart) then logged.
+  ``status_code == 200`` is tested: ``PythonController`` retries anything else (3 times, 5 s apart), then logs it
+  and returns None; ``SetupController`` logs most failures, and raises for ``/setup/open_file`` and
+  ``/setup/upload``: the exception leaves ``DesktopEnv.reset`` (its own 5 tries are for a server that does not
+  answer ``/terminal`` at all).
 - OSWorld's server also has ``GET /platform`` (text) and ``GET /cursor_position`` (``[x, y]``), served here;
   ``/setup/download_file`` (the VM downloads a URL) is answered 501: replicas have no network, and OSWorld's
   own set-up downloads on its host and sends the file with ``/setup/upload``.
@@ -74,13 +77,14 @@ soon, release at close and at exit).
 
 What remains (TODO, in this order):
 
-1. ``CHROME_PORT`` / ``VLC_PORT`` tunnels (TODO): 17 Chrome getters and the Chrome set-up steps connect Playwright to
-   ``http://127.0.0.1:<chrome port>`` (DevTools), and the VLC getter reads ``http://127.0.0.1:<vlc port>/requests/
-   status.xml``. Replicas have no network device, so these need a TCP tunnel from the harness through a guest
-   channel (virtio-serial) to Chrome's 1337 and VLC's 8080 in the guest. Until then ``get_ip_address`` names two
-   loopback ports held closed (``provider.ClosedPort``): those getters fail at once; they never reach a browser
-   or a player of the machine the benchmark runs on, as OSWorld's defaults (9222, 8080) could. VNC (8006) is held
-   closed the same way (osfleet's dashboard is the way to watch a replica).
+1. TODO(tunnels), the Chrome DevTools and VLC HTTP ports (``provider.TUNNEL_TODO``): 17 Chrome getters and the
+   Chrome set-up steps connect Playwright to ``http://127.0.0.1:<chrome port>`` (DevTools), and the VLC getter
+   reads ``http://127.0.0.1:<vlc port>/requests/status.xml``. Replicas have no network device, so these need a
+   TCP tunnel from the harness through a guest channel (virtio-serial) to Chrome's 1337 and VLC's 8080 in the
+   guest. Until then ``get_ip_address`` names loopback ports held closed (``provider.ClosedPort``): those getters
+   fail at once; they never reach a browser or a player of the machine the benchmark runs on, as OSWorld's
+   defaults (9222, 8080) could. VNC (8006) is held closed the same way (osfleet's dashboard is the way to watch a
+   replica).
 2. Recording: ``/start_recording`` and ``/end_recording`` answer 501 (OSWorld's runner logs it and goes on, after
    its retries). osfleet records episodes on the host (``--record``) and exports MP4s there; the SDK has no call
    for it yet.
@@ -88,17 +92,24 @@ What remains (TODO, in this order):
    ``register()`` in each worker process (the patch is per process) and pass the fleet's URL and token in the
    environment.
 4. Parity check: the same tasks and the same agent through OSWorld's harness on osfleet and through osfleet's own
-   task runner, scores compared task by task (``docs/reference/osworld-parity.md``).
+   task runner, scores compared task by task (for ``docs/reference/osworld-parity.md``, in the nav, not written).
 5. Known differences that remain: a step lasts at most the host's 90 s budget (OSWorld's ``/execute`` gives
    120 s, ``/run_bash_script`` what the request says); ``/file`` and ``/wallpaper`` reach files under
    ``/home/user`` and ``/tmp`` only (403 elsewhere), and at most 8 MiB (413); uploads over 16 MiB are refused here
    (``bodies.MAX_UPLOAD_BYTES``); ``/list_directory`` stops at osfleet's query script's node cap and does not
    follow links to folders; ``save_state`` is not wired to osfleet's checkpoints; ``/setup/open_file`` opens with
-   ``xdg-open`` as OSWorld's server does, not with osfleet's per-extension openers.
+   ``xdg-open`` as OSWorld's server does, not with osfleet's per-extension openers (``osfleet.tasks.osworld``).
+6. Cost: ``DesktopEnv._get_obs`` asks ``/screenshot``, ``/accessibility`` and maybe ``/terminal`` one after the
+   other, each an ``observe`` of its own; one observation with every part, kept for the few milliseconds between
+   them, would halve the round trips. A task's set-up commands and getters arrive as steps of the lease, so a host
+   that records episodes records them with the agent's actions (each step's metadata names its endpoint).
+7. Naming: the harness reads ``$OSFLEET_TOKEN``/``$OSFLEET_TOKEN_FILE`` (issue 29's names) before the client's own
+   ``$OSFLEET_API_TOKEN``; whether to keep two names is open.
 
-desktop-env here: its wheel (1 MB) installs 259 packages with it, among them torch 2.5.1, torchvision, triton and
-ten ``nvidia-*-cu12`` wheels (through easyocr and transformers), and ``desktop_env.desktop_env`` imports easyocr
-(so torch) when it loads; it is not installed on this machine, and ``register`` is tested on a stand-in.
+desktop-env here: its wheel is 1 MB, but ``pip install --dry-run desktop-env==1.0.2`` resolves 259 packages, among
+them torch 2.5.1, torchvision, triton and ten ``nvidia-*-cu12`` wheels (through easyocr and transformers), and
+``desktop_env.desktop_env`` imports easyocr (so torch) when it loads. It is not installed on this machine;
+``register`` is tested on a stand-in of the same shape.
 """
 
 from osfleet.osworld.provider import ClosedPort, OsfleetProvider, OsfleetVMManager
