@@ -32,6 +32,8 @@ FORMATTED = [
     "examples/checkpoints.py",
     "examples/files.py",
     "osfleet/api/routes/checkpoints.py",
+    "osfleet/osworld",
+    "osfleet/protocol/osworld_paths.py",
     "osfleet/bench/checkpoint.py",
     "osfleet/api/routes/files.py",
     "osfleet/recording/video.py",
@@ -47,6 +49,7 @@ FORMATTED = [
     "tests/test_docs.py",
     "tests/test_docs_commands.py",
     "tests/test_images.py",
+    "tests/test_osworld_provider.py",
     "tests/test_tiers.py",
 ]
 

@@ -37,6 +37,7 @@ from osfleet.protocol.actions import (
     TypeText,
     Wait,
 )
+from osfleet.protocol.osworld_paths import GUEST_USER
 from osfleet.replicas import computer13, pyautogui_code
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.replicas.pyautogui_code import CodeFailedError
@@ -47,7 +48,6 @@ READ_CHUNK_BYTES = 1 << 20
 AGENT_CALL_SECONDS = 5  # one guest agent call (libvirt's own timeout; a stuck agent answers nothing)
 CLOSE_SECONDS = 2
 MAX_EMPTY_READS = 3  # empty chunks in a row without an end of file: a broken or hostile guest agent
-GUEST_USER = "user"
 GUEST_TIMEOUT_SLACK_SECONDS = 5.0
 STEP_BUDGET_SECONDS = 90.0  # one step request never takes longer (see run_actions)
 KILLED_BY_TIMEOUT = 137  # 128 + SIGKILL, as coreutils timeout -s KILL reports it

@@ -5,6 +5,8 @@ OSWorld's server runs as the desktop user in its home folder: file paths go thro
 of a command given as a list that start with ``~/`` are expanded before it runs without a shell. osfleet runs
 every command through ``sh -c`` as that user in that folder, so it has to do the same expansions itself:
 quoting an argument keeps the shell from expanding it, exactly as OSWorld's list commands are not expanded.
+Those rules live in ``osfleet.protocol.osworld_paths`` (the OSWorld harness on a client reads commands with them
+too); this module adds the placeholders of OSWorld's task files.
 
 OSWorld's set-up also fills placeholders into a command before it runs (``{CLIENT_PASSWORD}`` and the screen's
 ``{SCREEN_WIDTH}``, ``{SCREEN_HEIGHT}``, ``{SCREEN_WIDTH_HALF}``, ``{SCREEN_HEIGHT_HALF}``): the password is
@@ -16,40 +18,26 @@ rather than run with the token passed on literally.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 from typing import Any
 
-from osfleet.replicas.actions import GUEST_USER
+from osfleet.protocol.osworld_paths import GUEST_HOME, command_line, guest_path, truthy
 
-GUEST_HOME = f"/home/{GUEST_USER}"
+__all__ = [
+    "CLIENT_PASSWORD",
+    "GUEST_HOME",
+    "PLACEHOLDERS",
+    "SCREEN_PLACEHOLDERS",
+    "fill_screen",
+    "guest_path",
+    "needs_screen",
+    "shell_command",
+    "substitute",
+    "truthy",
+    "unknown_placeholders",
+]
 CLIENT_PASSWORD = "password"  # the desktop user's password on OSWorld's images (not AWS), which its tasks type
-_VARS = {"HOME": GUEST_HOME, "USER": GUEST_USER, "LOGNAME": GUEST_USER}
-_VAR = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
-
-
-def guest_path(path: str) -> str:
-    """``path`` as an absolute guest path: ``~``/``~user``, ``$HOME``-style variables, then the home folder
-    for a relative path (variables the desktop user's environment lacks stay as they are, as expandvars does)."""
-    if path == "~" or path.startswith("~/"):
-        path = GUEST_HOME + path[1:]
-    elif path.startswith("~"):
-        user, _, rest = path[1:].partition("/")
-        home = GUEST_HOME if user == GUEST_USER else ("/root" if user == "root" else None)
-        if home is not None:
-            path = f"{home}/{rest}" if rest else home
-    path = _VAR.sub(lambda m: _VARS.get(m.group(1) or m.group(2), m.group(0)), path)
-    return path if path.startswith("/") else posixpath.join(GUEST_HOME, path)
-
-
-def truthy(value: Any) -> bool:
-    """OSWorld passes ``shell`` straight to subprocess, so any truthy value (task files write ``"true"``) counts."""
-    return bool(value)
-
-
-def _expanded(arg: str) -> str:
-    return f'"$HOME"/{shlex.quote(arg[2:])}' if arg.startswith("~/") else shlex.quote(arg)
 
 
 SCREEN_PLACEHOLDERS = ("{SCREEN_WIDTH_HALF}", "{SCREEN_HEIGHT_HALF}", "{SCREEN_WIDTH}", "{SCREEN_HEIGHT}")
@@ -88,15 +76,11 @@ def fill_screen(text: str, width: int, height: int) -> str:
 
 
 def shell_command(command: str | list[str], shell: Any = False) -> str:
-    """One ``sh -c`` command line doing what OSWorld's server does with ``command``.
-
-    With ``shell`` a string runs as it is and a list runs its first item with the rest as ``$0``, ``$1``... (what
-    ``subprocess.run(list, shell=True)`` does); without it a string is split like ``shlex.split`` and every
-    argument is passed literally, except a leading ``~/`` (expanded to the home folder, as OSWorld does)."""
-    if truthy(shell):
-        if isinstance(command, str):
-            return substitute(command)
-        head, *rest = [substitute(c) for c in command]
-        return shlex.join(["sh", "-c", head, *rest]) if rest else head
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    return " ".join(_expanded(substitute(a)) for a in argv)
+    """One ``sh -c`` command line doing what OSWorld's server does with ``command``
+    (``osfleet.protocol.osworld_paths.command_line``), after the placeholders ``substitute`` fills: in each
+    argument once a string run without a shell is split (the split is the same either way, the values have no
+    quotes or spaces)."""
+    if isinstance(command, str) and not truthy(shell):
+        return command_line([substitute(a) for a in shlex.split(command)], shell)
+    filled = substitute(command) if isinstance(command, str) else [substitute(c) for c in command]
+    return command_line(filled, shell)

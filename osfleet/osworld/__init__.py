@@ -1,0 +1,129 @@
+"""OSWorld's own harness on an osfleet fleet: ``register()``, then ``DesktopEnv(provider_name="osfleet", ...)``.
+
+DESIGN (issue 29, part 2: groundwork; the parity run and the tunnels below are still to do)
+=========================================================================================
+
+What it does::
+
+    import osfleet.osworld
+    from desktop_env.desktop_env import DesktopEnv
+
+    osfleet.osworld.register()          # the fleet from $OSFLEET_URL, its token from $OSFLEET_TOKEN(_FILE)
+    env = DesktopEnv(provider_name="osfleet", action_space="pyautogui")   # leases one replica
+    obs = env.reset(task_config=task)   # OSWorld's own set-up, through the replica's protocol server
+    obs, reward, done, info = env.step("pyautogui.click(100, 200)")
+    score = env.evaluate()              # OSWorld's own getters and metrics, on this machine
+    env.close()                         # gives the replica back
+
+Pieces (each module's docstring has its details):
+
+- ``registration``: ``register``/``unregister``, the two run-time patches of desktop-env (its provider factory,
+  and ``DesktopEnv.__init__``'s provider-name check, passed by running it under the stand-in name ``docker``);
+- ``provider``: ``OsfleetProvider`` (one lease per ``DesktopEnv``: ``start_emulator`` leases and starts the
+  protocol server, ``revert_to_snapshot`` resets, ``stop_emulator`` releases) and ``OsfleetVMManager``
+  (``get_vm_path`` is the fleet's URL);
+- ``server`` + ``endpoints``: OSWorld's in-VM server protocol on ``127.0.0.1:<port>``, one port per lease,
+  every endpoint turned into osfleet client SDK calls (``step`` with ``shell``/``pyautogui`` actions, ``observe``
+  with ``include=accessibility_tree,terminal,cursor``, ``upload``/``download``); ``commands``: the guest command
+  lines; ``bodies``: the request bodies; ``errors``: the one status table;
+- ``settings``: which fleet, which token, the lease's TTL and wait.
+
+Built on ``osfleet.client`` and ``osfleet.protocol`` only (plus osfleet's guest query script,
+``osfleet.tasks.guest_query``, which imports nothing of the host's), so it runs on a client-only install;
+desktop-env itself is imported by ``register`` alone.
+
+Interface facts this is built against (desktop-env 1.0.2, the newest on PyPI; OSWorld's main of April 2026 has
+the same shapes):
+
+- ``DesktopEnv.__init__`` calls ``create_vm_manager_and_provider(provider_name, region, use_proxy=False)``, the
+  name it imported from ``desktop_env.providers``; then raises ``ValueError`` for a name outside
+  ``{docker, aws, gcp, azure, aliyun, volcengine}`` (starts clean) and ``{vmware, virtualbox}`` (starts dirty);
+  ``path_to_vm`` is made absolute for vmware/virtualbox only; ``client_password`` defaults to ``password``
+  except on aws. Without ``path_to_vm`` it asks ``manager.get_vm_path(os_type=, region=, screen_size=)``.
+- ``_start_emulator``: ``provider.start_emulator(path, headless, os_type)``, then
+  ``provider.get_ip_address(path).split(":")``: with more than one part, parts 1-4 are the server, Chrome
+  DevTools, VNC and VLC ports (``int``). ``PythonController``/``SetupController`` talk to
+  ``http://<part 0>:<server port>``. ``reset`` reverts only when the env was used (a step, or a set-up with
+  steps): ``provider.revert_to_snapshot(path, snapshot_name)`` (a different path returned re-registers it with the
+  manager: ``delete_vm``, ``add_vm``, ``occupy_vm``), then ``_start_emulator`` again. ``close`` calls
+  ``stop_emulator(path)``.
+- Requests and the answers read (``controllers/python.py``, ``setup.py``, the getters): ``POST /execute`` and
+  ``/setup/execute`` JSON ``{command, shell}`` -> ``{status, output, error, returncode}`` (an agent's action is
+  ``["python", "-c", "import pyautogui; import time; pyautogui.FAILSAFE = False; <code>"]``, 90 s read timeout);
+  ``/setup/execute_with_verification`` adds ``verification {window_exists, command_success}``,
+  ``max_wait_time``, ``check_interval``; ``/setup/launch`` ``{command, shell}`` -> text;
+  ``POST /run_python {code}`` -> ``{status, message, need_more, output, error, return_code}`` (a non-200 answer:
+  its ``error`` is read); ``POST /run_bash_script {script, timeout, working_dir}`` -> ``{status, output, error,
+  returncode}``; ``GET /screenshot`` -> PNG or JPEG bytes (checked by magic number); ``GET /accessibility`` ->
+  ``{"AT": xml}``; ``GET /terminal`` -> ``{"output"}``; ``POST /file`` form ``file_path`` -> bytes;
+  ``POST /setup/upload`` multipart ``file_path`` + ``file_data``; ``POST /screen_size`` -> ``{width, height}``;
+  ``POST /window_size`` form ``app_class_name`` -> ``{width, height}``; ``POST /desktop_path`` ->
+  ``{desktop_path}``; ``POST /wallpaper`` -> bytes; ``POST /list_directory {path}`` -> ``{directory_tree}``;
+  ``/setup/change_wallpaper``, ``/setup/open_file {path}``; ``/setup/activate_window`` and ``close_window``
+  ``{window_name, strict, by_class}``; ``POST /start_recording``, ``POST /end_recording`` -> MP4 bytes. Only
+  ``status_code == 200`` is tested: ``PythonController`` retries anything else (3 times, 5 s apart), then logs it
+  and returns None; ``SetupController`` logs most failures, and raises for ``/setup/open_file`` and
+  ``/setup/upload``: the exception leaves ``DesktopEnv.reset`` (its own 5 tries are for a server that does not
+  answer ``/terminal`` at all).
+- OSWorld's server also has ``GET /platform`` (text) and ``GET /cursor_position`` (``[x, y]``), served here;
+  ``/setup/download_file`` (the VM downloads a URL) is answered 501: replicas have no network, and OSWorld's
+  own set-up downloads on its host and sends the file with ``/setup/upload``.
+
+What works (tested against a fake of the session's methods, ``tests/test_osworld_provider.py``): every endpoint
+above with OSWorld's request and answer shapes; an agent's pyautogui action sent as osfleet's ``pyautogui``
+action; ``register`` on a stand-in desktop-env of the same shape (idempotent, reversible, other providers
+untouched); the lease's life (lease at start, reset at revert, a new lease when the old one was lost or ends
+soon, release at close and at exit).
+
+What remains (TODO, in this order):
+
+1. TODO(tunnels), the Chrome DevTools and VLC HTTP ports (``provider.TUNNEL_TODO``): 17 Chrome getters and the
+   Chrome set-up steps connect Playwright to ``http://127.0.0.1:<chrome port>`` (DevTools), and the VLC getter
+   reads ``http://127.0.0.1:<vlc port>/requests/status.xml``. Replicas have no network device, so these need a
+   TCP tunnel from the harness through a guest channel (virtio-serial) to Chrome's 1337 and VLC's 8080 in the
+   guest. Until then ``get_ip_address`` names loopback ports held closed (``provider.ClosedPort``): those getters
+   fail at once; they never reach a browser or a player of the machine the benchmark runs on, as OSWorld's
+   defaults (9222, 8080) could. VNC (8006) is held closed the same way (osfleet's dashboard is the way to watch a
+   replica).
+2. Recording: ``/start_recording`` and ``/end_recording`` answer 501 (OSWorld's runner logs it and goes on, after
+   its retries). osfleet records episodes on the host (``--record``) and exports MP4s there; the SDK has no call
+   for it yet.
+3. ``run_multienv.py`` wiring: its ``--provider_name`` choices do not list ``osfleet``; a runner has to call
+   ``register()`` in each worker process (the patch is per process) and pass the fleet's URL and token in the
+   environment.
+4. Parity check: the same tasks and the same agent through OSWorld's harness on osfleet and through osfleet's own
+   task runner, scores compared task by task (for ``docs/reference/osworld-parity.md``, in the nav, not written).
+5. Known differences that remain: a step lasts at most the host's 90 s budget (OSWorld's ``/execute`` gives
+   120 s, ``/run_bash_script`` what the request says); ``/file`` and ``/wallpaper`` reach files under
+   ``/home/user`` and ``/tmp`` only (403 elsewhere), and at most 8 MiB (413); uploads over 16 MiB are refused here
+   (``bodies.MAX_UPLOAD_BYTES``); ``/list_directory`` stops at osfleet's query script's node cap and does not
+   follow links to folders; ``save_state`` is not wired to osfleet's checkpoints; ``/setup/open_file`` opens with
+   ``xdg-open`` as OSWorld's server does, not with osfleet's per-extension openers (``osfleet.tasks.osworld``).
+6. Cost: ``DesktopEnv._get_obs`` asks ``/screenshot``, ``/accessibility`` and maybe ``/terminal`` one after the
+   other, each an ``observe`` of its own; one observation with every part, kept for the few milliseconds between
+   them, would halve the round trips. A task's set-up commands and getters arrive as steps of the lease, so a host
+   that records episodes records them with the agent's actions (each step's metadata names its endpoint).
+7. Naming: the harness reads ``$OSFLEET_TOKEN``/``$OSFLEET_TOKEN_FILE`` (issue 29's names) before the client's own
+   ``$OSFLEET_API_TOKEN``; whether to keep two names is open.
+
+desktop-env here: its wheel is 1 MB, but ``pip install --dry-run desktop-env==1.0.2`` resolves 259 packages, among
+them torch 2.5.1, torchvision, triton and ten ``nvidia-*-cu12`` wheels (through easyocr and transformers), and
+``desktop_env.desktop_env`` imports easyocr (so torch) when it loads. It is not installed on this machine;
+``register`` is tested on a stand-in of the same shape.
+"""
+
+from osfleet.osworld.provider import ClosedPort, OsfleetProvider, OsfleetVMManager
+from osfleet.osworld.registration import PROVIDER_NAME, register, unregister
+from osfleet.osworld.server import ProtocolServer
+from osfleet.osworld.settings import HarnessSettings
+
+__all__ = [
+    "PROVIDER_NAME",
+    "ClosedPort",
+    "HarnessSettings",
+    "OsfleetProvider",
+    "OsfleetVMManager",
+    "ProtocolServer",
+    "register",
+    "unregister",
+]
