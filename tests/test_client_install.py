@@ -58,7 +58,11 @@ def client_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
     python = str(venv / "bin" / "python")
     pip = subprocess.run(
-        [python, "-m", "pip", "install", "-q", f"{src}[client]"], capture_output=True, text=True, env=env, timeout=1200
+        [python, "-m", "pip", "install", "-q", "-c", str(REPO / "scripts" / "pins.txt"), f"{src}[client]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
     shutil.rmtree(src)  # the venv must not lean on the copy

@@ -12,6 +12,7 @@ shape as desktop-env 1.0.2 (which needs torch to import, so it is not installed 
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -578,9 +579,16 @@ def test_a_provider_leases_serves_resets_and_releases(fleet: FakeFleet) -> None:
     host, server, chrome, vnc, vlc = provider.get_ip_address(path).split(":")
     assert host == "127.0.0.1" and len({server, chrome, vnc, vlc}) == 4
     assert call(int(server), "GET", "/screenshot").body == PNG
-    for closed in (chrome, vnc, vlc):  # held closed: refused at once, never someone else's Chrome or VLC
+    for closed in (chrome, vnc):  # held closed: refused at once, never someone else's Chrome
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", int(closed)), timeout=5)
+    # VLC's port: each request asked again in the guest (osfleet.osworld.guest_http), as a shell step
+    status = {"status": 200, "content_type": "text/xml", "body": base64.b64encode(b"<root/>").decode()}
+    fleet.leased[0].hooks.append(answer_when("urllib.request", ran(0, json.dumps(status) + "\n")))
+    got = call(int(vlc), "GET", "/requests/status.xml", headers={"Authorization": "Basic OnBhc3N3b3Jk"})
+    assert (got.status, got.content_type, got.body) == (200, "text/xml", b"<root/>")
+    asked = fleet.leased[0].actions[-1]["command"]
+    assert "8080" in asked and "/requests/status.xml" in asked and "Basic OnBhc3N3b3Jk" in asked
     assert provider.revert_to_snapshot(path, "init_state") == path and fleet.leased[0].resets == 1
     with pytest.raises(ValueError, match="init_state"):
         provider.revert_to_snapshot(path, "my_snapshot")
@@ -647,7 +655,7 @@ def test_closed_ports_refuse_connections_and_cannot_be_taken() -> None:
             other.bind(("127.0.0.1", port.port))
         other.close()
     finally:
-        port.close()
+        port.stop()
 
 
 # --- register() on a stand-in desktop-env ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """OSWorld's own harness on an osfleet fleet: ``register()``, then ``DesktopEnv(provider_name="osfleet", ...)``.
 
-DESIGN (issue 29, part 2: groundwork; the parity run and the tunnels below are still to do)
-=========================================================================================
+DESIGN (issue 29, part 2; Chrome's DevTools port, recording and the parity run are still to do)
+==============================================================================================
 
 What it does::
 
@@ -26,7 +26,12 @@ Pieces (each module's docstring has its details):
   every endpoint turned into osfleet client SDK calls (``step`` with ``shell``/``pyautogui`` actions, ``observe``
   with ``include=accessibility_tree,terminal,cursor``, ``upload``/``download``); ``commands``: the guest command
   lines; ``bodies``: the request bodies; ``errors``: the one status table;
-- ``settings``: which fleet, which token, the lease's TTL and wait.
+- ``settings``: which fleet, which token, the lease's TTL and wait;
+- ``guest_http``: VLC's HTTP port (8080 in the guest) on a loopback port of the harness's machine, each request
+  asked again in the guest by a ``shell`` step;
+- ``assets``: osfleet's asset URLs (``https://assets.osfleet.invalid/...``, a name that never resolves) answered in
+  the harness's process from the bundles shipped with osfleet and this machine's asset store, so OSWorld's own
+  ``download`` set-up step works on osfleet's task bundles.
 
 Built on ``osfleet.client`` and ``osfleet.protocol`` only (plus osfleet's guest query script,
 ``osfleet.tasks.guest_query``, which imports nothing of the host's), so it runs on a client-only install;
@@ -69,30 +74,29 @@ the same shapes):
   ``/setup/download_file`` (the VM downloads a URL) is answered 501: replicas have no network, and OSWorld's
   own set-up downloads on its host and sends the file with ``/setup/upload``.
 
-What works (tested against a fake of the session's methods, ``tests/test_osworld_provider.py``): every endpoint
-above with OSWorld's request and answer shapes; an agent's pyautogui action sent as osfleet's ``pyautogui``
-action; ``register`` on a stand-in desktop-env of the same shape (idempotent, reversible, other providers
-untouched); the lease's life (lease at start, reset at revert, a new lease when the old one was lost or ends
-soon, release at close and at exit).
+What works: every endpoint above with OSWorld's request and answer shapes (unit-tested against a fake of the
+session's methods, ``tests/test_osworld_provider.py``); with desktop-env 1.0.2 installed as OSWorld's users install
+it (``scripts/setup-osworld-harness``), ``DesktopEnv`` on office-image replicas runs set-up, observes, executes
+pyautogui actions and scores with its own ``evaluate()`` (``tests/test_osworld_harness_vm.py``; the acceptance
+check ``osworld-harness`` runs 4 of its 5 tasks through: files, VLC's HTTP port, the accessibility tree, commands).
 
 What remains (TODO, in this order):
 
-1. TODO(tunnels), the Chrome DevTools and VLC HTTP ports (``provider.TUNNEL_TODO``): 17 Chrome getters and the
-   Chrome set-up steps connect Playwright to ``http://127.0.0.1:<chrome port>`` (DevTools), and the VLC getter
-   reads ``http://127.0.0.1:<vlc port>/requests/status.xml``. Replicas have no network device, so these need a
-   TCP tunnel from the harness through a guest channel (virtio-serial) to Chrome's 1337 and VLC's 8080 in the
-   guest. Until then ``get_ip_address`` names loopback ports held closed (``provider.ClosedPort``): those getters
-   fail at once; they never reach a browser or a player of the machine the benchmark runs on, as OSWorld's
-   defaults (9222, 8080) could. VNC (8006) is held closed the same way (osfleet's dashboard is the way to watch a
-   replica).
+1. TODO(tunnels): Chrome's DevTools port. 17 Chrome getters and the Chrome set-up steps connect Playwright to
+   ``http://127.0.0.1:<chrome port>``: an HTTP request, then a WebSocket kept open, which a request-by-request relay
+   (``guest_http``, enough for VLC) cannot carry. It needs a byte stream from the harness to the guest: a stream
+   endpoint on the host agent and the gateway (the lease's, 404 for another client's) and a multiplexed
+   virtio-serial channel to a relay in the guest (a new device: a saved-state format change). Until then
+   ``get_ip_address`` names a loopback port held closed (``provider.ClosedPort``): those getters fail at once and
+   never reach a browser of the machine the benchmark runs on, as OSWorld's default (9222) could. VNC (8006) is
+   held closed the same way (osfleet's dashboard is the way to watch a replica).
 2. Recording: ``/start_recording`` and ``/end_recording`` answer 501 (OSWorld's runner logs it and goes on, after
-   its retries). osfleet records episodes on the host (``--record``) and exports MP4s there; the SDK has no call
-   for it yet.
+   its retries). osfleet records episodes on the host (``--record``) and exports MP4s there.
 3. ``run_multienv.py`` wiring: its ``--provider_name`` choices do not list ``osfleet``; a runner has to call
    ``register()`` in each worker process (the patch is per process) and pass the fleet's URL and token in the
    environment.
 4. Parity check: the same tasks and the same agent through OSWorld's harness on osfleet and through osfleet's own
-   task runner, scores compared task by task (for ``docs/reference/osworld-parity.md``, in the nav, not written).
+   task runner, scores compared task by task.
 5. Known differences that remain: a step lasts at most the host's 90 s budget (OSWorld's ``/execute`` gives
    120 s, ``/run_bash_script`` what the request says); ``/file`` and ``/wallpaper`` reach files under
    ``/home/user`` and ``/tmp`` only (403 elsewhere), and at most 8 MiB (413); uploads over 16 MiB are refused here
@@ -106,10 +110,10 @@ What remains (TODO, in this order):
 7. Naming: the harness reads ``$OSFLEET_TOKEN``/``$OSFLEET_TOKEN_FILE`` (issue 29's names) before the client's own
    ``$OSFLEET_API_TOKEN``; whether to keep two names is open.
 
-desktop-env here: its wheel is 1 MB, but ``pip install --dry-run desktop-env==1.0.2`` resolves 259 packages, among
-them torch 2.5.1, torchvision, triton and ten ``nvidia-*-cu12`` wheels (through easyocr and transformers), and
-``desktop_env.desktop_env`` imports easyocr (so torch) when it loads. It is not installed on this machine;
-``register`` is tested on a stand-in of the same shape.
+desktop-env 1.0.2 with its declared dependencies is 259 packages, ~7 GiB (torch 2.5.1 and ten ``nvidia-*-cu12``
+wheels through easyocr and transformers), installed in ~2-3 minutes here; ``desktop_env.desktop_env`` imports
+easyocr (so torch) when it loads (~6 s). Installed beside osfleet's client (no extra: ``osfleet[client]`` pins
+gymnasium 1.x, desktop-env gymnasium 0.28), the two resolve together: the client's own dependencies are ranges.
 """
 
 from osfleet.osworld.provider import ClosedPort, OsfleetProvider, OsfleetVMManager

@@ -6,10 +6,10 @@
 - ``start_emulator(path_to_vm, headless, os_type)``: lease a replica from the fleet (once; a later call while the
   lease is held does nothing) and start its protocol server on 127.0.0.1;
 - ``get_ip_address(path_to_vm)``: ``"127.0.0.1:<server>:<chrome>:<vnc>:<vlc>"``, the form ``DesktopEnv`` reads
-  the four ports from. The Chrome DevTools, VNC and VLC ports are loopback ports held closed (``ClosedPort``):
-  reaching the replica's Chrome and VLC needs tunnels through a guest channel that are not built yet, and a closed
-  port of our own makes a getter that tries them fail at once, where OSWorld's defaults (9222, 8080) could reach a
-  browser or a player of the machine running the benchmark;
+  the four ports from. VLC's is a relay of the guest's port 8080 (``osfleet.osworld.guest_http``). Chrome's
+  DevTools and VNC are loopback ports held closed (``ClosedPort``): Chrome's needs a byte stream to the guest that
+  is not built yet, and a closed port of our own makes a getter that tries it fail at once, where OSWorld's default
+  (9222) could reach a browser of the machine running the benchmark;
 - ``revert_to_snapshot(path_to_vm, "init_state")``: reset the replica to its image's initial state (with less
   than ``renew_below_seconds`` left on the lease, or a lease the fleet took back, the replica is given back and
   the next ``start_emulator`` leases a fresh one); returns ``path_to_vm``, so ``DesktopEnv`` keeps it;
@@ -33,14 +33,16 @@ from typing import Any, Protocol
 
 from osfleet.client import Fleet, FleetError, LeaseError, NotFoundError
 from osfleet.osworld.endpoints import Desktop, Endpoints
+from osfleet.osworld.guest_http import GuestHttpRelay
 from osfleet.osworld.server import LOOPBACK, ProtocolServer
 from osfleet.osworld.settings import HarnessSettings
 
 log = logging.getLogger(__name__)
 
-# TODO(tunnels, issue 29): Chrome's DevTools (1337 in the guest) and VLC's HTTP interface (8080) reached through a
-# guest channel, each on a loopback port of its own; until then these are ClosedPorts (the module's docstring).
-TUNNEL_TODO = ("chrome", "vnc", "vlc")
+# Chrome's DevTools (a WebSocket: needs a byte stream through a guest channel, not built) and VNC are loopback ports
+# held closed (the module's docstring); VLC's HTTP interface is relayed request by request (osfleet.osworld.guest_http).
+CLOSED_PORTS = ("chrome", "vnc")
+VLC_GUEST_PORT = 8080  # the office image's VLC HTTP interface (golden_images/guest/osworld/vlcrc)
 OSWORLD_SNAPSHOT = "init_state"  # DesktopEnv's default snapshot name: the image's initial state here
 OS_TYPE = "Ubuntu"  # what osfleet's desktops are, as OSWorld names it
 
@@ -78,7 +80,7 @@ class ClosedPort:
         self._sock.bind((LOOPBACK, 0))
         self.port: int = self._sock.getsockname()[1]
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self._sock.close()
 
 
@@ -88,12 +90,14 @@ class _Held:
 
     session: LeasedDesktop
     server: ProtocolServer
+    vlc: GuestHttpRelay
     closed: Sequence[ClosedPort] = field(default_factory=list)
 
     def close(self) -> None:
         self.server.stop()
+        self.vlc.stop()
         for port in self.closed:
-            port.close()
+            port.stop()
         try:
             self.session.release()
         except FleetError as exc:  # the lease ends with its TTL anyway
@@ -193,28 +197,28 @@ class OsfleetProvider:
         settings = self._registration.settings
         fleet = self._registration.fleet(settings.fleet_url(path_to_vm))
         session = fleet.lease(settings.holder, ttl=settings.lease_seconds, wait=settings.lease_wait_seconds)
-        closed: list[ClosedPort] = []
+        started: list[ProtocolServer | GuestHttpRelay | ClosedPort] = []
         try:
-            server = ProtocolServer(Endpoints(session)).start()
-            try:
-                closed = [ClosedPort() for _ in TUNNEL_TODO]
-            except OSError:
-                server.stop()
-                raise
+            endpoints = Endpoints(session)
+            server = ProtocolServer(endpoints).start()
+            started.append(server)
+            vlc = GuestHttpRelay(endpoints.shell, VLC_GUEST_PORT).start()
+            started.append(vlc)
+            closed = [ClosedPort() for _ in CLOSED_PORTS]
         except BaseException:
-            for port in closed:
-                port.close()
+            for thing in reversed(started):
+                thing.stop()
             session.release()
             raise
         log.info("leased %s; OSWorld's server for it on %s:%d", session, LOOPBACK, server.port)
-        return _Held(session, server, closed)
+        return _Held(session, server, vlc, closed)
 
     def get_ip_address(self, path_to_vm: str) -> str:
         held = self._held
         if held is None:
             raise RuntimeError("no replica is leased: DesktopEnv calls start_emulator first")
-        chrome, vnc, vlc = (p.port for p in held.closed)
-        return f"{LOOPBACK}:{held.server.port}:{chrome}:{vnc}:{vlc}"
+        chrome, vnc = (p.port for p in held.closed)
+        return f"{LOOPBACK}:{held.server.port}:{chrome}:{vnc}:{held.vlc.port}"
 
     def save_state(self, path_to_vm: str, snapshot_name: str) -> None:
         raise NotImplementedError("saving a replica's state from desktop-env is not wired to osfleet's checkpoints")

@@ -30,6 +30,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from osfleet.osworld import assets
 from osfleet.osworld.provider import Connect, OsfleetProvider, OsfleetVMManager, Registration, connect
 from osfleet.osworld.settings import HarnessSettings
 
@@ -123,6 +124,7 @@ def register(settings: HarnessSettings | None = None, *, connect: Connect = conn
         cls.__init__ = _wrap_init(cls.__init__)  # type: ignore[method-assign]
     Provider.register(OsfleetProvider)
     VMManager.register(OsfleetVMManager)
+    assets.install()
     if not _exit_hook_installed:
         atexit.register(_close_at_exit)
         _exit_hook_installed = True
@@ -134,6 +136,7 @@ def unregister() -> None:
     previous, _registration = _registration, None
     if previous is not None:
         previous.close()
+    assets.uninstall()
     try:
         from desktop_env import desktop_env as env_module
         from desktop_env import providers
