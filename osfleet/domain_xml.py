@@ -20,6 +20,9 @@ Accel = Literal["kvm", "qemu"]
 MEMORY_BACKEND_ID = "osfleet-ram"
 # The virtio-serial port of the guest's resident control helper (``osfleet.replicas.guest_control``).
 CONTROL_CHANNEL = "org.osfleet.control.0"
+# The virtio-serial port of the guest's tunnel relay (``osfleet.replicas.tunnels``): the host reaching the
+# replica's own loopback services (Chrome's DevTools) without a network.
+TUNNEL_CHANNEL = "org.osfleet.tunnel.0"
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,8 @@ class DomainSpec:
         ET.SubElement(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
         control = ET.SubElement(devices, "channel", type="unix")  # libvirt names the socket (live XML)
         ET.SubElement(control, "target", type="virtio", name=CONTROL_CHANNEL)
+        tunnel = ET.SubElement(devices, "channel", type="unix")
+        ET.SubElement(tunnel, "target", type="virtio", name=TUNNEL_CHANNEL)
         if self.serial_log is not None:
             serial = ET.SubElement(devices, "serial", type="file")
             ET.SubElement(serial, "source", path=str(self.serial_log))

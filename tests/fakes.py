@@ -38,6 +38,8 @@ from osfleet.replicas.leases import Claim, LeaseBook
 from osfleet.replicas.lifecycle import Child, Forked, Timed
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
+from osfleet.replicas.tunnels import Stream, Tunnels
+from tests.fake_guest_channels import FakeGuestChannels
 from osfleet.screen import encode
 
 
@@ -78,6 +80,9 @@ class FakeHost:
         self.registry = Registry(RecordStore(self.settings.replicas_dir))
         self.leases = LeaseBook(self.registry, self._reset_locked)
         self.checkpoints = CheckpointBook(self.settings.checkpoints_dir, 4, 64 * 2**20)
+        # tunnels: the real host side and the guest's real relay, over UNIX sockets, to this machine's loopback
+        self.guest_channels = FakeGuestChannels(self.home / "channels")
+        self.tunnels = Tunnels(self.guest_channels, self.guest_channels.start)
         self.checkpoint_files: dict[str, dict[str, str]] = {}  # fork id -> the files it kept (the fake guest's)
         self.background = False
         self.closed = False
@@ -302,6 +307,15 @@ class FakeHost:
     def read_file(self, rid: str, path: str, limit: int, timeout: float = 60.0, claim: Claim | None = None) -> bytes:
         with self._touching(rid, claim):
             raise OsfleetError("no files in the fake guest")
+
+    # --- tunnels: as ``ReplicaHost`` (the lease checked under the replica's lock, then the stream) -------------
+    def open_tunnel(self, rid: str, port: int, claim: Claim | None = None) -> Stream:
+        with self._touching(rid, claim) as rec:
+            return self.tunnels.open(rec.id, rec.generation, claim.lease_id if claim else None, rec.domain, port)
+
+    def tunnel(self, rid: str, tunnel_id: str, claim: Claim | None = None) -> Stream:
+        with self._touching(rid, claim) as rec:
+            return self.tunnels.get(tunnel_id, rec.id, rec.generation, claim.lease_id if claim else None)
 
     # --- files: the real path policy (guest_files.allowed_path) over a dict standing in for the desktop ---------
     def upload_file(self, rid: str, path: str, data: bytes, claim: Claim | None = None) -> None:

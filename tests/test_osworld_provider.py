@@ -28,7 +28,16 @@ from typing import Any
 
 import pytest
 
-from osfleet.client import InfrastructureError, InvalidRequestError, LeaseError, NotFoundError, Screen, StepResult
+from osfleet.client import (
+    ConflictError,
+    InfrastructureError,
+    InvalidRequestError,
+    LeaseError,
+    NotFoundError,
+    PortForward,
+    Screen,
+    StepResult,
+)
 from osfleet.osworld import ClosedPort, HarnessSettings, OsfleetProvider, ProtocolServer, commands
 from osfleet.osworld.endpoints import Endpoints
 from osfleet.osworld.provider import Registration
@@ -78,6 +87,7 @@ class FakeDesktop:
         self.observed: list[dict[str, Any]] = []
         self.files: dict[str, bytes] = {}
         self.hooks: list[Hook] = []
+        self.forwarded: list[int] = []
         self.raises: Exception | None = None
         self.screen = Screen(PNG, "png", 1920, 1080)
         self.part: Screen | None = None  # the answer to an observation that includes a part
@@ -144,6 +154,23 @@ class FakeDesktop:
 
     def release(self) -> None:
         self.released = True
+
+    def forward(self, guest_port: int, local_port: int = 0) -> PortForward:
+        self.forwarded.append(guest_port)
+        return PortForward(self, guest_port, local_port)
+
+    # tunnels: nothing listens in this desktop
+    def open_tunnel(self, port: int) -> str:
+        raise ConflictError(f"nothing accepted a connection to port {port} in the replica", kind="conflict")
+
+    def tunnel_send(self, tunnel_id: str, data: bytes) -> None:
+        raise NotFoundError(tunnel_id, kind="not_found")
+
+    def tunnel_receive(self, tunnel_id: str, *, wait: float = 20.0) -> bytes | None:
+        return None
+
+    def close_tunnel(self, tunnel_id: str) -> None:
+        pass
 
     def shells(self) -> list[str]:
         return [a["command"] for a in self.actions if a["type"] == "shell"]
@@ -579,9 +606,14 @@ def test_a_provider_leases_serves_resets_and_releases(fleet: FakeFleet) -> None:
     host, server, chrome, vnc, vlc = provider.get_ip_address(path).split(":")
     assert host == "127.0.0.1" and len({server, chrome, vnc, vlc}) == 4
     assert call(int(server), "GET", "/screenshot").body == PNG
-    for closed in (chrome, vnc):  # held closed: refused at once, never someone else's Chrome
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", int(closed)), timeout=5)
+    with pytest.raises(ConnectionRefusedError):  # VNC: held closed, refused at once, never another VNC server
+        socket.create_connection(("127.0.0.1", int(vnc)), timeout=5)
+    # Chrome's DevTools: a forward of the lease to the guest's 1337; nothing listens there in this fake, so the
+    # connection is accepted here and closed when the tunnel is refused
+    assert fleet.leased[0].forwarded == [1337]
+    with socket.create_connection(("127.0.0.1", int(chrome)), timeout=5) as conn:
+        conn.settimeout(10)
+        assert conn.recv(10) == b""
     # VLC's port: each request asked again in the guest (osfleet.osworld.guest_http), as a shell step
     status = {"status": 200, "content_type": "text/xml", "body": base64.b64encode(b"<root/>").decode()}
     fleet.leased[0].hooks.append(answer_when("urllib.request", ran(0, json.dumps(status) + "\n")))
@@ -807,3 +839,36 @@ def test_the_harness_imports_without_the_servers_packages() -> None:
         "assert 'osfleet.replicas' not in sys.modules and 'osfleet.api' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+RUNNER = """
+import argparse
+from desktop_env.desktop_env import DesktopEnv
+import desktop_env.providers as providers
+parser = argparse.ArgumentParser()
+parser.add_argument("--provider_name", type=str, default="vmware", choices=["vmware", "docker", "aws"])
+parser.add_argument("--num_envs", type=int, default=1)
+args = parser.parse_args()
+factory = providers.create_vm_manager_and_provider
+print(args.provider_name, args.num_envs, getattr(factory, "__osfleet_osworld__", False))
+"""
+
+
+def test_osworlds_runners_take_osfleet_as_their_provider_through_the_wrapper(desktop_env: Any, tmp_path: Path) -> None:
+    script = tmp_path / "run_multienv.py"
+    script.write_text(RUNNER)
+    site = str(Path(desktop_env.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(Path(__file__).parent.parent)])}
+    run = [sys.executable, "-m", "osfleet.osworld.run", str(script), "--provider_name", "osfleet", "--num_envs", "3"]
+    out = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["osfleet", "3", "True"]  # the choice taken, the factory registered
+    plain = subprocess.run([sys.executable, str(script), "--provider_name", "osfleet"], capture_output=True,
+                           text=True, env=env, timeout=60)  # fmt: skip
+    assert plain.returncode == 2 and "invalid choice" in plain.stderr  # without the wrapper: refused, as published
+    missing = subprocess.run([sys.executable, "-m", "osfleet.osworld.run", str(tmp_path / "none.py")],
+                             capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert (
+        missing.returncode == 2
+        and missing.stderr.strip() == f"osfleet.osworld.run: error: no such script: {tmp_path / 'none.py'}"
+    )

@@ -23,7 +23,7 @@ from osfleet.api.contract import Routes, add_metrics_route
 from osfleet.api.limits import BodyLimit, size_thread_pool
 from osfleet.api.models import Health
 from osfleet.api.operations import OPERATIONS
-from osfleet.api.routes import checkpoints, episodes, files, leases, osgym, replicas
+from osfleet.api.routes import checkpoints, episodes, files, leases, osgym, replicas, tunnels
 from osfleet.api.state import AgentState
 from osfleet.config import AgentConfig
 from osfleet.replicas.manager import ReplicaHost
@@ -58,7 +58,7 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 
     routes = Routes(OPERATIONS)
-    for resource in (leases, replicas, episodes, files, checkpoints, osgym):
+    for resource in (leases, replicas, episodes, files, tunnels, checkpoints, osgym):
         resource.mount(routes, state)
     app.include_router(routes.complete())
 

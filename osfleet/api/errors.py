@@ -35,6 +35,7 @@ from osfleet.replicas.errors import (
 )
 from osfleet.replicas.input import InputError
 from osfleet.replicas.records import InvalidTransitionError
+from osfleet.replicas.tunnels import TunnelNotFoundError, TunnelRefusedError
 from osfleet.tasks.model import TaskError
 from osfleet.tasks.runner import TaskSetupError, VerifierError
 
@@ -68,6 +69,8 @@ class Relayed(OsfleetError):
 # match wins, so more precise classes come before the classes they derive from.
 KIND: list[tuple[type[Exception], ErrorKind]] = [
     (NotFound, "not_found"),
+    (TunnelNotFoundError, "not_found"),
+    (TunnelRefusedError, "conflict"),
     (CheckpointNotFoundError, "not_found"),
     (CheckpointExistsError, "conflict"),
     (CheckpointQuotaError, "quota"),

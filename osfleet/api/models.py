@@ -40,6 +40,12 @@ from osfleet.protocol.models import (
     StepRequest,
     StepResponse,
     StepResult,
+    TunnelClosed,
+    TunnelOpened,
+    TunnelQuery,
+    TunnelReceiveQuery,
+    TunnelRequest,
+    TunnelSent,
 )
 from osfleet.protocol.tasks import Task
 from osfleet.protocol.wire import JsonInt
@@ -105,6 +111,12 @@ class OsgymScreenshot(BaseModel):
 
 
 __all__ = [
+    "TunnelClosed",
+    "TunnelOpened",
+    "TunnelQuery",
+    "TunnelReceiveQuery",
+    "TunnelRequest",
+    "TunnelSent",
     "AnyTask",
     "CheckpointDeleted",
     "CheckpointRequest",

@@ -46,6 +46,12 @@ from osfleet.api.models import (
     ScaleResponse,
     StepRequest,
     StepResponse,
+    TunnelClosed,
+    TunnelOpened,
+    TunnelQuery,
+    TunnelReceiveQuery,
+    TunnelRequest,
+    TunnelSent,
 )
 from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.protocol.tasks import Evaluation
@@ -234,6 +240,52 @@ DOWNLOAD_FILE = Operation(
     raw_response=True,
     errors=(403, 404, 409, 503),
 )
+_TUNNEL_RULES = (
+    "A tunnel is a TCP connection the client makes to a port on the replica's own loopback (its services: "
+    "Chrome's DevTools, VLC's HTTP interface), as the desktop user, carried by the host through a guest channel: "
+    "the replica has no network and reaches nothing itself. It ends with the lease, a reset or the connection. "
+)
+OPEN_TUNNEL = Operation(
+    "open_tunnel",
+    "POST",
+    "/v1/replicas/{rid}/tunnels",
+    _TUNNEL_RULES + "Connect to ``port``; 409 (kind conflict) when nothing accepts it there (named) or 16 tunnels "
+    "are open on the replica already.",
+    body=TunnelRequest,
+    response=TunnelOpened,
+    status=201,
+    errors=(404, 409, 503),
+)
+TUNNEL_SEND = Operation(
+    "tunnel_send",
+    "PUT",
+    "/v1/replicas/{rid}/tunnel",
+    "Send the request's body (bytes, application/octet-stream) into the tunnel. 404 once the tunnel is closed.",
+    query=TunnelQuery,
+    raw_body=True,
+    response=TunnelSent,
+    errors=(404, 409, 503),
+)
+TUNNEL_RECEIVE = Operation(
+    "tunnel_receive",
+    "GET",
+    "/v1/replicas/{rid}/tunnel",
+    "What came out of the tunnel (bytes, application/octet-stream), up to ``max_bytes``; waits up to ``wait`` "
+    "seconds when nothing is there and answers empty when nothing came. 404 once the connection is over and "
+    "everything was read. Bytes the client leaves unread past 8 MiB close the tunnel.",
+    query=TunnelReceiveQuery,
+    raw_response=True,
+    errors=(404, 409, 503),
+)
+CLOSE_TUNNEL = Operation(
+    "close_tunnel",
+    "DELETE",
+    "/v1/replicas/{rid}/tunnel",
+    "Close the tunnel (404 for one that is not open).",
+    query=TunnelQuery,
+    response=TunnelClosed,
+    errors=(404, 409),
+)
 CHECKPOINT = Operation(
     "checkpoint",
     "POST",
@@ -326,6 +378,10 @@ OPERATIONS: tuple[Operation, ...] = (
     EVALUATE,
     UPLOAD_FILE,
     DOWNLOAD_FILE,
+    OPEN_TUNNEL,
+    TUNNEL_SEND,
+    TUNNEL_RECEIVE,
+    CLOSE_TUNNEL,
     CHECKPOINT,
     LIST_CHECKPOINTS,
     DELETE_CHECKPOINT,

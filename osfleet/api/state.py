@@ -35,6 +35,7 @@ from osfleet.replicas.leases import Claim
 from osfleet.replicas.lifecycle import Timed
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
+from osfleet.replicas.tunnels import Stream
 from osfleet.tasks.model import Task
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,12 @@ class LeasedHost:
 
     def download_file(self, replica_id: str, path: str) -> bytes:
         return self.host.download_file(replica_id, path, claim=self.claim)
+
+    def open_tunnel(self, replica_id: str, port: int) -> Stream:
+        return self.host.open_tunnel(replica_id, port, claim=self.claim)
+
+    def tunnel(self, replica_id: str, tunnel_id: str) -> Stream:
+        return self.host.tunnel(replica_id, tunnel_id, claim=self.claim)
 
     def act(self, replica_id: str, actions: list[Action]) -> list[ActionResult]:
         return self.host.act(replica_id, actions, claim=self.claim)

@@ -30,6 +30,7 @@ from osfleet.client.errors import (
     QuotaError,
 )
 from osfleet.client.fleet import AsyncFleet, AsyncGroup, AsyncSession
+from osfleet.client.forward import PortForward
 from osfleet.client.sync import Fleet, Group, Session
 from osfleet.client.transport import RetryPolicy
 from osfleet.client.types import ResetResult, Screen, StepResult
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidTaskError",
     "LeaseError",
     "NotFoundError",
+    "PortForward",
     "QuotaError",
     "ResetResult",
     "RetryPolicy",

@@ -46,8 +46,12 @@ from osfleet.protocol.models import (
     ReplicaView,
     ResetResponse,
     StepResponse,
+    TunnelOpened,
 )
 from osfleet.protocol.tasks import Evaluation
+
+TUNNEL_OPEN_TIMEOUT = 120.0  # a replica's first tunnel starts the guest's relay (python3 in a TCG guest)
+TUNNEL_RECEIVE_SLACK = 30.0  # a receive's deadline beyond its wait
 
 DEFAULT_LEASE_WAIT = 600.0  # seconds a lease waits for a free replica before CapacityError
 RELEASE_TIMEOUT = 60.0
@@ -234,6 +238,58 @@ class AsyncSession:
             what=f"download {path} from {self.replica_id}",
         )
         return data
+
+    # --- tunnels: TCP connections to ports on the replica's own loopback (``Session.forward`` listens locally) ------
+    async def open_tunnel(self, port: int, *, timeout: float | None = None) -> str:
+        """Connect to ``port`` on the replica's loopback (its Chrome's DevTools, say) as the desktop user; returns
+        the tunnel's id. ``ConflictError`` when nothing accepts the connection there."""
+        self._live()
+        data = await self.fleet._t.call(
+            "POST",
+            f"{self._path}/tunnels",
+            {"lease_id": self.lease_id, "port": port},
+            timeout=timeout or TUNNEL_OPEN_TIMEOUT,
+            what=f"open a tunnel to port {port} of {self.replica_id}",
+        )
+        return TunnelOpened.model_validate(data).tunnel_id
+
+    async def tunnel_send(self, tunnel_id: str, data: bytes, *, timeout: float | None = None) -> None:
+        """Bytes into the tunnel (``NotFoundError`` once it is closed)."""
+        await self.fleet._t.call(
+            "PUT",
+            f"{self._path}/tunnel",
+            params={"lease_id": self.lease_id, "tunnel_id": tunnel_id},
+            content=bytes(data),
+            timeout=timeout,
+            what=f"send into tunnel {tunnel_id}",
+        )
+
+    async def tunnel_receive(self, tunnel_id: str, *, wait: float = 20.0, timeout: float | None = None) -> bytes | None:
+        """What came out of the tunnel, waiting up to ``wait`` seconds (b"" when nothing came); None once the
+        connection is over and everything was read."""
+        try:
+            data: bytes = await self.fleet._t.call(
+                "GET",
+                f"{self._path}/tunnel",
+                params={"lease_id": self.lease_id, "tunnel_id": tunnel_id, "wait": wait},
+                raw=True,
+                timeout=timeout or wait + TUNNEL_RECEIVE_SLACK,
+                what=f"receive from tunnel {tunnel_id}",
+            )
+        except NotFoundError:
+            return None
+        return data
+
+    async def close_tunnel(self, tunnel_id: str, *, timeout: float | None = None) -> None:
+        """Close the tunnel (one closed already is no error)."""
+        with contextlib.suppress(NotFoundError, LeaseError):
+            await self.fleet._t.call(
+                "DELETE",
+                f"{self._path}/tunnel",
+                params={"lease_id": self.lease_id, "tunnel_id": tunnel_id},
+                timeout=timeout,
+                what=f"close tunnel {tunnel_id}",
+            )
 
     async def fork(self, children: int, *, timeout: float | None = None) -> list[AsyncSession]:
         """``children`` new sessions that start from this replica's current state (screen, memory, disk), each

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from osfleet.client.fleet import DEFAULT_LEASE_WAIT, AsyncFleet, AsyncGroup, AsyncSession
+from osfleet.client.forward import PortForward
 from osfleet.client.transport import DEFAULT_TIMEOUT, RetryPolicy, Verify
 from osfleet.client.types import ActionLike, ResetResult, Screen, StepResult, TaskLike
 from osfleet.protocol.models import CheckpointView, ImageFormat, ObservationPart, ReplicaView
@@ -94,6 +95,25 @@ class Session:
     def download(self, path: str, *, timeout: float | None = None) -> bytes:
         """The file ``path`` of the desktop, read as the desktop user, whole (``AsyncSession.download``)."""
         return self._loop.run(self.inner.download(path, timeout=timeout))
+
+    def open_tunnel(self, port: int, *, timeout: float | None = None) -> str:
+        """A TCP connection to ``port`` on the replica's loopback (``AsyncSession.open_tunnel``)."""
+        return self._loop.run(self.inner.open_tunnel(port, timeout=timeout))
+
+    def tunnel_send(self, tunnel_id: str, data: bytes, *, timeout: float | None = None) -> None:
+        self._loop.run(self.inner.tunnel_send(tunnel_id, data, timeout=timeout))
+
+    def tunnel_receive(self, tunnel_id: str, *, wait: float = 20.0, timeout: float | None = None) -> bytes | None:
+        return self._loop.run(self.inner.tunnel_receive(tunnel_id, wait=wait, timeout=timeout))
+
+    def close_tunnel(self, tunnel_id: str, *, timeout: float | None = None) -> None:
+        self._loop.run(self.inner.close_tunnel(tunnel_id, timeout=timeout))
+
+    def forward(self, guest_port: int, local_port: int = 0) -> PortForward:
+        """``127.0.0.1:<returned .port>`` here reaches ``guest_port`` on the replica's loopback (its Chrome's
+        DevTools, say): each connection is a tunnel of this lease. ``stop()`` it (or use ``with``)."""
+        self.inner._live()
+        return PortForward(self, guest_port, local_port)
 
     def fork(self, children: int, *, timeout: float | None = None) -> list[Session]:
         return [Session(self._loop, s) for s in self._loop.run(self.inner.fork(children, timeout=timeout))]

@@ -31,6 +31,8 @@ DEADLINES = {
     "evaluate": 300.0,
     "upload_file": 300.0,  # a file into the guest (the host gives it guest_files.FILE_SECONDS, after any step)
     "download_file": 300.0,
+    "open_tunnel": 120.0,  # the guest's relay starts on a replica's first tunnel (python3 in a TCG guest)
+    "tunnel_receive": 60.0,  # waits up to MAX_TUNNEL_WAIT (25 s) for bytes
     "video": 900.0,  # a recorded episode encoded as MP4 by its host (the dashboard's download)
     "release": 400.0,
     "quick": 30.0,

@@ -69,6 +69,10 @@ RELAYED: dict[str, tuple[str, ...]] = {
     "retire": ("replica_id",),
     "upload_file": (),
     "download_file": (),
+    "open_tunnel": (),
+    "tunnel_send": (),
+    "tunnel_receive": (),
+    "close_tunnel": (),
 }
 
 

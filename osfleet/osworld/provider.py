@@ -6,10 +6,10 @@
 - ``start_emulator(path_to_vm, headless, os_type)``: lease a replica from the fleet (once; a later call while the
   lease is held does nothing) and start its protocol server on 127.0.0.1;
 - ``get_ip_address(path_to_vm)``: ``"127.0.0.1:<server>:<chrome>:<vnc>:<vlc>"``, the form ``DesktopEnv`` reads
-  the four ports from. VLC's is a relay of the guest's port 8080 (``osfleet.osworld.guest_http``). Chrome's
-  DevTools and VNC are loopback ports held closed (``ClosedPort``): Chrome's needs a byte stream to the guest that
-  is not built yet, and a closed port of our own makes a getter that tries it fail at once, where OSWorld's default
-  (9222) could reach a browser of the machine running the benchmark;
+  the four ports from. Chrome's is a ``PortForward`` of the lease to the guest's 1337, where OSWorld's tasks start
+  Chrome's DevTools (each connection a tunnel: Playwright's DevTools WebSocket included); VLC's is a relay of the guest's port 8080, request by request
+  (``osfleet.osworld.guest_http``); VNC's is a loopback port held closed (``ClosedPort``): a connection to it is
+  refused at once, never reaching a VNC server of the machine running the benchmark;
 - ``revert_to_snapshot(path_to_vm, "init_state")``: reset the replica to its image's initial state (with less
   than ``renew_below_seconds`` left on the lease, or a lease the fleet took back, the replica is given back and
   the next ``start_emulator`` leases a fresh one); returns ``path_to_vm``, so ``DesktopEnv`` keeps it;
@@ -27,8 +27,8 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from osfleet.client import Fleet, FleetError, LeaseError, NotFoundError
@@ -39,9 +39,11 @@ from osfleet.osworld.settings import HarnessSettings
 
 log = logging.getLogger(__name__)
 
-# Chrome's DevTools (a WebSocket: needs a byte stream through a guest channel, not built) and VNC are loopback ports
-# held closed (the module's docstring); VLC's HTTP interface is relayed request by request (osfleet.osworld.guest_http).
-CLOSED_PORTS = ("chrome", "vnc")
+# Chrome's DevTools port is forwarded through a tunnel of the lease (osfleet.client.forward); VLC's HTTP interface is
+# relayed request by request (osfleet.osworld.guest_http); VNC is a loopback port held closed (the module's docstring).
+# Chrome's DevTools in the guest: OSWorld's tasks launch Chrome with --remote-debugging-port=1337 (on the VM's
+# loopback) and socat to expose it as 9222 outside the VM; a tunnel reaches the loopback itself, so 1337 directly.
+CHROME_GUEST_PORT = 1337
 VLC_GUEST_PORT = 8080  # the office image's VLC HTTP interface (golden_images/guest/osworld/vlcrc)
 OSWORLD_SNAPSHOT = "init_state"  # DesktopEnv's default snapshot name: the image's initial state here
 OS_TYPE = "Ubuntu"  # what osfleet's desktops are, as OSWorld names it
@@ -56,6 +58,16 @@ class LeasedDesktop(Desktop, Protocol):
     def reset(self, task: Any = None, **options: Any) -> Any: ...
 
     def release(self) -> None: ...
+
+    def forward(self, guest_port: int, local_port: int = 0) -> Listening: ...
+
+
+class Listening(Protocol):
+    """A loopback port held for the lease (``osfleet.client.PortForward``)."""
+
+    port: int
+
+    def stop(self) -> None: ...
 
 
 class FleetClient(Protocol):
@@ -90,14 +102,13 @@ class _Held:
 
     session: LeasedDesktop
     server: ProtocolServer
+    chrome: Listening
     vlc: GuestHttpRelay
-    closed: Sequence[ClosedPort] = field(default_factory=list)
+    vnc: ClosedPort
 
     def close(self) -> None:
-        self.server.stop()
-        self.vlc.stop()
-        for port in self.closed:
-            port.stop()
+        for part in (self.server, self.chrome, self.vlc, self.vnc):
+            part.stop()
         try:
             self.session.release()
         except FleetError as exc:  # the lease ends with its TTL anyway
@@ -197,28 +208,29 @@ class OsfleetProvider:
         settings = self._registration.settings
         fleet = self._registration.fleet(settings.fleet_url(path_to_vm))
         session = fleet.lease(settings.holder, ttl=settings.lease_seconds, wait=settings.lease_wait_seconds)
-        started: list[ProtocolServer | GuestHttpRelay | ClosedPort] = []
+        started: list[Listening | ProtocolServer | GuestHttpRelay | ClosedPort] = []
         try:
             endpoints = Endpoints(session)
             server = ProtocolServer(endpoints).start()
             started.append(server)
+            chrome = session.forward(CHROME_GUEST_PORT)
+            started.append(chrome)
             vlc = GuestHttpRelay(endpoints.shell, VLC_GUEST_PORT).start()
             started.append(vlc)
-            closed = [ClosedPort() for _ in CLOSED_PORTS]
+            vnc = ClosedPort()
         except BaseException:
             for thing in reversed(started):
                 thing.stop()
             session.release()
             raise
         log.info("leased %s; OSWorld's server for it on %s:%d", session, LOOPBACK, server.port)
-        return _Held(session, server, vlc, closed)
+        return _Held(session, server, chrome, vlc, vnc)
 
     def get_ip_address(self, path_to_vm: str) -> str:
         held = self._held
         if held is None:
             raise RuntimeError("no replica is leased: DesktopEnv calls start_emulator first")
-        chrome, vnc = (p.port for p in held.closed)
-        return f"{LOOPBACK}:{held.server.port}:{chrome}:{vnc}:{held.vlc.port}"
+        return f"{LOOPBACK}:{held.server.port}:{held.chrome.port}:{held.vnc.port}:{held.vlc.port}"
 
     def save_state(self, path_to_vm: str, snapshot_name: str) -> None:
         raise NotImplementedError("saving a replica's state from desktop-env is not wired to osfleet's checkpoints")

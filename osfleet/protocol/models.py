@@ -209,6 +209,45 @@ class FileWritten(BaseModel):
     bytes: int = Field(description="how many bytes the file now holds")
 
 
+TUNNEL_ID_PATTERN = r"^t-[A-Za-z0-9_-]{1,40}$"
+MAX_TUNNEL_WAIT = 25.0  # seconds a receive waits for bytes (under every proxy's idle timeout)
+MAX_TUNNEL_READ = 1 << 20  # bytes one receive returns at most
+
+
+class TunnelRequest(LeaseBody):
+    """``POST /v1/replicas/{rid}/tunnels``: a connection to a port on the replica's own loopback."""
+
+    port: int = Field(ge=1, le=65535, description="the TCP port on 127.0.0.1 inside the replica")
+
+
+class TunnelOpened(BaseModel):
+    tunnel_id: str = Field(description="names the stream in the tunnel calls that follow (unguessable)")
+    port: int
+
+
+class TunnelQuery(BaseModel):
+    """The query of ``PUT``/``DELETE /v1/replicas/{rid}/tunnel`` (query strings are text: not strict)."""
+
+    lease_id: LeaseId
+    tunnel_id: str = Field(pattern=TUNNEL_ID_PATTERN)
+
+
+class TunnelReceiveQuery(TunnelQuery):
+    """The query of ``GET /v1/replicas/{rid}/tunnel``."""
+
+    wait: float = Field(20.0, ge=0, le=MAX_TUNNEL_WAIT, description="seconds to wait for bytes when none are there")
+    max_bytes: int = Field(MAX_TUNNEL_READ, ge=1, le=MAX_TUNNEL_READ, description="the most bytes returned")
+
+
+class TunnelSent(BaseModel):
+    bytes: int = Field(description="how many bytes went into the stream")
+
+
+class TunnelClosed(BaseModel):
+    tunnel_id: str
+    closed: bool = True
+
+
 class ResetOptions(LeaseBody, ObserveOptions):
     """A reset's fields besides an inline task."""
 

@@ -50,6 +50,7 @@ from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, Replica
 from osfleet.replicas.registry import Counters, Registry
 from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
+from osfleet.replicas.tunnels import Stream, Tunnels
 from osfleet.timing import stage
 from osfleet.virt import Virt
 
@@ -130,6 +131,7 @@ class ReplicaHost:
         self.max_replicas = max_replicas or default_max_replicas(footprint(self.settings, self.shape, mode, memory))
         self.say = say or log.info
         self.virt = Virt(self.settings.libvirt_uri)
+        self.tunnels = Tunnels(self.virt)
         self.accel = detect_accelerator(image.kernel, self.settings)
         self.registry = Registry(RecordStore(self.settings.replicas_dir))
         self.generations = Generations(
@@ -189,6 +191,7 @@ class ReplicaHost:
             self.forks.close,
             self.generations.close,
             self.liveness.close,
+            self.tunnels.shutdown,
             self.virt.close,
         ]
         for step in steps:
@@ -510,6 +513,18 @@ class ReplicaHost:
         with self._touching(replica_id, claim) as rec:
             self.lifecycle.mark_used(rec.id, rec.generation)  # the user's copy ran in its guest
             return guest_files.download(self.virt, rec.domain, GUEST_USER, path)
+
+    def open_tunnel(self, replica_id: str, port: int, claim: Claim | None = None) -> Stream:
+        """A byte stream to ``127.0.0.1:port`` inside the replica, as the desktop user (``tunnels``)."""
+        with self._touching(replica_id, claim) as rec:
+            self.lifecycle.mark_used(rec.id, rec.generation)  # a program in its guest saw a connection
+            return self.tunnels.open(rec.id, rec.generation, claim.lease_id if claim else None, rec.domain, port)
+
+    def tunnel(self, replica_id: str, tunnel_id: str, claim: Claim | None = None) -> Stream:
+        """The open stream ``tunnel_id`` of the replica's current generation; the lease is checked under the
+        replica's lock, the stream's reads and writes happen outside it (a long wait never holds a step up)."""
+        with self._touching(replica_id, claim) as rec:
+            return self.tunnels.get(tunnel_id, rec.id, rec.generation, claim.lease_id if claim else None)
 
     def rss_bytes(self, replica_id: str) -> int | None:
         return self.virt.rss_bytes(self.get(replica_id).domain)

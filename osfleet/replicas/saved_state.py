@@ -42,7 +42,7 @@ from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.virt import Virt
 
-STATE_FORMAT = "3"  # 3: the control channel, a VM generation ID and the resident helper
+STATE_FORMAT = "4"  # 3: the control channel, a VM generation ID and the resident helper; 4: the tunnel channel
 MIGRATION_TIMEOUT_SECONDS = 120.0
 MIGRATION_POLL_SECONDS = 0.005
 FD_NAME = "osfleet-state"

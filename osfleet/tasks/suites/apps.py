@@ -21,6 +21,7 @@ from typing import Any
 
 from osfleet.tasks.suites.common import (
     HOME,
+    chrome_with_devtools,
     cloud,
     download,
     launch,
@@ -133,6 +134,7 @@ json.dump(b, open(path, "w"), indent=3)"""
                     ("maps.html", f"{site}/maps.html"),
                     ("mail.html", f"{site}/mail.html"),
                 ),
+                *chrome_with_devtools(),
                 {"type": "chrome_open_tabs", "parameters": {"urls_to_open": [pages["news"]]}},
             ],
             {

@@ -124,5 +124,11 @@ def launch(command: str) -> dict[str, Any]:
     return {"type": "launch", "parameters": {"command": shlex.split(command)}}
 
 
+def chrome_with_devtools() -> list[dict[str, Any]]:
+    """Chrome started as OSWorld's own browser tasks start it, DevTools on 1337: osfleet's runner and OSWorld's
+    harness (through the provider's forward of that port) both find it there."""
+    return [launch("google-chrome --remote-debugging-port=1337")]
+
+
 def json_file(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")

@@ -6,7 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from osfleet.tasks.suites.common import HOME, cloud, download, python, rule, run, shell, task, vm_file, xlsx
+from osfleet.tasks.suites.common import (
+    HOME,
+    chrome_with_devtools,
+    cloud,
+    download,
+    python,
+    rule,
+    run,
+    shell,
+    task,
+    vm_file,
+    xlsx,
+)
 
 
 def _command(command: str, expected: str) -> dict[str, Any]:
@@ -140,6 +152,7 @@ open({note!r}, "w").write(str(sum(r[1].value for r in ws.iter_rows(min_row=2))) 
             "Chrome shows an article. Write its title, exactly as shown on the tab, into ~/Documents/title.txt.",
             [
                 download("article.html", page),
+                *chrome_with_devtools(),
                 {"type": "chrome_open_tabs", "parameters": {"urls_to_open": [f"file://{page}"]}},
             ],
             {"func": "compare_text_file", "result": vm_file(note), "expected": cloud("article-title-gold.txt")},

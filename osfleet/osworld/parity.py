@@ -1,0 +1,115 @@
+"""``python -m osfleet.osworld.parity``: OSWorld's own evaluator and osfleet's, on the same replica, task by task.
+
+Run with a Python that has desktop-env (``scripts/setup-osworld-harness --print-python``) against a fleet serving
+the office image (``OSFLEET_URL``, ``OSFLEET_TOKEN`` or ``OSFLEET_TOKEN_FILE``). One ``DesktopEnv`` leases one
+replica through osfleet's provider; for each task (OSWorld's JSON, e.g. the shipped ``osworld`` suite):
+
+1. osfleet sets the task up on the replica (``Session.reset(task)``: osfleet's runner, its set-up);
+2. OSWorld's ``DesktopEnv`` is told the task (``_set_task_info``: its evaluator, no set-up of its own) and both
+   score the untouched state: ``env.evaluate()`` (OSWorld's getters and metrics, through the provider's in-VM
+   protocol server, Chrome forward and VLC relay) and ``session.evaluate()`` (osfleet's, on the host);
+3. the task's oracle (``osfleet_oracle``: the shell commands that solve it) runs, and both score again.
+
+A task is *equal* when both evaluators give the same reward at both points. One JSON line per task on stdout (or
+``--out``), then a summary line: compared, equal, unequal, failed (one evaluator raised: named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SUITES = Path(__file__).resolve().parent.parent / "tasks" / "suites"
+
+
+def tasks_from(paths: list[str], suite: str | None) -> list[dict[str, Any]]:
+    files: list[Path] = []
+    if suite:
+        files += sorted((SUITES / suite).glob("*.json"))
+    for p in map(Path, paths):
+        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    return [json.loads(f.read_text()) for f in files]
+
+
+def score(fn: Any) -> float | str:
+    try:
+        return float(fn())
+    except Exception as exc:  # an evaluator that raised: the row says which and why
+        return f"error: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def compare(env: Any, session: Any, task: dict[str, Any]) -> dict[str, Any]:
+    oracle = task.pop("osfleet_oracle", [])
+    row: dict[str, Any] = {"id": task["id"], "apps": task.get("related_apps", [])}
+    started = time.monotonic()
+    try:
+        session.reset(task, observe=False)
+    except Exception as exc:
+        row["failed"] = f"osfleet's set-up: {type(exc).__name__}: {str(exc)[:200]}"
+        return row
+    env._set_task_info(task)
+    row["osworld_s0"] = score(env.evaluate)
+    row["osfleet_s0"] = score(lambda: session.evaluate().reward)
+    for action in oracle:
+        session.step(action, observe=False)
+    row["osworld_after"] = score(env.evaluate)
+    row["osfleet_after"] = score(lambda: session.evaluate().reward)
+    row["equal"] = row["osworld_s0"] == row["osfleet_s0"] and row["osworld_after"] == row["osfleet_after"]
+    row["seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m osfleet.osworld.parity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", help="task JSON files or folders of them")
+    parser.add_argument("--suite", help="a shipped suite (osworld)")
+    parser.add_argument("--only", help="comma-separated task ids to keep")
+    parser.add_argument("--out", help="also write the rows to this JSON-lines file")
+    parser.add_argument("--cache-dir", default="cache", help="DesktopEnv's cache folder")
+    args = parser.parse_args(argv)
+    tasks = tasks_from(args.paths, args.suite)
+    if args.only:
+        keep = set(args.only.split(","))
+        tasks = [t for t in tasks if t["id"] in keep]
+    if not tasks:
+        parser.error("no tasks: give files, folders or --suite")
+
+    import osfleet.osworld
+
+    osfleet.osworld.register()
+    from desktop_env.desktop_env import DesktopEnv
+
+    env = DesktopEnv(provider_name="osfleet", action_space="pyautogui", require_a11y_tree=False, headless=True,
+                     os_type="Ubuntu", cache_dir=args.cache_dir)  # fmt: skip
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115 (closed below)
+    rows = []
+    try:
+        session = env.provider.desktop
+        for i, task in enumerate(tasks, 1):
+            row = compare(env, session, task)
+            rows.append(row)
+            line = json.dumps(row)
+            print(line, flush=True)
+            if out:
+                out.write(line + "\n")
+                out.flush()
+            print(f"[parity] {i}/{len(tasks)} {row['id']}: {'equal' if row.get('equal') else 'NOT equal'}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        env.close()
+        if out:
+            out.close()
+    failed = [r["id"] for r in rows if "failed" in r]
+    unequal = [r["id"] for r in rows if "failed" not in r and not r["equal"]]
+    summary = {"compared": len(rows) - len(failed), "equal": len(rows) - len(failed) - len(unequal),
+               "unequal": unequal, "failed": failed}  # fmt: skip
+    print(json.dumps({"summary": summary}))
+    return 0 if not unequal and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

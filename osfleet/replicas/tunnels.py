@@ -1,0 +1,416 @@
+"""The host's end of osfleet's tunnels: byte streams to TCP ports on a replica's own loopback.
+
+A replica has no network, yet programs on the client's side expect to reach services inside it: OSWorld's
+harness connects Playwright to Chrome's DevTools (an HTTP request, then a WebSocket kept open). Every replica has
+a virtio-serial channel ``org.osfleet.tunnel.0`` (``domain_xml``); ``Mux`` holds the host's end of it (a UNIX
+socket libvirt names in the live XML), starts the guest's relay (``osfleet.replicas.guest_tunnel``) through the
+guest agent when no relay answers, and carries many connections over the one stream as frames.
+
+``Tunnels`` is the host agent's table of open streams: each has an unguessable id, the replica and generation it
+was opened on (a reset or a release ends the VM it ran on, so it reads as closed), and a bounded buffer of what
+the guest sent (``MAX_BUFFERED``: a client that stops reading loses its stream, never the host's memory). The
+API's calls (``osfleet.api.routes.tunnels``) check the caller's lease first; only then is a stream looked up.
+
+Everything from the guest is hostile: frames are bounded, ids must be ones the host opened, and the relay's
+answers are awaited with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import shlex
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Protocol, cast
+
+from osfleet.errors import OsfleetError
+from osfleet.replicas import guest_tunnel
+from osfleet.replicas.guest_tunnel import CLOSE, DATA, HEADER, HELLO, MAX_PAYLOAD, OPEN, OPENED, frame
+from osfleet.virt import Virt
+
+log = logging.getLogger(__name__)
+
+CHANNEL = guest_tunnel.PORT_NAME
+HELLO_SECONDS = 1.5  # an answer from a relay already running (milliseconds, even under TCG)
+START_SECONDS = 60.0  # python3 starting in a TCG guest
+OPEN_SECONDS = 15.0
+MAX_BUFFERED = 8 * 2**20  # what the guest sent and the client has not read yet, per stream
+MAX_STREAMS_PER_REPLICA = 16
+MAX_WAIT_SECONDS = 25.0
+
+
+class TunnelError(OsfleetError):
+    """The tunnel could not be made (no channel, the relay did not start or answer)."""
+
+
+class TunnelNotFoundError(OsfleetError):
+    """No open stream of that id for this lease (never opened, another's, or closed and read to its end)."""
+
+
+class TunnelRefusedError(OsfleetError):
+    """Nothing accepted the connection inside the replica (no program listens on that port), or too many
+    streams are open already."""
+
+
+@dataclass
+class Stream:
+    """One connection to a port inside a replica; what the guest sent waits in ``buffer``."""
+
+    id: str
+    conn: int
+    port: int
+    replica_id: str
+    generation: int
+    lease_id: str | None
+    mux: Mux
+    buffer: bytearray = field(default_factory=bytearray)
+    opened: bool = False
+    closed: str | None = None  # why, once the connection is over
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+
+    def feed(self, data: bytes) -> None:
+        with self.cond:
+            if self.closed is not None:
+                return
+            if len(self.buffer) + len(data) > MAX_BUFFERED:
+                self.closed = f"more than {MAX_BUFFERED} bytes waited unread"
+                self.buffer.clear()
+                self.mux.send_close(self.conn)
+            else:
+                self.buffer += data
+            self._wake()
+
+    def end(self, reason: str) -> None:
+        with self.cond:
+            if self.closed is None:
+                self.closed = reason or "closed"
+            self._wake()
+
+    def _wake(self) -> None:
+        """Under ``cond``: threads waiting in ``take`` and event loops waiting in ``take_async``."""
+        self.cond.notify_all()
+        for loop, event in self.waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
+                loop.call_soon_threadsafe(event.set)
+        self.waiters.clear()
+
+    async def take_async(self, max_bytes: int, wait: float) -> bytes | None:
+        """``take`` for an event loop: the wait holds no thread (a host agent's worker threads are few, and a
+        client may keep a receive waiting on each of its tunnels)."""
+        deadline = time.monotonic() + wait
+        while True:
+            event = asyncio.Event()
+            waiter = (asyncio.get_running_loop(), event)
+            with self.cond:
+                if self.buffer or self.closed is not None:
+                    return self.take(max_bytes, 0)
+                self.waiters.append(waiter)
+            left = deadline - time.monotonic()
+            try:
+                if left > 0:
+                    await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                pass
+            finally:
+                with self.cond, contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            if left <= 0 or not event.is_set():
+                with self.cond:
+                    return self.take(max_bytes, 0) if self.buffer or self.closed is not None else b""
+
+    def take(self, max_bytes: int, wait: float) -> bytes | None:
+        """Up to ``max_bytes`` the guest sent, waiting up to ``wait`` seconds for some; b"" when none came in
+        time, None when the connection is over and everything was read."""
+        deadline = time.monotonic() + wait
+        with self.cond:
+            while not self.buffer and self.closed is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return b""
+                self.cond.wait(left)
+            if not self.buffer:
+                return None
+            out = bytes(self.buffer[:max_bytes])
+            del self.buffer[:max_bytes]
+            return out
+
+
+class Mux:
+    """The host's end of one running VM's tunnel channel (the module's docstring)."""
+
+    def __init__(self, path: Path, start_relay: Callable[[], None]) -> None:
+        self.path = path
+        self._start_relay = start_relay
+        self._sock: socket.socket | None = None
+        self._write = threading.Lock()
+        self._lock = threading.Lock()
+        self._streams: dict[int, Stream] = {}
+        self._next = 1
+        self._hello: tuple[bytes, threading.Event] | None = None
+        self.dead: str | None = None
+
+    # --- the channel ----------------------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Connect to the channel and make sure a relay answers in the guest (started if none does)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(self.path))
+        except OSError as exc:
+            sock.close()
+            raise TunnelError(f"tunnel channel {self.path}: {exc.strerror or exc}") from None
+        self._sock = sock
+        threading.Thread(target=self._read, name=f"tunnel-{self.path.parent.name}", daemon=True).start()
+        if self._say_hello(HELLO_SECONDS):
+            return
+        self._start_relay()
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline and self.dead is None:
+            if self._say_hello(min(2.0, max(0.1, deadline - time.monotonic()))):
+                return
+        self.close("the guest's tunnel relay did not answer")
+        raise TunnelError(f"the guest's tunnel relay did not answer within {START_SECONDS:.0f} s")
+
+    def _say_hello(self, timeout: float) -> bool:
+        nonce, answered = secrets.token_bytes(16), threading.Event()
+        self._hello = (nonce, answered)
+        try:
+            self._send(frame(HELLO, 0, nonce))
+        except OSError:
+            return False
+        return answered.wait(timeout)
+
+    def _send(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None or self.dead is not None:
+            raise OSError("the tunnel channel is closed")
+        with self._write:
+            sock.sendall(data)
+
+    def _read(self) -> None:
+        sock, buf = self._sock, b""
+        assert sock is not None
+        reason = "the replica's VM went away"
+        try:
+            while True:
+                chunk = sock.recv(MAX_PAYLOAD + HEADER.size)
+                if not chunk:
+                    break
+                buf += chunk
+                while len(buf) >= HEADER.size:
+                    kind, conn, length = HEADER.unpack_from(buf)
+                    if length > MAX_PAYLOAD:
+                        raise ValueError(f"the guest sent a frame of {length} bytes")
+                    if len(buf) < HEADER.size + length:
+                        break
+                    payload, buf = buf[HEADER.size : HEADER.size + length], buf[HEADER.size + length :]
+                    self._from_guest(kind, conn, payload)
+        except (OSError, ValueError) as exc:
+            reason = f"the tunnel channel failed: {exc}"
+        self.close(reason)
+
+    def _from_guest(self, kind: int, conn: int, payload: bytes) -> None:
+        if kind == HELLO:
+            hello = self._hello
+            if hello is not None and payload == hello[0]:
+                hello[1].set()
+            return
+        with self._lock:
+            stream = self._streams.get(conn)
+        if stream is None:
+            return  # a connection the host closed already (or an id it never gave: ignored)
+        if kind == OPENED:
+            with stream.cond:
+                stream.opened = True
+                stream.cond.notify_all()
+        elif kind == DATA:
+            stream.feed(payload)
+        elif kind == CLOSE:
+            self._forget(conn)
+            stream.end(payload.decode("utf-8", "replace")[:200] or "closed")
+        else:
+            raise ValueError(f"the guest sent an unknown frame kind {kind}")
+
+    def close(self, reason: str) -> None:
+        """End the channel and every stream on it."""
+        if self.dead is None:
+            self.dead = reason
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.end(reason)
+
+    # --- streams --------------------------------------------------------------------------------------------------
+    def open(self, port: int, make: Callable[[int], Stream]) -> Stream:
+        """A new connection to ``127.0.0.1:port`` in the guest (``TunnelRefusedError`` when refused there)."""
+        with self._lock:
+            if len(self._streams) >= MAX_STREAMS_PER_REPLICA:
+                raise TunnelRefusedError(f"{MAX_STREAMS_PER_REPLICA} tunnels are open on this replica already")
+            conn, self._next = self._next, self._next + 1
+            stream = make(conn)
+            self._streams[conn] = stream
+        try:
+            self._send(frame(OPEN, conn, struct.pack(">H", port)))
+        except OSError as exc:
+            self._forget(conn)
+            raise TunnelError(f"tunnel channel: {exc}") from None
+        deadline = time.monotonic() + OPEN_SECONDS
+        with stream.cond:
+            while not stream.opened and stream.closed is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                stream.cond.wait(left)
+        if stream.opened:
+            return stream
+        self._forget(conn)
+        if stream.closed is None:
+            self.send_close(conn)
+            raise TunnelError(f"the guest's relay did not connect to port {port} within {OPEN_SECONDS:.0f} s")
+        raise TunnelRefusedError(f"nothing accepted a connection to port {port} in the replica: {stream.closed}")
+
+    def send(self, stream: Stream, data: bytes) -> None:
+        for i in range(0, len(data), MAX_PAYLOAD):
+            try:
+                self._send(frame(DATA, stream.conn, data[i : i + MAX_PAYLOAD]))
+            except OSError as exc:
+                stream.end(str(exc))
+                raise TunnelNotFoundError(f"tunnel {stream.id} is closed ({stream.closed})") from None
+
+    def send_close(self, conn: int) -> None:
+        self._forget(conn)
+        with contextlib.suppress(OSError):
+            self._send(frame(CLOSE, conn))
+
+    def _forget(self, conn: int) -> None:
+        with self._lock:
+            self._streams.pop(conn, None)
+
+
+def relay_source() -> str:
+    return resources.files("osfleet.replicas").joinpath("guest_tunnel.py").read_text()
+
+
+def start_relay(virt: Virt, domain: str) -> None:
+    """Launch the guest's relay as root (it opens the port, then drops to the desktop user), detached."""
+    program = shlex.quote(relay_source())
+    code, _, err = virt.guest_exec(
+        domain, ["/bin/sh", "-c", f"python3 -c {program} </dev/null >/run/osfleet-tunnel.log 2>&1 &"], timeout=60
+    )
+    if code != 0:
+        raise TunnelError(f"{domain}: starting the tunnel relay failed: {err.strip()[:200]}")
+
+
+class Channels(Protocol):
+    """Where a running VM's tunnel channel is (``Virt``; a test's fake guests)."""
+
+    def channel_path(self, domain: str, target: str) -> Path | None: ...
+
+
+class Tunnels:
+    """The host agent's open streams, by id, and one ``Mux`` per running VM."""
+
+    def __init__(self, virt: Channels, start: Callable[[str], None] | None = None) -> None:
+        """``start(domain)`` launches the guest's relay (default: through the guest agent, ``start_relay``)."""
+        self.virt = virt
+        self._start = start or (lambda domain: start_relay(cast(Virt, virt), domain))
+        self._lock = threading.Lock()
+        self._muxes: dict[str, Mux] = {}  # by domain
+        self._streams: dict[str, Stream] = {}
+
+    def _mux(self, domain: str) -> Mux:
+        """The domain's live channel (a new one when the VM behind the old one went away: a reset)."""
+        path = self.virt.channel_path(domain, CHANNEL)
+        if path is None:
+            raise TunnelError(f"{domain} has no {CHANNEL} channel (a replica made by an older osfleet)")
+        with self._lock:
+            mux = self._muxes.get(domain)
+            if mux is not None and mux.dead is None and mux.path == path:
+                return mux
+        if mux is not None:
+            mux.close("the replica's VM was replaced")
+        mux = Mux(path, lambda: self._start(domain))
+        mux.connect()
+        with self._lock:
+            self._muxes[domain] = mux
+        return mux
+
+    def open(self, replica_id: str, generation: int, lease_id: str | None, domain: str, port: int) -> Stream:
+        """A stream to ``port`` inside the replica (called under the replica's lock, its lease checked)."""
+        mux = self._mux(domain)
+        self._prune()
+
+        def make(conn: int) -> Stream:
+            return Stream(f"t-{secrets.token_urlsafe(12)}", conn, port, replica_id, generation, lease_id, mux)
+
+        stream = mux.open(port, make)
+        with self._lock:
+            self._streams[stream.id] = stream
+        log.info("tunnel %s to port %d of %s", stream.id, port, replica_id)
+        return stream
+
+    def get(self, tunnel_id: str, replica_id: str, generation: int, lease_id: str | None) -> Stream:
+        """The stream ``tunnel_id`` of that replica's current generation, opened under ``lease_id`` (None: the
+        operator's, any), or ``TunnelNotFoundError``."""
+        with self._lock:
+            stream = self._streams.get(tunnel_id)
+        if stream is None or stream.replica_id != replica_id or lease_id not in (None, stream.lease_id):
+            raise TunnelNotFoundError(f"no tunnel {tunnel_id} on replica {replica_id}")
+        if stream.generation != generation:
+            stream.end("the replica was reset")
+            self.forget(tunnel_id)
+            raise TunnelNotFoundError(f"tunnel {tunnel_id} ended when replica {replica_id} was reset or released")
+        return stream
+
+    def send(self, stream: Stream, data: bytes) -> None:
+        """Into the stream (``TunnelNotFoundError`` when it is over)."""
+        if stream.closed is not None:
+            raise TunnelNotFoundError(f"tunnel {stream.id} is closed: {stream.closed}")
+        stream.mux.send(stream, data)
+
+    async def receive(self, stream: Stream, max_bytes: int, wait: float) -> bytes:
+        """What the guest sent (b"" when nothing came within ``wait``); ``TunnelNotFoundError`` once the
+        connection is over and read to its end."""
+        data = await stream.take_async(max_bytes, min(wait, MAX_WAIT_SECONDS))
+        if data is None:
+            self.forget(stream.id)
+            raise TunnelNotFoundError(f"tunnel {stream.id} is closed: {stream.closed}")
+        return data
+
+    def close(self, stream: Stream) -> None:
+        stream.end("closed by the client")
+        stream.mux.send_close(stream.conn)
+        self.forget(stream.id)
+
+    def forget(self, tunnel_id: str) -> None:
+        with self._lock:
+            self._streams.pop(tunnel_id, None)
+
+    def _prune(self) -> None:
+        """Streams of VMs that went away, never read to their end by their client."""
+        with self._lock:
+            gone = [tid for tid, s in self._streams.items() if s.mux.dead is not None and not s.buffer]
+            for tid in gone:
+                del self._streams[tid]
+            for domain in [d for d, m in self._muxes.items() if m.dead is not None]:
+                del self._muxes[domain]
+
+    def shutdown(self) -> None:
+        with self._lock:
+            muxes, self._muxes, self._streams = list(self._muxes.values()), {}, {}
+        for mux in muxes:
+            mux.close("the host agent stopped")
