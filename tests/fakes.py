@@ -39,8 +39,8 @@ from osfleet.replicas.lifecycle import Child, Forked, Timed
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
 from osfleet.replicas.tunnels import Stream, Tunnels
-from tests.fake_guest_channels import FakeGuestChannels
 from osfleet.screen import encode
+from tests.fake_guest_channels import FakeGuestChannels
 
 
 @dataclass

@@ -7,9 +7,10 @@
   lease is held does nothing) and start its protocol server on 127.0.0.1;
 - ``get_ip_address(path_to_vm)``: ``"127.0.0.1:<server>:<chrome>:<vnc>:<vlc>"``, the form ``DesktopEnv`` reads
   the four ports from. Chrome's is a ``PortForward`` of the lease to the guest's 1337, where OSWorld's tasks start
-  Chrome's DevTools (each connection a tunnel: Playwright's DevTools WebSocket included); VLC's is a relay of the guest's port 8080, request by request
-  (``osfleet.osworld.guest_http``); VNC's is a loopback port held closed (``ClosedPort``): a connection to it is
-  refused at once, never reaching a VNC server of the machine running the benchmark;
+  Chrome's DevTools (each connection a tunnel: Playwright's DevTools WebSocket included); VLC's is a relay of the
+  guest's port 8080, request by request (``osfleet.osworld.guest_http``); VNC's is a loopback port held closed
+  (``ClosedPort``): a connection to it is refused at once, never reaching a VNC server of the machine running
+  the benchmark;
 - ``revert_to_snapshot(path_to_vm, "init_state")``: reset the replica to its image's initial state (with less
   than ``renew_below_seconds`` left on the lease, or a lease the fleet took back, the replica is given back and
   the next ``start_emulator`` leases a fresh one); returns ``path_to_vm``, so ``DesktopEnv`` keeps it;
