@@ -1,9 +1,10 @@
 """OSWorld's own harness on osfleet, for real: desktop-env's ``DesktopEnv`` (installed with everything it declares,
 ``scripts/setup-osworld-harness``) leases office-image replicas from a host agent through ``osfleet.osworld``'s
-provider, runs OSWorld's set-up (an osfleet asset URL downloaded by OSWorld's controller, VLC started), observes
-(PNG, accessibility tree), executes an action and scores with OSWorld's own getters and metrics: 0 at s0, 1 after
-the task's oracle, as ``osfleet tasks validate`` requires of the same tasks. VLC's getter goes through the relay
-of its HTTP port (``osfleet.osworld.guest_http``)."""
+provider, runs OSWorld's set-up (an osfleet asset URL downloaded by OSWorld's controller, VLC and Chrome started),
+observes (PNG, accessibility tree), executes an action and scores with OSWorld's own getters and metrics: 0 at s0,
+1 after the task's oracle, as ``osfleet tasks validate`` requires of the same tasks. VLC's getter goes through the
+relay of its HTTP port (``osfleet.osworld.guest_http``), Chrome's set-up and getter through a tunnel to its
+DevTools (``Session.forward``); the first task's actions are recorded by OSWorld's controller as an MP4."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.conftest import local_agent
 pytestmark = pytest.mark.vm
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "osfleet" / "tasks" / "suites" / "osworld"
-TASKS = ["os-archive-folder", "calc-total-row", "vlc-play-file"]
+TASKS = ["os-archive-folder", "calc-total-row", "vlc-play-file", "chrome-open-tabs"]
 
 
 def harness_python() -> str:
@@ -45,13 +46,15 @@ def test_osworlds_desktop_env_runs_tasks_on_osfleet_replicas(agent: tuple[LocalA
     env = {**os.environ, "OSFLEET_URL": served.url, "OSFLEET_TOKEN_FILE": str(token), "PYTHONPATH": str(REPO)}
     run = subprocess.run(
         [harness_python(), str(REPO / "tests" / "osworld_harness_driver.py"), str(tmp_path / "tasks.json"),
-         str(tmp_path / "cache")],
+         str(tmp_path / "cache"), "--record"],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=1800,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
     assert [r["id"] for r in rows] == TASKS
-    for row in rows:
+    first, *rest = rows
+    assert first == {"id": TASKS[0], "png": True, "a11y": True, "s0": 0, "after_oracle": 1, "mp4": True}, first
+    for row in rest:
         assert row == {"id": row["id"], "png": True, "a11y": True, "s0": 0, "after_oracle": 1}, row
     # OSWorld's controller downloaded the asset URL through osfleet.osworld.assets into its own cache
     assert any(p.name.endswith("sales.xlsx") for p in (tmp_path / "cache").rglob("*"))

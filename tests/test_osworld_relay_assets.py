@@ -176,12 +176,23 @@ def test_the_hosts_asset_store_is_read_too(served: None, tmp_path: Path, monkeyp
     assert requests.get("https://assets.osfleet.invalid/mine/data.bin", timeout=10).content == b"\x00\x01 mine"
 
 
-def test_an_unknown_asset_is_404_and_other_hosts_are_not_touched(served: None) -> None:
+def test_an_unknown_asset_is_404_and_other_urls_go_to_the_network(served: None, vlc: int) -> None:
     r = requests.get("https://assets.osfleet.invalid/nothing/here.txt", timeout=10)
     assert r.status_code == 404 and "not an osfleet asset" in r.text
-    session = requests.Session()
-    assert session.get_adapter("https://example.org/").__class__.__name__ == "HTTPAdapter"
-    assert session.get_adapter("http://assets.osfleet.invalid.example.org/").__class__.__name__ == "HTTPAdapter"
+    # a URL no asset answers reaches the network as before (here: a server on the loopback)
+    r = requests.get(f"http://127.0.0.1:{vlc}/requests/status.xml", auth=("", "password"), timeout=10)
+    assert r.status_code == 200 and b"/requests/status.xml" in r.content
+
+
+def test_any_url_the_asset_store_holds_is_answered_offline(
+    served: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path))
+    file = tmp_path / "expected.xlsx"
+    file.write_bytes(b"PK\x03\x04 expected")
+    url = "https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/x/expected.xlsx"
+    AssetStore.from_settings().add(url, file)  # what 'osfleet tasks assets fetch' leaves for a Verified task
+    assert requests.get(url, timeout=10).content == b"PK\x03\x04 expected"  # never sent to the network
 
 
 def test_install_is_idempotent_and_uninstall_puts_requests_back() -> None:

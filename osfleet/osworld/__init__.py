@@ -1,7 +1,7 @@
 """OSWorld's own harness on an osfleet fleet: ``register()``, then ``DesktopEnv(provider_name="osfleet", ...)``.
 
-DESIGN (issue 29, part 2; recording and the parity run are still to do)
-=======================================================================
+DESIGN (issue 29, part 2)
+=========================
 
 What it does::
 
@@ -81,25 +81,23 @@ pyautogui actions and scores with its own ``evaluate()`` (``tests/test_osworld_h
 check ``osworld-harness``: files, Chrome's DevTools, VLC's HTTP port, the accessibility tree, commands).
 Chrome's port is a ``PortForward`` of the lease (``osfleet.client.forward``: each connection a tunnel through the
 replica's virtio-serial tunnel channel, ``osfleet.replicas.tunnels``); VLC's a request-by-request relay
-(``guest_http``); ``run`` runs OSWorld's runners (``run_multienv.py``) with ``--provider_name osfleet``.
+(``guest_http``); ``/start_recording`` and ``/end_recording`` record the screen as an MP4 (``recording``);
+``run`` runs OSWorld's runners (``run_multienv.py``) with ``--provider_name osfleet``; ``parity`` scores tasks with
+OSWorld's evaluator and osfleet's on the same replica.
 
-What remains (TODO, in this order):
+What remains:
 
-1. Parity check: the same tasks and the same agent through OSWorld's harness on osfleet and through osfleet's own
-   task runner, scores compared task by task.
-2. Recording: ``/start_recording`` and ``/end_recording`` answer 501 (OSWorld's runner logs it and goes on, after
-   its retries). osfleet records episodes on the host (``--record``) and exports MP4s there.
-3. Known differences that remain: a step lasts at most the host's 90 s budget (OSWorld's ``/execute`` gives
+1. Known differences that remain: a step lasts at most the host's 90 s budget (OSWorld's ``/execute`` gives
    120 s, ``/run_bash_script`` what the request says); ``/file`` and ``/wallpaper`` reach files under
    ``/home/user`` and ``/tmp`` only (403 elsewhere), and at most 8 MiB (413); uploads over 16 MiB are refused here
    (``bodies.MAX_UPLOAD_BYTES``); ``/list_directory`` stops at osfleet's query script's node cap and does not
    follow links to folders; ``save_state`` is not wired to osfleet's checkpoints; ``/setup/open_file`` opens with
    ``xdg-open`` as OSWorld's server does, not with osfleet's per-extension openers (``osfleet.tasks.osworld``).
-4. Cost: ``DesktopEnv._get_obs`` asks ``/screenshot``, ``/accessibility`` and maybe ``/terminal`` one after the
+2. Cost: ``DesktopEnv._get_obs`` asks ``/screenshot``, ``/accessibility`` and maybe ``/terminal`` one after the
    other, each an ``observe`` of its own; one observation with every part, kept for the few milliseconds between
    them, would halve the round trips. A task's set-up commands and getters arrive as steps of the lease, so a host
    that records episodes records them with the agent's actions (each step's metadata names its endpoint).
-5. Naming: the harness reads ``$OSFLEET_TOKEN``/``$OSFLEET_TOKEN_FILE`` (issue 29's names) before the client's own
+3. Naming: the harness reads ``$OSFLEET_TOKEN``/``$OSFLEET_TOKEN_FILE`` (issue 29's names) before the client's own
    ``$OSFLEET_API_TOKEN``; whether to keep two names is open.
 
 desktop-env 1.0.2 with its declared dependencies is 259 packages, ~7 GiB (torch 2.5.1 and ten ``nvidia-*-cu12``

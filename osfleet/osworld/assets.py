@@ -1,16 +1,18 @@
-"""osfleet's own asset URLs answered inside the process that runs OSWorld's harness.
+"""OSWorld's downloads answered from osfleet's assets, inside the process that runs OSWorld's harness.
 
-osfleet's task bundles (the shipped ``osworld`` suite, and bundles a user adds) name their files under
-``https://assets.osfleet.invalid/``: a host in the ``.invalid`` top-level domain, which never resolves (RFC 6761),
-so those URLs are names for files, not places on the web. osfleet's own runner resolves them in the host's asset
-store. OSWorld's set-up controller instead downloads a ``download`` step's URL with ``requests`` on the machine
-running the benchmark and uploads the bytes into the VM; for those names it would fail (no such host).
+OSWorld's set-up controller downloads a ``download`` step's URL with ``requests`` on the machine running the
+benchmark (then uploads the bytes into the VM), and its ``cloud_file`` getter downloads expected files the same way.
+osfleet keeps such files offline: the host's asset store (``$OSFLEET_HOME/assets``, filled by ``osfleet tasks
+assets add|add-bundle|fetch``) maps each URL to its bytes, and osfleet's own bundles (the shipped ``osworld``
+suite) name theirs under ``https://assets.osfleet.invalid/``, a host in the ``.invalid`` top-level domain that never
+resolves (RFC 6761).
 
-``install()`` (called by ``register()``) mounts a ``requests`` transport adapter for that one host on every
-``requests.Session`` the process makes (``requests.get`` makes one per call): it answers from the bundles shipped
-with osfleet (``osfleet/tasks/suites/*/assets/manifest.json``) and from this machine's asset store
-(``$OSFLEET_HOME/assets``, filled by ``osfleet tasks assets add|add-bundle|fetch``). A URL neither holds is a 404,
-so OSWorld's set-up fails naming it. No other URL is touched: real downloads go to the network as before.
+``install()`` (called by ``register()``) mounts a ``requests`` transport adapter on every ``requests.Session`` the
+process makes (``requests.get`` makes one per call): a GET of a URL the shipped bundles or this machine's asset
+store hold is answered from the file, so OSWorld's set-up and getters stay offline for every task whose assets are
+on hand; a URL of osfleet's asset host that neither holds is a 404 naming it; any other URL goes to the network as
+before (the adapter the session had). This is what filling OSWorld's cache folder ahead of time would do, without
+depending on its file naming, for downloads and getters alike.
 """
 
 from __future__ import annotations
@@ -18,17 +20,18 @@ from __future__ import annotations
 import functools
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from osfleet.tasks.assets import BUNDLE_MANIFEST, AssetError, AssetStore, MissingAssetError
+from osfleet.tasks.assets import BUNDLE_MANIFEST, AssetError, AssetStore
 
 if TYPE_CHECKING:
     from requests.adapters import BaseAdapter
 
 ASSET_HOST = "assets.osfleet.invalid"
-PREFIXES = (f"https://{ASSET_HOST}/", f"http://{ASSET_HOST}/")
+PREFIXES = ("https://", "http://")
 SUITES = Path(__file__).resolve().parent.parent / "tasks" / "suites"
 MARK = "__osfleet_assets__"
 
@@ -50,15 +53,34 @@ def shipped_assets() -> dict[str, Path]:
     return found
 
 
+_index: tuple[Path, float, dict[str, str]] | None = None  # the store's index as last read: (file, mtime, map)
+
+
+def _store_index(store: AssetStore) -> dict[str, str]:
+    """The asset store's URL -> sha256 map, read again only when its file changed (every request asks)."""
+    global _index
+    try:
+        mtime = store.index_path.stat().st_mtime
+    except OSError:
+        return {}
+    if _index is None or _index[0] != store.index_path or _index[1] != mtime:
+        try:
+            _index = (store.index_path, mtime, store.index())
+        except AssetError:
+            return {}
+    return _index[2]
+
+
 def asset_file(url: str, store: AssetStore | None = None) -> Path | None:
-    """The file an osfleet asset URL names here, or None."""
+    """The file that answers ``url`` here (a shipped bundle's, or the asset store's), or None."""
     shipped = shipped_assets().get(url)
     if shipped is not None:
         return shipped
-    try:
-        path = (store or AssetStore.from_settings()).path(url)
-    except (MissingAssetError, AssetError, OSError):
+    store = store or AssetStore.from_settings()
+    digest = _store_index(store).get(url)
+    if digest is None:
         return None
+    path = store.blob(digest)
     return path if path.is_file() else None
 
 
@@ -85,13 +107,18 @@ class _FileBody(io.RawIOBase):
         super().close()
 
 
-def _adapter_class() -> type[BaseAdapter]:
+def _adapter_class() -> Callable[[BaseAdapter], BaseAdapter]:
     from requests.adapters import BaseAdapter
     from requests.models import PreparedRequest, Response
     from requests.structures import CaseInsensitiveDict
 
     class AssetAdapter(BaseAdapter):
-        """Answers GET/HEAD for osfleet's asset host from local files (the module's docstring)."""
+        """GETs of URLs with a file here answered from it; the rest sent on by ``network`` (the module's
+        docstring)."""
+
+        def __init__(self, network: BaseAdapter) -> None:
+            super().__init__()
+            self.network = network
 
         def send(
             self,
@@ -102,45 +129,47 @@ def _adapter_class() -> type[BaseAdapter]:
             cert: Any = None,
             proxies: Any = None,
         ) -> Response:
-            response = Response()
             url = request.url or ""
+            ours = urlsplit(url).hostname == ASSET_HOST
+            path = asset_file(url) if request.method in ("GET", "HEAD") else None
+            if path is None and not ours:
+                return self.network.send(request, stream, timeout, verify, cert, proxies)
+            response = Response()
             response.request, response.url = request, url
-            path = asset_file(url.split("?", 1)[0]) if urlsplit(url).hostname == ASSET_HOST else None
-            if request.method not in ("GET", "HEAD") or path is None:
-                response.status_code = 405 if path is not None else 404
-                response.reason = "Method Not Allowed" if path is not None else "Not Found"
-                body = f"{url}: not an osfleet asset on this machine".encode() if path is None else b""
+            if path is None:
+                response.status_code, response.reason = 404, "Not Found"
+                body = f"{url}: not an osfleet asset on this machine".encode()
                 response.raw = io.BytesIO(body)
                 response.headers = CaseInsensitiveDict({"Content-Length": str(len(body))})
                 return response
             response.status_code, response.reason = 200, "OK"
-            size = path.stat().st_size
             response.headers = CaseInsensitiveDict(
-                {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
+                {"Content-Length": str(path.stat().st_size), "Content-Type": "application/octet-stream"}
             )
             response.raw = io.BytesIO(b"") if request.method == "HEAD" else _FileBody(path)
             return response
 
         def close(self) -> None:
-            pass
+            self.network.close()
 
     return AssetAdapter
 
 
 def install() -> None:
-    """Serve osfleet's asset URLs in every ``requests.Session`` of this process (idempotent)."""
+    """Answer GETs of the URLs osfleet holds files for in every ``requests.Session`` of this process
+    (idempotent)."""
     import requests
 
     init = requests.Session.__init__
     if getattr(init, MARK, False):
         return
-    adapter = _adapter_class()()
+    adapter_class = _adapter_class()
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         for prefix in PREFIXES:
-            self.mount(prefix, adapter)
+            self.mount(prefix, adapter_class(self.get_adapter(prefix)))
 
     setattr(__init__, MARK, True)
     requests.Session.__init__ = __init__  # type: ignore[method-assign]

@@ -45,6 +45,7 @@ from osfleet.osworld.errors import (
     NotThere,
     status_of,
 )
+from osfleet.osworld.recording import ScreenRecorder
 from osfleet.protocol.models import FILE_ROOTS, ImageFormat, ObservationPart
 from osfleet.protocol.osworld_paths import GUEST_HOME, command_line, guest_path, truthy
 from osfleet.tasks import guest_query
@@ -211,6 +212,7 @@ class Endpoints:
     def __init__(self, desktop: Desktop, clock: Callable[[], float] = time.monotonic) -> None:
         self.desktop = desktop
         self._clock = clock
+        self.recorder = ScreenRecorder(desktop)
 
     def handle(self, route: Route, request: Request) -> Answer:
         """``route``'s answer to ``request``; an error it raises answered in the route's error shape."""
@@ -457,10 +459,11 @@ class Endpoints:
 
     # --- recording ----------------------------------------------------------------------------------------------
     def start_recording(self, request: Request) -> Answer:
-        raise NotSupported("screen recording is not served by osfleet's OSWorld harness yet (a TODO of issue 29)")
+        self.recorder.start()
+        return Answer.text("Started recording.")
 
     def end_recording(self, request: Request) -> Answer:
-        raise NotSupported("screen recording is not served by osfleet's OSWorld harness yet (a TODO of issue 29)")
+        return Answer.data(self.recorder.stop(), "video/mp4")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,15 @@ class GuestFailed(HarnessError):
     status = 500
 
 
+class RecordingError(HarnessError):
+    """A recording that cannot be answered: none in progress (400), none taken (500), no encoder here (501), a
+    video too large (413)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class NotSupported(HarnessError):
     """An endpoint this groundwork does not serve yet (recording, the guest's own downloads): said so, not faked."""
 

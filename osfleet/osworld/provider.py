@@ -102,6 +102,7 @@ class _Held:
     """One leased replica with what was started for it."""
 
     session: LeasedDesktop
+    endpoints: Endpoints
     server: ProtocolServer
     chrome: Listening
     vlc: GuestHttpRelay
@@ -110,6 +111,7 @@ class _Held:
     def close(self) -> None:
         for part in (self.server, self.chrome, self.vlc, self.vnc):
             part.stop()
+        self.endpoints.recorder.close()
         try:
             self.session.release()
         except FleetError as exc:  # the lease ends with its TTL anyway
@@ -225,7 +227,7 @@ class OsfleetProvider:
             session.release()
             raise
         log.info("leased %s; OSWorld's server for it on %s:%d", session, LOOPBACK, server.port)
-        return _Held(session, server, chrome, vlc, vnc)
+        return _Held(session, endpoints, server, chrome, vlc, vnc)
 
     def get_ip_address(self, path_to_vm: str) -> str:
         held = self._held

@@ -64,6 +64,13 @@ def frame_counts(times: list[float], fps: int = FPS, last: float = LAST_SCREEN_S
     return [b - a for a, b in zip(edges, edges[1:], strict=False)]
 
 
+def timed(shown: list[tuple[float, Path]], fps: int = FPS) -> list[Screen]:
+    """Screens recorded at the given times, in order, with their frame counts (those on for less than a frame
+    left out)."""
+    counts = frame_counts([t for t, _ in shown], fps)
+    return [Screen(path, n) for (_, path), n in zip(shown, counts, strict=True) if n > 0]
+
+
 def screens(store: TrajectoryStore, tid: str, fps: int = FPS) -> list[Screen]:
     """The episode's screens in order with their frame counts (those on for less than a frame left out)."""
     meta = store.meta(tid)
@@ -73,13 +80,20 @@ def screens(store: TrajectoryStore, tid: str, fps: int = FPS) -> list[Screen]:
     shown += [(s.time, store.image_path(tid, s.image)) for s in store.steps(tid) if s.image]
     if not shown:
         raise TrajectoryError(f"recorded episode {tid} has no screens to make a video of")
-    counts = frame_counts([t for t, _ in shown], fps)
-    return [Screen(path, n) for (_, path), n in zip(shown, counts, strict=True) if n > 0]
+    return timed(shown, fps)
 
 
 def export_mp4(store: TrajectoryStore, tid: str, out: Path, fps: int = FPS, progress: Progress | None = None) -> Video:
     """Write episode ``tid`` to ``out`` as an MP4 (H.264, yuv420p, ``fps`` frames a second); see the module."""
-    shown = screens(store, tid, fps)
+    return encode_mp4(screens(store, tid, fps), out, fps, progress, what=tid)
+
+
+def encode_mp4(
+    shown: list[Screen], out: Path, fps: int = FPS, progress: Progress | None = None, what: str = "the screens"
+) -> Video:
+    """Write ``shown`` (each screen for its frame count) to ``out`` as an MP4; see the module."""
+    if not shown:
+        raise OsfleetError(f"{what}: no screens to make a video of")
     with Image.open(shown[0].image) as first:
         size = (first.width + first.width % 2, first.height + first.height % 2)
     total = sum(s.frames for s in shown)
@@ -99,7 +113,7 @@ def export_mp4(store: TrajectoryStore, tid: str, out: Path, fps: int = FPS, prog
         try:
             _feed(proc, shown, size, total, progress)
             if proc.wait() != 0:
-                raise OsfleetError(f"ffmpeg could not encode {tid}: {_tail(errors) or f'exit code {proc.returncode}'}")
+                raise OsfleetError(f"ffmpeg could not encode {what}: {_tail(errors) or f'exit code {proc.returncode}'}")
             part.replace(out)
         except BaseException:
             proc.kill()

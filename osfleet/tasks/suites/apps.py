@@ -317,16 +317,22 @@ def _vlc_tasks(assets: Path) -> list[dict[str, Any]]:
     )
     _wav(assets / "tone.wav")
     music = f"{HOME}/Music/tone.wav"
-    wait_http = (
-        f"for i in $(seq 1 45); do curl -sf -u :password {VLC_HTTP} >/dev/null && exit 0; sleep 1; done; "
-        "echo 'VLC did not answer on port 8080' >&2; exit 1"
-    )
     out.append(
         task(
             "vlc-play-file",
             "vlc",
             "VLC has tone.wav open and paused. Play it.",
-            [download("tone.wav", music), launch(f"vlc --start-paused --loop --aout=adummy {music}"), run(wait_http)],
+            [
+                download("tone.wav", music),
+                launch(f"vlc --start-paused --loop --aout=adummy {music}"),
+                # --start-paused loses a race on a VLC's first start in a fresh replica (it plays): pause it for sure
+                run(
+                    f"for i in $(seq 1 45); do curl -sf -u :password {VLC_HTTP} >/dev/null && break; sleep 1; done; "
+                    f"for i in $(seq 1 30); do curl -sf -u :password '{VLC_HTTP}?command=pl_forcepause' >/dev/null; "
+                    f"curl -sf -u :password {VLC_HTTP} | grep -q '<state>paused</state>' && exit 0; sleep 1; done; "
+                    "echo 'VLC did not pause' >&2; exit 1"
+                ),
+            ],
             {
                 "func": "is_vlc_playing",
                 "result": {"type": "vlc_playing_info", "dest": "status.xml"},
