@@ -11,7 +11,8 @@ replica through osfleet's provider; for each task (OSWorld's JSON, e.g. the ship
 3. the task's oracle (``osfleet_oracle``: the shell commands that solve it) runs, and both score again.
 
 A task is *equal* when both evaluators give the same reward at both points. One JSON line per task on stdout (or
-``--out``), then a summary line: compared, equal, unequal, failed (one evaluator raised: named).
+``--out``), then a summary line: compared, equal, unequal, failed (the set-up, the oracle or an evaluator raised:
+named in the row).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+SCORES = ("osworld_s0", "osfleet_s0", "osworld_after", "osfleet_after")
 SUITES = Path(__file__).resolve().parent.parent / "tasks" / "suites"
 
 
@@ -54,13 +56,50 @@ def compare(env: Any, session: Any, task: dict[str, Any]) -> dict[str, Any]:
     env._set_task_info(task)
     row["osworld_s0"] = score(env.evaluate)
     row["osfleet_s0"] = score(lambda: session.evaluate().reward)
-    for action in oracle:
-        session.step(action, observe=False)
+    try:
+        for action in oracle:
+            session.step(action, observe=False)
+    except Exception as exc:
+        row["failed"] = f"the oracle: {type(exc).__name__}: {str(exc)[:200]}"
+        return row
     row["osworld_after"] = score(env.evaluate)
     row["osfleet_after"] = score(lambda: session.evaluate().reward)
-    row["equal"] = row["osworld_s0"] == row["osfleet_s0"] and row["osworld_after"] == row["osfleet_after"]
     row["seconds"] = round(time.monotonic() - started, 1)
+    raised = [f"{key}: {row[key]}" for key in SCORES if isinstance(row[key], str)]
+    if raised:  # an evaluator that could not score is not a score to compare
+        row["failed"] = "; ".join(raised)
+        return row
+    row["equal"] = row["osworld_s0"] == row["osfleet_s0"] and row["osworld_after"] == row["osfleet_after"]
     return row
+
+
+def _cell(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value).replace("|", "\\|")
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as the table the benchmarks page shows: one line per task, both evaluators at s0 and after."""
+    lines = [
+        "| task | apps | OSWorld s0 | osfleet s0 | OSWorld after oracle | osfleet after oracle | equal | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        apps = ", ".join(r.get("apps", []))
+        if "failed" in r:
+            lines.append(f"| `{r['id']}` | {apps} | {_cell(r['failed'])} | | | | not compared | |")
+            continue
+        cells = [_cell(r[k]) for k in SCORES]
+        lines.append(f"| `{r['id']}` | {apps} | {' | '.join(cells)} | {'yes' if r['equal'] else '**no**'} "
+                     f"| {r['seconds']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """compared, equal, the ids of unequal tasks and of tasks one evaluator could not score."""
+    failed = [r["id"] for r in rows if "failed" in r]
+    unequal = [r["id"] for r in rows if "failed" not in r and not r["equal"]]
+    return {"compared": len(rows) - len(failed), "equal": len(rows) - len(failed) - len(unequal),
+            "unequal": unequal, "failed": failed}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", help="a shipped suite (osworld)")
     parser.add_argument("--only", help="comma-separated task ids to keep")
     parser.add_argument("--out", help="also write the rows to this JSON-lines file")
+    parser.add_argument("--markdown", help="also write the rows as a Markdown table to this file")
     parser.add_argument("--cache-dir", default="cache", help="DesktopEnv's cache folder")
     args = parser.parse_args(argv)
     tasks = tasks_from(args.paths, args.suite)
@@ -103,12 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         env.close()
         if out:
             out.close()
-    failed = [r["id"] for r in rows if "failed" in r]
-    unequal = [r["id"] for r in rows if "failed" not in r and not r["equal"]]
-    summary = {"compared": len(rows) - len(failed), "equal": len(rows) - len(failed) - len(unequal),
-               "unequal": unequal, "failed": failed}  # fmt: skip
+    summary = summarize(rows)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_table(rows))
     print(json.dumps({"summary": summary}))
-    return 0 if not unequal and not failed else 1
+    return 0 if not summary["unequal"] and not summary["failed"] else 1
 
 
 if __name__ == "__main__":
