@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -85,13 +87,23 @@ def serve(app: Any, host: str, port: int, log_level: str, **options: Any) -> Non
         signal.signal(signal.SIGHUP, before)
 
 
+def load_or_create_token(path: Path) -> str:
+    """The token in ``path``, else a new random one written there (mode 0600): what a server started from the
+    command line accepts (``api_token``) or a command presents (``openenv serve``'s client token)."""
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            return token
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    return token
+
+
 def api_token(token_file: Path | None, default_file: Path, say: Callable[[str], None] | None = None) -> str:
     """The bearer token a server (``host serve``, ``fleet serve``) accepts from its operator, in one place:
     ``--token-file``, else ``$OSFLEET_API_TOKEN``, else ``default_file`` (made, mode 0600, when missing)."""
-    import os
-
-    from osfleet.api.auth import load_or_create_token
-
     if token_file is not None:
         if not token_file.exists():
             raise OsfleetError(f"token file not found: {token_file}")

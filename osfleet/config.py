@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from osfleet.errors import ConfigError
+from osfleet.network_policy import NetworkPolicy
 from osfleet.protocol.models import Mode
 
 DEFAULT_HOME = Path("/var/lib/osfleet")
@@ -128,9 +129,7 @@ class Settings:
             )
         if self.tenancy not in TENANCIES:
             raise ConfigError(f"OSFLEET_TENANCY {self.tenancy!r} must be one of {', '.join(TENANCIES)}")
-        from osfleet.replicas.network import NetworkPolicy  # checks the values; raises ConfigError
-
-        NetworkPolicy.parse(self.replica_network, self.replica_subnet)
+        NetworkPolicy.parse(self.replica_network, self.replica_subnet)  # checks the values; raises ConfigError
         if self.fork_max_depth < 1 or self.fork_max_bytes < 2**20 or not 0 <= self.fork_ready <= 64:
             raise ConfigError(
                 "OSFLEET_FORK_MAX_DEPTH must be at least 1, OSFLEET_FORK_MAX_BYTES at least 1 MiB and "

@@ -17,6 +17,7 @@ from typing import Any
 
 from osfleet.config import GOLDEN_PREFIX, ReplicaShape, Settings
 from osfleet.errors import ImageNotFoundError
+from osfleet.recipe import image_hash_for, load_recipe
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,6 @@ def find_image(ref: str | None, settings: Settings) -> GoldenImage:
 
 def _image_of_recipe(path: Path, settings: Settings) -> GoldenImage:
     """The image a recipe file builds, wherever it was built (``image_folders``); never builds it."""
-    from osfleet.imaging.builder import image_hash_for
-    from osfleet.recipe import load_recipe
-
     recipe = load_recipe(path)  # a missing or bad recipe is one line (BadRecipeError)
     name = f"{GOLDEN_PREFIX}{image_hash_for(recipe)}"
     for folder in image_folders(settings):

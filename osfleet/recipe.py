@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +32,29 @@ OPTIONAL_SINCE_V3 = (
     "tb_cache_mib",
 )
 HASH_LENGTH = 16
+
+# Recipes and guest files are data shipped in the ``golden_images`` package (beside its Fabric tasks): read
+# as package resources, never imported as code, so ``osfleet`` does not depend on the Fabric tasks. The guest
+# files are here, not only in the builder (``osfleet.imaging``), because they are part of an image's name:
+# whoever looks an image up by its recipe (``osfleet.images``, the suites) hashes them without the builder.
+ASSETS_PACKAGE = "golden_images"
+DEFAULT_RECIPE = Path(str(resources.files(ASSETS_PACKAGE) / "recipes" / "desktop.yaml"))
+GUEST_FILES = ("init", "initrd-init", "shutdown", "xorg.conf", "xsession")
+# The OSWorld desktop's files (``osfleet.imaging.osworld_desktop`` installs them), for a recipe that has it.
+OSWORLD_GUEST_FILES = (
+    "xsession",
+    "session.env",
+    "runtime-dir",
+    "apps",
+    "prewarm-office.py",
+    "google-chrome",
+    "google-chrome.desktop",
+    "code-server",
+    "code",
+    "vlcrc",
+    "gnome-terminal",
+    "build-code-server",
+)
 
 _PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
@@ -200,3 +224,22 @@ def recipe_hash(recipe: Recipe, guest_files: dict[str, str]) -> str:
         h.update(f"\n--- {name}\n".encode())
         h.update(guest_files[name].encode())
     return h.hexdigest()[:HASH_LENGTH]
+
+
+def guest_files() -> dict[str, str]:
+    """The guest files every image holds (``init``, the X session, ...), by name."""
+    base = resources.files(ASSETS_PACKAGE) / "guest"
+    return {name: (base / name).read_text() for name in GUEST_FILES}
+
+
+def osworld_guest_files(recipe: Recipe) -> dict[str, str]:
+    """The OSWorld desktop's guest files (named ``osworld/<file>``), or none for a recipe without it."""
+    if not recipe.osworld_desktop:
+        return {}
+    base = resources.files(ASSETS_PACKAGE) / "guest" / "osworld"
+    return {f"osworld/{name}": (base / name).read_text() for name in OSWORLD_GUEST_FILES}
+
+
+def image_hash_for(recipe: Recipe) -> str:
+    """The hash naming the image built from ``recipe`` (``golden-<hash>``), with the guest files it ships."""
+    return recipe_hash(recipe, guest_files() | osworld_guest_files(recipe))

@@ -1,4 +1,5 @@
-"""Small statistics shared by every benchmark and the report: one percentile helper, one key spelling.
+"""Small statistics shared by every benchmark and the report: one percentile helper, one key spelling, the
+units figures are shown in.
 
 Distributions are reported as ``{"n", "p50", "p95", "min", "max"}`` (never ``median``); percentiles are
 ``statistics.quantiles`` with the inclusive method, i.e. linear interpolation between closest ranks (the
@@ -34,3 +35,17 @@ def distribution(values: Sequence[float]) -> dict[str, Any]:
         "min": float(min(values)),
         "max": float(max(values)),
     }
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it under 1024 (``1.5 GiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def seconds(s: float) -> str:
+    """A duration in milliseconds under a second, else in seconds."""
+    return f"{s * 1000:.2f} ms" if s < 1 else f"{s:.2f} s"

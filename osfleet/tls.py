@@ -141,7 +141,9 @@ def listener_options(fn: F) -> F:
     ``listener: Listener`` argument. Put it right above the command's ``def`` (under ``friendly``)."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, tls_cert: Path | None, tls_key: Path | None, trusted_proxy: tuple[str, ...], **kw: Any):
+    def wrapper(
+        *args: Any, tls_cert: Path | None, tls_key: Path | None, trusted_proxy: tuple[str, ...], **kw: Any
+    ) -> Any:
         return fn(*args, listener=listener(tls_cert, tls_key, trusted_proxy), **kw)
 
     options = [

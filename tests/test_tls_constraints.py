@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 
 def handshake(tmp: Path, ca: KeyPair, leaf: KeyPair, server_hostname: str) -> str:
-    """"ok", or OpenSSL's verification message for a client that trusts ``ca`` and asks for ``server_hostname``."""
+    """``"ok"``, or OpenSSL's verification message for a client that trusts ``ca`` and asks for ``server_hostname``."""
     for name, pem in (("ca.pem", ca.cert_pem), ("cert.pem", leaf.cert_pem), ("key.pem", leaf.key_pem)):
         (tmp / name).write_text(pem)
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pulumi
 import yaml
 
+from osfleet_infra.bare_metal import deploy_bare_metal
 from osfleet_infra.components import DEFAULT_PACKAGES, HostTarget
 from osfleet_infra.providers import prep_steps
 from osfleet_infra.settings import Common, ConfigError, list_value
@@ -137,8 +138,6 @@ class Ec2KvmHosts(pulumi.ComponentResource):
 
 
 def deploy_aws(cfg: pulumi.Config, common: Common) -> None:
-    from osfleet_infra.program import deploy_bare_metal
-
     a = read_aws(cfg)
     hosts = Ec2KvmHosts("ec2", a, common.agent_port, common.tenancy)
     targets = [

@@ -21,7 +21,6 @@ import hmac
 import ipaddress
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +30,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from osfleet.api.errors import Forbidden
+from osfleet.cli_support import load_or_create_token as load_or_create_token  # the token file, kept by the CLI
 from osfleet.config import AgentConfig, ClientToken
 from osfleet.errors import ConfigError
 
@@ -68,18 +68,6 @@ OPERATOR_PRINCIPAL = Principal(OPERATOR, operator=True)
 
 
 # --- tokens ---------------------------------------------------------------------------------------------------
-def load_or_create_token(path: Path) -> str:
-    if path.exists():
-        token = path.read_text().strip()
-        if token:
-            return token
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    path.touch(mode=0o600)
-    path.write_text(token + "\n")
-    return token
-
-
 def digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def seconds(s: float) -> str:
-    return f"{s * 1000:.2f} ms" if s < 1 else f"{s:.2f} s"
+from osfleet.stats import human_bytes as human_bytes  # shared with the report, so in osfleet.stats
+from osfleet.stats import seconds as seconds
 
 
 def disk_table(r: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from shlex import quote as q
 from typing import Any
@@ -22,13 +21,16 @@ from osfleet.config import GOLDEN_PREFIX, Settings
 from osfleet.errors import CommandFailedError
 from osfleet.imaging import osworld_desktop
 from osfleet.imaging.host import Host
-from osfleet.recipe import BUILDER_VERSION, Recipe, load_recipe, recipe_hash
 
-# Recipes and guest files are data shipped in the ``golden_images`` package (beside its Fabric tasks): read
-# as package resources, never imported as code, so ``osfleet`` does not depend on the Fabric tasks.
-ASSETS_PACKAGE = "golden_images"
-DEFAULT_RECIPE = Path(str(resources.files(ASSETS_PACKAGE) / "recipes" / "desktop.yaml"))
-GUEST_FILES = ("init", "initrd-init", "shutdown", "xorg.conf", "xsession")
+# Where recipes and guest files come from, and the hash that names an image: in osfleet.recipe, below every
+# module that looks an image up by its recipe; the builder's names for them stay importable from here.
+from osfleet.recipe import ASSETS_PACKAGE as ASSETS_PACKAGE
+from osfleet.recipe import BUILDER_VERSION, Recipe, load_recipe
+from osfleet.recipe import DEFAULT_RECIPE as DEFAULT_RECIPE
+from osfleet.recipe import GUEST_FILES as GUEST_FILES
+from osfleet.recipe import guest_files as guest_files
+from osfleet.recipe import image_hash_for as image_hash_for
+
 KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=3"
 BUILD_TOOLS = ["debootstrap", "qemu-img", "mkfs.ext4", "busybox", "cpio", "gzip", "chroot", "sha256sum"]
 # rootfs (~1.3 GiB before trimming) + sparse ext4 image + compressed qcow2, with headroom.
@@ -67,15 +69,6 @@ class ImageFiles:
     def payload(self) -> list[str]:
         """Files that make up the image, manifest excluded (it is written last)."""
         return [self.disk, self.kernel, self.initrd]
-
-
-def guest_files() -> dict[str, str]:
-    base = resources.files(ASSETS_PACKAGE) / "guest"
-    return {name: (base / name).read_text() for name in GUEST_FILES}
-
-
-def image_hash_for(recipe: Recipe) -> str:
-    return recipe_hash(recipe, guest_files() | osworld_desktop.guest_files(recipe))
 
 
 def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = None) -> ImageFiles:

@@ -33,6 +33,7 @@ from pathlib import Path
 from shlex import quote as q
 
 from osfleet import __version__
+from osfleet.checkout import project_dir
 from osfleet.config import Settings
 from osfleet.errors import CommandFailedError, ConfigError
 from osfleet.imaging import oci
@@ -203,8 +204,6 @@ def _layer_from_json(path: Path) -> oci.Layer:
 
 def _build_wheel(dist: Path) -> Path:
     """The project's wheel from its checkout, with fixed timestamps (SOURCE_DATE_EPOCH)."""
-    from osfleet.lab.engine import project_dir
-
     src = project_dir()
     dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="osfleet-wheel-") as build_tmp:

@@ -22,27 +22,17 @@ default desktop keeps its name.
 
 from __future__ import annotations
 
-from importlib import resources
 from shlex import quote as q
 
 from osfleet.imaging.host import Host
-from osfleet.recipe import Recipe
+from osfleet.recipe import ASSETS_PACKAGE as ASSETS_PACKAGE
+from osfleet.recipe import OSWORLD_GUEST_FILES, Recipe
 
-ASSETS_PACKAGE = "golden_images"
-FILES = (
-    "xsession",
-    "session.env",
-    "runtime-dir",
-    "apps",
-    "prewarm-office.py",
-    "google-chrome",
-    "google-chrome.desktop",
-    "code-server",
-    "code",
-    "vlcrc",
-    "gnome-terminal",
-    "build-code-server",
-)
+# The files are part of the image's name, so they are listed (and read) in osfleet.recipe.
+from osfleet.recipe import osworld_guest_files as guest_files
+
+FILES = OSWORLD_GUEST_FILES
+
 CODE_SERVER_PORT = 13337  # loopback only; 8080 is VLC's HTTP interface, 1337 Chrome's DevTools
 READY_FILE = "/run/user/1000/osfleet-apps-ready"
 CODE_SERVER_DIR = "/opt/code-server"
@@ -51,14 +41,6 @@ CODE_SERVER_BUILD_PACKAGES = ["g++", "make", "node-gyp", "libnode-dev"]
 # Where the session's environment is read for every command run as the desktop user (see the docstring).
 PAM_SERVICES = ("runuser", "su")
 PAM_LINE = "session required pam_env.so readenv=1 user_readenv=0 envfile=/etc/osfleet/session.env"
-
-
-def guest_files(recipe: Recipe) -> dict[str, str]:
-    """The OSWorld desktop's guest files (named ``osworld/<file>``), or none for a recipe without it."""
-    if not recipe.osworld_desktop:
-        return {}
-    base = resources.files(ASSETS_PACKAGE) / "guest" / "osworld"
-    return {f"osworld/{name}": (base / name).read_text() for name in FILES}
 
 
 def env(recipe: Recipe) -> dict[str, str]:

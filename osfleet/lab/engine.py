@@ -19,8 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from osfleet.checkout import project_dir as project_dir  # where it always was importable
 from osfleet.config import Settings
 from osfleet.errors import ConfigError, MissingToolError, OsfleetError
+from osfleet.lab.kube import tools
 
 PROJECT = "osfleet"
 STACKS = ("lab", "onprem", "aws", "k8s")
@@ -47,16 +49,6 @@ def engine_version(root: Path | None = None) -> str:
     if out.returncode != 0:
         raise ConfigError(f"{binary} version failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
     return f"pulumi {out.stdout.strip()}"
-
-
-def project_dir() -> Path:
-    """The checkout holding Pulumi.yaml and infra/ ($OSFLEET_PROJECT, else the one osfleet is installed from)."""
-    candidates = [Path(p) for p in [os.environ.get("OSFLEET_PROJECT", "")] if p]
-    candidates.append(Path(__file__).resolve().parents[2])
-    for c in candidates:
-        if (c / "Pulumi.yaml").is_file() and (c / "infra" / "osfleet_infra").is_dir():
-            return c
-    raise ConfigError("no Pulumi project (Pulumi.yaml + infra/) found; set OSFLEET_PROJECT to the osfleet checkout")
 
 
 NO_SESSION_BUS = "disabled:"
@@ -103,8 +95,6 @@ def engine_env(settings: Settings | None = None, path: str | None = None) -> dic
 def kubernetes_bins() -> list[str]:
     """Where scripts/build-k8s puts kubectl and the pulumi-kubernetes provider plugin (built or not yet), for the
     engine to find the provider on PATH as Pulumi documents; empty without a checkout to ask."""
-    from osfleet.lab.kube import tools
-
     try:
         return [str(tools.bin_dir("kubectl")), str(tools.bin_dir("provider"))]
     except (ConfigError, OsfleetError, OSError):

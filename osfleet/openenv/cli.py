@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from osfleet.cli_support import friendly
+from osfleet.cli_support import friendly, load_or_create_token
 from osfleet.errors import OsfleetError
 from osfleet.tls import Listener, listener_options
 
@@ -65,8 +65,7 @@ def serve(
     listener: Listener,
 ) -> None:
     """Serve OpenEnv's protocol (/reset, /step, /state, /health, /schema, /ws) over osfleet desktops."""
-    from osfleet.api.auth import load_or_create_token
-    from osfleet.cli_support import serve
+    from osfleet.cli_support import serve  # this command's own name is serve
     from osfleet.client import Fleet, FleetError
     from osfleet.config import Settings
     from osfleet.openenv.server import check_bind, create_openenv_app

@@ -44,13 +44,14 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-from urllib.parse import urlsplit
 
-from osfleet.errors import ConfigError, OsfleetError
+from osfleet.errors import OsfleetError
 
-Mode = Literal["off", "nat", "proxy"]
-DEFAULT_SUBNET = "172.30.0.0/16"
+# The policy's parsing sits below the settings (osfleet.network_policy); re-exported where it always was.
+from osfleet.network_policy import DEFAULT_SUBNET as DEFAULT_SUBNET
+from osfleet.network_policy import Mode as Mode
+from osfleet.network_policy import NetworkPolicy as NetworkPolicy
+
 # Destinations a replica never reaches through NAT: not the internet (RFC 6890 special-purpose ranges).
 BLOCKED_V4 = (
     "0.0.0.0/8",
@@ -70,67 +71,6 @@ COMMAND_TIMEOUT_SECONDS = 20.0
 
 class NetworkError(OsfleetError):
     """The replica network could not be set up (no nft, no root, a bad setting)."""
-
-
-@dataclass(frozen=True)
-class NetworkPolicy:
-    """What replicas may reach: nothing (``off``), the internet through NAT, or only ``proxy_url``."""
-
-    mode: Mode = "off"
-    proxy_url: str | None = None
-    subnet: str = DEFAULT_SUBNET
-
-    @classmethod
-    def parse(cls, text: str | None, subnet: str | None = None) -> NetworkPolicy:
-        """``off`` (or empty), ``nat`` or ``proxy=http://host:port``; a bad value is a ``ConfigError``."""
-        value = (text or "off").strip()
-        net = _subnet(subnet or DEFAULT_SUBNET)
-        if value in ("off", "nat"):
-            return cls(mode=value, subnet=net)  # type: ignore[arg-type]  # one of the two, checked above
-        if value.startswith("proxy="):
-            url = value.removeprefix("proxy=")
-            _proxy_address(url)
-            return cls(mode="proxy", proxy_url=url, subnet=net)
-        raise ConfigError(f"replica network {value!r} must be off, nat or proxy=http://HOST:PORT")
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "off"
-
-    @property
-    def proxy(self) -> tuple[str, int] | None:
-        return _proxy_address(self.proxy_url) if self.proxy_url else None
-
-    @property
-    def gateway(self) -> str:
-        return str(next(ipaddress.ip_network(self.subnet).hosts()))
-
-
-def _subnet(text: str) -> str:
-    try:
-        net = ipaddress.ip_network(text, strict=True)
-    except ValueError as exc:
-        raise ConfigError(f"replica subnet {text!r} is not an IPv4 network like {DEFAULT_SUBNET}: {exc}") from None
-    if net.version != 4 or not 16 <= net.prefixlen <= 28:
-        raise ConfigError(f"replica subnet {text!r} must be IPv4 with a prefix between /16 and /28")
-    return str(net)
-
-
-def _proxy_address(url: str | None) -> tuple[str, int]:
-    parts = urlsplit(url or "")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        raise ConfigError(f"proxy {url!r} must look like http://HOST:PORT (an address and a port)")
-    try:
-        ip = ipaddress.ip_address(parts.hostname)
-    except ValueError:
-        raise ConfigError(f"proxy {url!r}: give the proxy's IPv4 address (the firewall allows only it)") from None
-    if ip.version != 4 or ip.is_loopback:
-        raise ConfigError(f"proxy {url!r}: a replica cannot reach a loopback or IPv6 proxy address")
-    return str(ip), port
 
 
 def bridge_name(name_prefix: str) -> str:

@@ -13,10 +13,10 @@ from typing import Any, Literal
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
-from osfleet.bench.tables import human_bytes, seconds
 from osfleet.cost import PRICES_NAME
 from osfleet.report.figures import Figure
 from osfleet.report.load import RunResults, caption, machine_of, trajectory_summary
+from osfleet.stats import human_bytes, seconds
 
 HERE = "measured here"
 TITLE = "osfleet run report"

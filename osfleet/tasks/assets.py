@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osfleet.config import Settings
-from osfleet.tasks.model import TaskError
+from osfleet.tasks.errors import TaskError
 
 INDEX_NAME = "index.json"
 BUNDLE_MANIFEST = Path("assets") / "manifest.json"

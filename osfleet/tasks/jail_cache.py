@@ -84,9 +84,9 @@ def _compile() -> None:
     resampling), so the functions real recordings reach are compiled for the types they get."""
     import wave
 
-    import numpy as np
+    import numpy as np  # an optional dependency (the osworld extra), needed only here
 
-    from osfleet.tasks.evaluators import METRICS
+    from osfleet.tasks.evaluators.media import compare_audios
 
     with tempfile.TemporaryDirectory(prefix="osfleet-numba-warm-") as tmp:
         files = []
@@ -99,7 +99,7 @@ def _compile() -> None:
                 w.setframerate(rate)
                 w.writeframes(np.repeat(tone, channels).tobytes())
             files.append(path)
-        METRICS["compare_audios"](files[0], files[1], {})
+        compare_audios(files[0], files[1], {})
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from osfleet.errors import OsfleetError, first_problem
+from osfleet.errors import first_problem
 from osfleet.protocol.tasks import (
     Check,
     CommandOutput,
@@ -35,14 +35,8 @@ from osfleet.protocol.tasks import (
     Sleep,
     Task,
 )
-
-
-class TaskError(OsfleetError):
-    """A task file is invalid."""
-
-
-class UnsupportedTaskError(TaskError):
-    """A task uses a set-up step, getter or metric that osfleet does not run; the message names it."""
+from osfleet.tasks.errors import TaskError, UnsupportedTaskError
+from osfleet.tasks.osworld import from_osworld
 
 
 def score(results: list[CriterionResult]) -> Evaluation:
@@ -57,8 +51,6 @@ def score(results: list[CriterionResult]) -> Evaluation:
 
 def parse_task(data: object, origin: str = "task") -> Task:
     """A task from osfleet's own format or OSWorld's (recognised by its ``config``/``evaluator`` keys)."""
-    from osfleet.tasks.osworld import from_osworld
-
     if isinstance(data, dict) and ("evaluator" in data or "config" in data):
         return from_osworld(data)
     try:

@@ -27,17 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from osfleet.tasks import evaluators
-from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.guest_paths import (
-    PLACEHOLDERS,
-    guest_path,
-    needs_screen,
-    shell_command,
-    truthy,
-    unknown_placeholders,
-)
-from osfleet.tasks.model import (
+from osfleet.protocol.tasks import (
     Criterion,
     DeclaredInfeasible,
     GuestQuery,
@@ -49,8 +39,17 @@ from osfleet.tasks.model import (
     SetupStep,
     Sleep,
     Task,
-    TaskError,
-    UnsupportedTaskError,
+)
+from osfleet.tasks import evaluators
+from osfleet.tasks.assets import AssetStore
+from osfleet.tasks.errors import TaskError, UnsupportedTaskError
+from osfleet.tasks.guest_paths import (
+    PLACEHOLDERS,
+    guest_path,
+    needs_screen,
+    shell_command,
+    truthy,
+    unknown_placeholders,
 )
 from osfleet.tasks.osworld_spec import (
     GETTER_TYPES,

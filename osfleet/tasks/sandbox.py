@@ -75,6 +75,7 @@ REPLY_MAX_BYTES = 64 * 1024  # a child's answer; more is refused (the metric's r
 KILL_GRACE_SECONDS = 5.0  # after a kill, how long to wait for the zygote to say how a child ended
 RECENT_JOBS = 64  # evaluations whose peak memory and CPU time are kept (``Sandbox.recent``)
 
+
 class SandboxError(OsfleetError):
     """The evaluation sandbox could not run a metric (it cannot start, or its zygote died): infrastructure."""
 

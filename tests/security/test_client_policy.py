@@ -96,19 +96,26 @@ HOSTILE = {
         "post-config step 1 (download to /usr/local/bin/google-chrome)",
     ),
     "a command's output kept out of the cache": (
-        {"id": "policy", "instruction": "x",
-         "setup": [{"type": "run", "command": "echo x", "stdout_to": "../../../etc/cron.d/x"}],
-         "criteria": [{"name": "c", "check": {"type": "command_output", "command": "true", "exit_code": 0}}]},
+        {
+            "id": "policy",
+            "instruction": "x",
+            "setup": [{"type": "run", "command": "echo x", "stdout_to": "../../../etc/cron.d/x"}],
+            "criteria": [{"name": "c", "check": {"type": "command_output", "command": "true", "exit_code": 0}}],
+        },
         "keeps its output as '../../../etc/cron.d/x'",
-    ),  # fmt: skip
+    ),
     "vm_file on root's files": (
-        osworld(result={"type": "vm_file", "path": "/etc/shadow", "dest": "s"}, func="check_include_exclude",
-                expected={"type": "rule", "rules": {"include": ["root"], "exclude": []}}),
+        osworld(
+            result={"type": "vm_file", "path": "/etc/shadow", "dest": "s"},
+            func="check_include_exclude",
+            expected={"type": "rule", "rules": {"include": ["root"], "exclude": []}},
+        ),
         "getter vm_file would read '/etc/shadow' as root",
-    ),  # fmt: skip
+    ),
     # OSWorld's own format checks these names (422); osfleet's format takes a converted check as it is
     "a cache_file climbing out": (
-        raw({"type": "cache_file", "path": "../../../etc/shadow"}), "getter cache_file names '../../../etc/shadow'"
+        raw({"type": "cache_file", "path": "../../../etc/shadow"}),
+        "getter cache_file names '../../../etc/shadow'",
     ),
     "gimp_config_file climbing out": (
         raw({"type": "gimp_config_file", "file_name": "../../../../../../root/.ssh/id_rsa"}),
@@ -119,16 +126,23 @@ HOSTILE = {
         "getter vm_file would read '/root/.ssh/id_rsa' as root",
     ),
     "osfleet's format with a root command": (
-        {"id": "policy", "instruction": "x", "setup": [{"type": "run", "command": "id", "as_root": True}],
-         "criteria": [{"name": "c", "check": {"type": "command_output", "command": "true", "exit_code": 0}}]},
+        {
+            "id": "policy",
+            "instruction": "x",
+            "setup": [{"type": "run", "command": "id", "as_root": True}],
+            "criteria": [{"name": "c", "check": {"type": "command_output", "command": "true", "exit_code": 0}}],
+        },
         "set-up step 1 runs as root",
-    ),  # fmt: skip
+    ),
     "osfleet's format with a hidden put_file": (
-        {"id": "policy", "instruction": "x",
-         "setup": [{"type": "put_file", "path": "/etc/sudoers.d/x", "url": URL, "sha256": SHA}],
-         "criteria": [{"name": "c", "check": {"type": "command_output", "command": "true", "exit_code": 0}}]},
+        {
+            "id": "policy",
+            "instruction": "x",
+            "setup": [{"type": "put_file", "path": "/etc/sudoers.d/x", "url": URL, "sha256": SHA}],
+            "criteria": [{"name": "c", "check": {"type": "command_output", "command": "true", "exit_code": 0}}],
+        },
         "download to /etc/sudoers.d/x",
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -38,9 +38,7 @@ class FileGuest(FakeHost):
 
     guest_files: dict[str, bytes] = field(default_factory=dict)
 
-    def shell(
-        self, rid: str, command: str, timeout: float, as_root: bool = False, claim: Any = None
-    ) -> dict[str, Any]:
+    def shell(self, rid: str, command: str, timeout: float, as_root: bool = False, claim: Any = None) -> dict[str, Any]:
         if "stat -c %s" in command:  # the getters' size probe: its paths are its last arguments
             paths = shlex.split(command)[4:]
             sizes = [str(len(self.guest_files[p])) if p in self.guest_files else "-" for p in paths]

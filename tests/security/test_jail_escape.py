@@ -189,9 +189,7 @@ def test_a_process_the_suite_leaves_behind_dies_with_the_evaluation(box: Sandbox
         "syscall(425, 1, 0)",  # io_uring_setup
     ],
 )
-def test_a_forbidden_system_call_ends_the_evaluation_with_the_reason(
-    box: Sandbox, tmp_path: Path, call: str
-) -> None:
+def test_a_forbidden_system_call_ends_the_evaluation_with_the_reason(box: Sandbox, tmp_path: Path, call: str) -> None:
     body = f"""
     libc = ctypes.CDLL(None, use_errno=True)
     result = libc.{call}

@@ -8,14 +8,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from osfleet.checkout import project_dir
 from osfleet.errors import CommandFailedError
 
 PARTS = ("cluster", "provider")
 
 
 def _script() -> Path:
-    from osfleet.lab.engine import project_dir
-
     return project_dir() / "scripts" / "build-k8s"
 
 

@@ -21,6 +21,8 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from osfleet.tasks import sandbox
+from osfleet.tasks.errors import UnsupportedTaskError
 from osfleet.tasks.evaluators import (
     archives,
     browser,
@@ -40,7 +42,7 @@ from osfleet.tasks.evaluators import (
     tables,
     text,
 )
-from osfleet.tasks.model import UnsupportedTaskError
+from osfleet.tasks.evaluators.registry import METRICS  # filled below, from the families
 
 Metric = Callable[[Any, Any, dict[str, Any]], "Score"]
 Score = tuple[float, str]
@@ -49,7 +51,6 @@ FAMILIES = (
     tables, sheets_csv, documents, slides, office_config, pdfs,  # office files
     text, json_settings, records, desktop, browser, archives, images, ocr, media, mail, programs,
 )  # fmt: skip
-METRICS: dict[str, Metric] = {}
 # Python modules a metric needs on the host, beyond osfleet's own dependencies.
 NEEDS: dict[str, tuple[str, ...]] = {}
 # Programs a metric runs on the host (in its sandbox), with the Debian package that has them.
@@ -112,6 +113,4 @@ def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any], w
     goes wrong inside it (a value of the wrong kind, a corrupt or hostile file, a limit hit) scores 0 with the
     reason. ``wall``: at most this many seconds. Raises only when the sandbox itself fails (infrastructure)."""
     require(func)
-    from osfleet.tasks import sandbox
-
     return sandbox.default().run(func, result, expected, options, wall)

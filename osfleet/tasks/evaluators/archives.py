@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, scored, short
+from osfleet.tasks.evaluators.registry import METRICS as ALL_METRICS  # every family's, filled by the package
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED_BYTES = 1 * 2**30
@@ -86,14 +87,12 @@ def unpack(archive: Path, folder: Path) -> None:
 
 
 def _inner_metric(file_type: str, options: dict[str, Any]) -> Metric:
-    from osfleet.tasks.evaluators import METRICS
-
     name = FILE_TYPES.get(file_type)
     if name is None:
         raise CannotScore(f"compare_archive has no file_type {short(file_type)}")
-    if name not in METRICS:
+    if name not in ALL_METRICS:
         raise CannotScore(f"compare_archive's file_type {file_type} needs {name}, which osfleet does not have")
-    metric = METRICS[name]
+    metric = ALL_METRICS[name]
     accepts = getattr(metric, "osworld_options", None)
     if accepts is not None and set(options) - accepts:
         raise CannotScore(f"{name} takes no option {', '.join(sorted(set(options) - accepts))}")

@@ -17,6 +17,7 @@ from osfleet.config import Settings
 from osfleet.errors import ImageNotFoundError, first_problem
 from osfleet.images import GoldenImage, image_folders, load
 from osfleet.protocol.actions import Action
+from osfleet.recipe import DEFAULT_RECIPE, image_hash_for, load_recipe
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.importer import task_files
 from osfleet.tasks.model import Task, TaskError
@@ -62,9 +63,6 @@ def load_suite(name: str, store: AssetStore | None = None) -> list[SuiteTask]:
 
 def suite_image(name: str, settings: Settings) -> GoldenImage:
     """The image built from the suite's recipe, wherever it was built or published on this host."""
-    from osfleet.imaging.builder import DEFAULT_RECIPE, image_hash_for
-    from osfleet.recipe import load_recipe
-
     suite_folder(name)
     recipe = DEFAULT_RECIPE.parent / SUITE_RECIPE[name]
     image = f"golden-{image_hash_for(load_recipe(recipe))}"
