@@ -122,3 +122,17 @@ def test_tasks_come_from_the_shipped_suite_and_from_files(tmp_path: Path) -> Non
     one = tmp_path / "one.json"
     one.write_text(json.dumps(task("mine")))
     assert [t["id"] for t in parity.tasks_from([str(tmp_path)], None)] == ["mine"]
+
+
+def test_a_shipped_suite_file_resolves_on_a_host_whose_store_never_saw_it(tmp_path: Path) -> None:
+    """The parity check and OSWorld's harness send the suite's task files as they are; the host agent's store
+    takes a shipped bundle's file in when a task first names it, and still refuses any other URL by name."""
+    from osfleet.tasks.assets import AssetStore, MissingAssetError, shipped_assets
+
+    store = AssetStore(tmp_path / "assets")
+    url, file = next(iter(sorted(shipped_assets().items())))
+    asset = store.resolve(url)
+    assert store.path(url).read_bytes() == file.read_bytes() and asset.size == file.stat().st_size
+    assert store.index() == {url: asset.sha256}
+    with pytest.raises(MissingAssetError, match="https://assets.osfleet.invalid/not-shipped.xlsx"):
+        store.resolve("https://assets.osfleet.invalid/not-shipped.xlsx")

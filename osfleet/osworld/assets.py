@@ -19,38 +19,19 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from osfleet.tasks.assets import BUNDLE_MANIFEST, AssetError, AssetStore
+from osfleet.tasks.assets import AssetError, AssetStore, shipped_assets
 
 if TYPE_CHECKING:
     from requests.adapters import BaseAdapter
 
 ASSET_HOST = "assets.osfleet.invalid"
 PREFIXES = ("https://", "http://")
-SUITES = Path(__file__).resolve().parent.parent / "tasks" / "suites"
 MARK = "__osfleet_assets__"
-
-
-@functools.lru_cache(maxsize=1)
-def shipped_assets() -> dict[str, Path]:
-    """URL -> file of every bundle shipped with osfleet (read once: they are part of the installed package)."""
-    found: dict[str, Path] = {}
-    for manifest in sorted(SUITES.glob(f"*/{BUNDLE_MANIFEST}")):
-        try:
-            files = json.loads(manifest.read_text()).get("files", [])
-        except (OSError, ValueError, AttributeError):
-            continue
-        for entry in files if isinstance(files, list) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("url"), str) and isinstance(entry.get("file"), str):
-                path = (manifest.parent / entry["file"]).resolve()
-                if path.is_relative_to(manifest.parent.resolve()) and path.is_file():
-                    found[entry["url"]] = path
-    return found
 
 
 _index: tuple[Path, float, dict[str, str]] | None = None  # the store's index as last read: (file, mtime, map)

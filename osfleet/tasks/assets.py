@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import http.client
 import json
@@ -44,6 +45,26 @@ FETCH_RETRIES = 3
 FETCH_TIMEOUT_SECONDS = 60.0  # without a byte arriving
 PROGRESS_EVERY_SECONDS = 2.0
 USER_AGENT = "osfleet-assets/1"
+
+
+SHIPPED_SUITES = Path(__file__).resolve().parent / "suites"  # the bundles shipped in osfleet's package
+
+
+@functools.cache
+def shipped_assets() -> dict[str, Path]:
+    """URL -> file of every bundle shipped with osfleet (read once: they are part of the installed package)."""
+    found: dict[str, Path] = {}
+    for manifest in sorted(SHIPPED_SUITES.glob(f"*/{BUNDLE_MANIFEST}")):
+        try:
+            files = json.loads(manifest.read_text()).get("files", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for entry in files if isinstance(files, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("url"), str) and isinstance(entry.get("file"), str):
+                path = (manifest.parent / entry["file"]).resolve()
+                if path.is_relative_to(manifest.parent.resolve()) and path.is_file():
+                    found[entry["url"]] = path
+    return found
 
 
 class MissingAssetError(TaskError):
@@ -150,9 +171,14 @@ class AssetStore:
         blob = self.blob(digest)
         if not blob.exists():
             blob.parent.mkdir(parents=True, exist_ok=True)
-            tmp = blob.with_name(f".{digest}.part")
-            shutil.copyfile(file, tmp)
-            os.replace(tmp, blob)
+            fd, tmp = tempfile.mkstemp(dir=blob.parent, prefix=f".{digest}.", suffix=".part")  # one per writer
+            os.close(fd)
+            try:
+                shutil.copyfile(file, tmp)
+                os.replace(tmp, blob)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         self._point(url, digest)
         return Asset(url=url, sha256=digest, size=blob.stat().st_size)
 
@@ -174,10 +200,17 @@ class AssetStore:
         return folder
 
     def resolve(self, url: str) -> Asset:
-        """The stored asset for ``url``, or ``MissingAssetError`` naming it."""
+        """The stored asset for ``url``, or ``MissingAssetError`` naming it.
+
+        A file of a bundle shipped with osfleet is taken into the store the first time a task names it, so a
+        client's copy of a shipped suite task (OSWorld's harness, the parity check) sets up on any host agent
+        without a ``tasks assets add-bundle`` there first."""
         digest = self.index().get(url)
         if digest is None or not self.blob(digest).is_file():
-            raise MissingAssetError(url)
+            shipped = shipped_assets().get(url)
+            if shipped is None:
+                raise MissingAssetError(url)
+            return self.add(url, shipped)
         return Asset(url=url, sha256=digest, size=self.blob(digest).stat().st_size)
 
     def path(self, url: str) -> Path:
