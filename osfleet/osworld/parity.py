@@ -44,6 +44,13 @@ def score(fn: Any) -> float | str:
         return f"error: {type(exc).__name__}: {str(exc)[:200]}"
 
 
+def osfleet_score(session: Any, row: dict[str, Any], key: str) -> float:
+    """osfleet's reward, its criteria's details kept in the row (what to read when the two differ)."""
+    evaluation = session.evaluate()
+    row[f"{key}_detail"] = "; ".join(c.detail for c in getattr(evaluation, "criteria", []) if c.detail)[:400]
+    return float(evaluation.reward)
+
+
 def compare(env: Any, session: Any, task: dict[str, Any]) -> dict[str, Any]:
     oracle = task.pop("osfleet_oracle", [])
     row: dict[str, Any] = {"id": task["id"], "apps": task.get("related_apps", [])}
@@ -55,7 +62,7 @@ def compare(env: Any, session: Any, task: dict[str, Any]) -> dict[str, Any]:
         return row
     env._set_task_info(task)
     row["osworld_s0"] = score(env.evaluate)
-    row["osfleet_s0"] = score(lambda: session.evaluate().reward)
+    row["osfleet_s0"] = score(lambda: osfleet_score(session, row, "osfleet_s0"))
     try:
         for action in oracle:
             session.step(action, observe=False)
@@ -63,7 +70,7 @@ def compare(env: Any, session: Any, task: dict[str, Any]) -> dict[str, Any]:
         row["failed"] = f"the oracle: {type(exc).__name__}: {str(exc)[:200]}"
         return row
     row["osworld_after"] = score(env.evaluate)
-    row["osfleet_after"] = score(lambda: session.evaluate().reward)
+    row["osfleet_after"] = score(lambda: osfleet_score(session, row, "osfleet_after"))
     row["seconds"] = round(time.monotonic() - started, 1)
     raised = [f"{key}: {row[key]}" for key in SCORES if isinstance(row[key], str)]
     if raised:  # an evaluator that could not score is not a score to compare
