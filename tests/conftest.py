@@ -119,7 +119,9 @@ if threading.current_thread() is threading.main_thread():
 
 # Fixtures that boot replicas or build an image: a test that asks for one is a ``vm`` test whatever it is marked.
 VM_FIXTURES = frozenset({"golden", "office_image", "replica_hosts"})
+TIERS = ("unit", "integration", "vm", "perf")
 UNIT_CLASH = pytest.StashKey[list[str]]()
+NO_TIER = pytest.StashKey[bool]()
 CALL_FAILED = pytest.StashKey[bool]()
 
 
@@ -128,8 +130,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tiers (CONTRIBUTING.md, "Tests") derived where the markers allow it: every test that boots replicas is
     ``slow`` (run by ``pytest -m slow`` and by CI) unless it is one of the few marked ``vm_smoke``, which the
     default run keeps so that it still boots, resets and forks a desktop; a test marked ``unit`` that is also
-    ``vm`` or ``integration``, or asks for a fixture that boots replicas, is a mistake in its markers and fails."""
+    ``vm`` or ``integration``, or asks for a fixture that boots replicas, is a mistake in its markers and fails, and
+    so does a test in no tier (``slow`` alone is not one)."""
     for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.stash[NO_TIER] = True
         vm = item.get_closest_marker("vm") is not None
         if vm and not item.get_closest_marker("vm_smoke"):
             item.add_marker(pytest.mark.slow)
@@ -142,7 +147,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Fails a test whose markers clash before its fixtures run (a ``golden`` fixture would build an image)."""
+    """Fails a test in no tier, or whose markers clash, before its fixtures run (a ``golden`` fixture would build an
+    image)."""
+    if item.stash.get(NO_TIER, False):
+        pytest.fail(
+            f"{item.name} is in no tier: mark it unit, integration, vm or perf (slow is not a tier; "
+            'CONTRIBUTING.md, "Tests")',
+            pytrace=False,
+        )
     clash = item.stash.get(UNIT_CLASH, None)
     if clash:
         pytest.fail(f"marked unit but it is also {', '.join(clash)}: a unit test boots nothing", pytrace=False)

@@ -13,6 +13,7 @@ from osfleet.config import Settings
 from osfleet.images import GoldenImage
 
 
+@pytest.mark.vm
 @pytest.mark.slow
 def test_probe_decides_and_the_answer_is_remembered(golden: GoldenImage, tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
@@ -28,6 +29,7 @@ def test_probe_decides_and_the_answer_is_remembered(golden: GoldenImage, tmp_pat
         assert chosen == "qemu"
 
 
+@pytest.mark.unit
 def test_a_kernel_that_does_not_boot_under_kvm_means_tcg(tmp_path: Path) -> None:
     junk = tmp_path / "junk-kernel"
     junk.write_bytes(b"\0" * 4096)

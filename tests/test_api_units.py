@@ -19,6 +19,9 @@ from osfleet.replicas.input import InputError
 from osfleet.tasks.model import CriterionResult, Match, TaskError, UnsupportedTaskError, parse_task, score
 from tests.fakes import FakeHost
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 TOKEN = "test-token-123"
 
 

@@ -15,6 +15,8 @@ from osfleet.bench import reset as reset_bench
 from osfleet.bench.reset import _mode_run
 from osfleet.bench.tables import reset_table
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class _Timed:

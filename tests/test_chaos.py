@@ -29,6 +29,8 @@ from osfleet.replicas.records import RecordStore, ReplicaRecord, State
 from osfleet.virt import GuestAgentUnavailableError
 from tests.conftest import VENV_BIN
 
+pytestmark = pytest.mark.integration
+
 OSFLEET = str(VENV_BIN / "osfleet")
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from osfleet.bench import chaos as bench
 from osfleet.chaos.faults import Fault
+
+pytestmark = pytest.mark.unit
 
 
 def fault(kind: str, host: str, replica: str | None, at: float, healed: float | None = None) -> Fault:

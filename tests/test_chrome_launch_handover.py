@@ -19,6 +19,8 @@ import pytest
 
 from osfleet.tasks.guest import osworld_query as q
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

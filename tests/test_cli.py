@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 from tests.conftest import REPO, VENV_BIN
 
+pytestmark = pytest.mark.integration
+
 OSFLEET = str(VENV_BIN / "osfleet")
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import REPO, VENV_BIN
 
+pytestmark = pytest.mark.integration
+
 # Every folder of Python in the tree: linted and kept in ruff's format (CONTRIBUTING.md, "Tests").
 PYTHON_FOLDERS = ("osfleet", "golden_images", "loadtest", "infra", "tests", "docs_src", "examples")
 

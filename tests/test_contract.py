@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,9 @@ from osfleet.config import AgentConfig
 from osfleet.tasks.model import Task
 from osfleet.tasks.osworld import OsworldTask, from_osworld
 from tests.fakes import FakeHost
+
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
 
 
 def _strategy(path: str, method: str, inline_task: bool = False) -> st.SearchStrategy[Any]:

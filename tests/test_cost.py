@@ -10,6 +10,8 @@ import osfleet
 from osfleet.cost import PRICES, Footprint, HostType, cost_table, load_prices, replicas_per_host
 from osfleet.errors import OsfleetError
 
+pytestmark = pytest.mark.unit
+
 HOST = HostType(name="h", vcpus=96, memory_gib=192, usd_per_hour=4.08, source="test")
 
 

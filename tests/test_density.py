@@ -39,6 +39,7 @@ DENSITY = {
 }
 
 
+@pytest.mark.unit
 def test_cost_uses_the_measured_density_and_names_the_binding_resource() -> None:
     fp = footprint_from_density(DENSITY)
     assert fp == Footprint(cpu_cores=0.004, memory_bytes=60 * 2**20, disk_bytes=0.0)
@@ -52,6 +53,7 @@ def test_cost_uses_the_measured_density_and_names_the_binding_resource() -> None
         footprint_from_density({"mib_per_replica": None})
 
 
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_report_draws_memory_per_replica_sharing_on_vs_off_and_costs_from_density(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -67,6 +69,7 @@ def test_report_draws_memory_per_replica_sharing_on_vs_off_and_costs_from_densit
     assert "bench density, 240 held, template memory" in results.cost.footprint_text
 
 
+@pytest.mark.unit
 def test_a_run_directory_with_only_density_is_reported(tmp_path: Path) -> None:
     (tmp_path / "density.json").write_text(json.dumps(DENSITY))
     paths = render(tmp_path)

@@ -27,6 +27,8 @@ from osfleet.tls import issue, make_ca
 from tests.fakes import FakeHost
 from tests.test_fleet import free_port
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "agent-token"
 LABELS = "app.kubernetes.io/name=osfleet-agent"
 

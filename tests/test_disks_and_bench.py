@@ -19,6 +19,7 @@ from osfleet.stats import distribution, percentile
 from tests.conftest import VENV_BIN
 
 
+@pytest.mark.vm
 def test_strategies_make_usable_disks(golden: GoldenImage, tmp_path: Path) -> None:
     ov, full = tmp_path / "ov.qcow2", tmp_path / "full.img"
     disks.provision("overlay", golden.disk, ov)
@@ -29,6 +30,7 @@ def test_strategies_make_usable_disks(golden: GoldenImage, tmp_path: Path) -> No
     qcow2.check(full)
 
 
+@pytest.mark.unit
 def test_reflink_is_refused_clearly_where_unsupported(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.write_bytes(b"x" * 4096)
@@ -39,6 +41,7 @@ def test_reflink_is_refused_clearly_where_unsupported(tmp_path: Path) -> None:
     assert not (tmp_path / "dst").exists()
 
 
+@pytest.mark.vm
 def test_bench_compares_all_strategies_in_one_run(golden: GoldenImage, settings: Settings, no_leftovers: None) -> None:
     r = disk_bench.run(golden, 6, settings, say=lambda _m: None)
     s = r["strategies"]
@@ -51,6 +54,7 @@ def test_bench_compares_all_strategies_in_one_run(golden: GoldenImage, settings:
     assert s["full"]["savings_vs_full_copies"] == pytest.approx(0.0)
 
 
+@pytest.mark.vm
 def test_bench_samples_full_copies_when_they_would_not_fit(
     golden: GoldenImage, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,6 +66,7 @@ def test_bench_samples_full_copies_when_they_would_not_fit(
     assert "computed from the per-copy bytes" in full["note"]
 
 
+@pytest.mark.vm
 def test_cli_bench_disk_json(golden: GoldenImage) -> None:
     proc = subprocess.run(
         [str(VENV_BIN / "osfleet"), "bench", "disk", "--replicas", "3", "--image", golden.name, "--json"],
@@ -75,6 +80,7 @@ def test_cli_bench_disk_json(golden: GoldenImage) -> None:
 
 
 # --- one percentile helper, one key spelling (no VM, no image) ---------------------------------------------
+@pytest.mark.unit
 def test_percentiles_interpolate_between_closest_ranks() -> None:
     assert percentile([4, 1, 3, 2], 50) == 2.5
     assert percentile([10, 20, 30, 40, 50], 95) == pytest.approx(48.0)  # rank 3.8: 40 + 0.8 * 10
@@ -87,6 +93,7 @@ def test_percentiles_interpolate_between_closest_ranks() -> None:
         percentile([], 50)
 
 
+@pytest.mark.unit
 def test_every_bench_reports_p50_and_p95() -> None:
     assert distribution([1, 2, 3, 4]) == {"n": 4, "p50": 2.5, "p95": pytest.approx(3.85), "min": 1.0, "max": 4.0}
     s = disk_bench._strategy_result([0.1, 0.2, 0.3], replica_bytes=3, golden_bytes=10, shares_golden=True)
@@ -95,6 +102,7 @@ def test_every_bench_reports_p50_and_p95() -> None:
     assert not [k for k in s if "median" in k]
 
 
+@pytest.mark.unit
 def test_disk_table_speaks_p50() -> None:
     strategy = {
         "available": True,
@@ -118,6 +126,7 @@ def test_disk_table_speaks_p50() -> None:
     assert "overlay       2         1.00 ms" in text
 
 
+@pytest.mark.unit
 def test_machine_facts_come_from_psutil_and_agree_with_proc() -> None:
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     mem_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))

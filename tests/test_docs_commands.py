@@ -33,6 +33,7 @@ def all_pages() -> list[Path]:
 
 
 # --- fast checks of every page -----------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("path", RUN_AS_WRITTEN, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shell_block_says_how_it_runs(path: Path) -> None:
     """README and the tutorials are run as written, so none of their blocks may be skipped, and blocks meant for
@@ -49,6 +50,7 @@ def test_every_shell_block_says_how_it_runs(path: Path) -> None:
             assert all(x.strip() in ci for x in lines), f"{path.name}:{block.line} is not what .ci/run runs"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", RUN_AS_WRITTEN, ids=lambda p: str(p.relative_to(REPO)))
 def test_python_on_a_page_is_a_file_the_page_runs(path: Path) -> None:
     """A tutorial's Python is included from a file (``--8<--``) that one of its shell blocks runs; README, which
@@ -148,6 +150,7 @@ def test_the_command_check_catches_renames() -> None:
 
 
 # --- the pages run as written ------------------------------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("page", [page_param(p) for p in RUN_AS_WRITTEN])
 def test_page_runs_as_written(page: Page) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}

@@ -25,6 +25,7 @@ def spec(**kw: object) -> DomainSpec:
     return DomainSpec(**base)  # type: ignore[arg-type]
 
 
+@pytest.mark.unit
 def test_tcg_domain_has_no_network_no_display_listener_and_a_small_tb_cache() -> None:
     root = ET.fromstring(spec().to_xml())
     assert root.get("type") == "qemu"
@@ -39,6 +40,7 @@ def test_tcg_domain_has_no_network_no_display_listener_and_a_small_tb_cache() ->
     assert root.find(f"metadata/{{{METADATA_NS}}}replica").get("role") == "test"
 
 
+@pytest.mark.unit
 def test_kvm_domain_passes_the_host_cpu_and_has_no_tcg_features() -> None:
     root = ET.fromstring(spec(accel="kvm").to_xml())
     assert root.get("type") == "kvm"
@@ -46,6 +48,7 @@ def test_kvm_domain_passes_the_host_cpu_and_has_no_tcg_features() -> None:
     assert root.find("cpu").get("mode") == "host-passthrough"
 
 
+@pytest.mark.unit
 def test_libvirt_accepts_the_xml_and_errors_are_mapped() -> None:
     with Virt("test:///default") as v:
         v.define(spec(accel="kvm").to_xml().replace('type="kvm"', 'type="test"', 1), "osfleet-unit")
@@ -59,11 +62,13 @@ def test_libvirt_accepts_the_xml_and_errors_are_mapped() -> None:
             v.suspend("osfleet-missing")
 
 
+@pytest.mark.integration
 def test_connection_failure_is_one_line() -> None:
     with pytest.raises(VirtError, match="cannot connect to libvirt"):
         Virt("qemu+unix:///system?socket=/nonexistent/sock")
 
 
+@pytest.mark.unit
 def test_unexpected_libvirt_errors_keep_their_reason() -> None:
     err = libvirt.libvirtError("boom")
     err.err = (libvirt.VIR_ERR_INTERNAL_ERROR, 0, "internal error: boom", 0, "", "", "", 0, 0)

@@ -19,6 +19,8 @@ from osfleet.replicas import episodes
 from osfleet.replicas.episodes import AppliedStep, Episode, EpisodeStore
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "episodes-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CONFIG = AgentConfig(token=TOKEN, warm=0)

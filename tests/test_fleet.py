@@ -23,6 +23,9 @@ from osfleet.fleet.app import DEADLINES, create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 TOKEN = "gateway-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SHELL = [{"type": "shell", "command": "echo hi"}]

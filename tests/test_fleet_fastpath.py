@@ -23,6 +23,8 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.fastpath import StepFastPath
 from osfleet.fleet.hosts import HostEntry
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "gateway-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEP = {"lease_id": "h1.l-1", "action_id": "a1", "actions": [{"type": "wait", "seconds": 0}], "observe": False}

@@ -19,6 +19,8 @@ from osfleet.replicas.forks import Forks
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
 
+pytestmark = pytest.mark.unit
+
 
 def test_an_overlay_is_copied_sparse_and_in_place_into_the_file_waiting_domains_hold(tmp_path: Path) -> None:
     src = tmp_path / "overlay.qcow2"

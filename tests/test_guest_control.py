@@ -18,6 +18,8 @@ from osfleet.errors import GuestTimeoutError
 from osfleet.replicas import guest_control, guest_helper
 from osfleet.replicas.guest_control import ControlError, Ports
 
+pytestmark = pytest.mark.unit
+
 
 class Recorder(guest_helper.Guest):
     """The guest's side effects, recorded instead of applied."""

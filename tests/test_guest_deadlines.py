@@ -22,6 +22,9 @@ from osfleet.tasks.model import Task
 from osfleet.tasks.osworld import from_osworld
 from osfleet.virt import GuestAgentUnavailableError, Virt
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 
 class FakeAgent(Virt):
     """A ``Virt`` whose guest agent behaves as ``mode`` says; everything else of ``Virt`` is the real code."""

@@ -21,6 +21,8 @@ from websockets.sync.server import ServerConnection, serve
 from osfleet.tasks import guest_query
 from osfleet.tasks.guest import osworld_query as q
 
+pytestmark = pytest.mark.integration
+
 
 class Browser:
     """``/json/list`` fails ``busy`` times (connection dropped) before listing one tab whose websocket takes

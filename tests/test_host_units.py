@@ -34,6 +34,9 @@ from osfleet.replicas.registry import Registry
 from osfleet.virt import Virt
 from tests.fakes import FakeImage
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 WAIT = 10.0  # upper bound for anything that should happen "at once" in these tests
 
 

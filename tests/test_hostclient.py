@@ -54,6 +54,7 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(test())
 
 
+@pytest.mark.unit
 def test_requests_share_one_kept_alive_connection_and_arrive_whole() -> None:
     seen: list[tuple[str, dict[str, str], bytes]] = []
     connections = 0
@@ -89,6 +90,7 @@ def test_requests_share_one_kept_alive_connection_and_arrive_whole() -> None:
     run(test)
 
 
+@pytest.mark.unit
 def test_a_path_cannot_smuggle_a_second_request() -> None:
     lines: list[str] = []
 
@@ -108,6 +110,7 @@ def test_a_path_cannot_smuggle_a_second_request() -> None:
     run(test)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("raw", "body"),
     [
@@ -137,6 +140,7 @@ def test_bodies_delimited_every_way_a_server_may(raw: bytes, body: bytes) -> Non
     run(test)
 
 
+@pytest.mark.unit
 def test_a_deadline_bounds_the_whole_exchange_and_the_connection_is_not_reused() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         line, _, _ = await read_request(reader)
@@ -155,6 +159,7 @@ def test_a_deadline_bounds_the_whole_exchange_and_the_connection_is_not_reused()
     run(test)
 
 
+@pytest.mark.unit
 def test_a_refused_or_cut_connection_is_a_host_call_error() -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
@@ -174,6 +179,7 @@ def test_a_refused_or_cut_connection_is_a_host_call_error() -> None:
     run(test)
 
 
+@pytest.mark.unit
 def test_a_kept_alive_connection_the_host_closed_is_replaced_once(monkeypatch: pytest.MonkeyPatch) -> None:
     requests = 0
 
@@ -199,6 +205,7 @@ def test_a_kept_alive_connection_the_host_closed_is_replaced_once(monkeypatch: p
     run(test)
 
 
+@pytest.mark.unit
 def test_a_stale_connection_that_looked_alive_is_retried_on_a_new_one() -> None:
     requests = 0
 
@@ -268,6 +275,7 @@ def outcome(handler: Handler, *, timeout: float = 3, max_body: int = 2**20) -> H
 OK = b"HTTP/1.1 200 OK\r\n"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("raw", "error", "message"),
     [
@@ -318,6 +326,7 @@ def test_a_broken_answer_is_a_clear_error(raw: bytes, error: type[HostCallError]
     assert message in str(got)
 
 
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_an_answer_that_never_comes_or_never_ends_is_bounded_by_the_deadline() -> None:
     for handler in (
         sends(b"", then="hang"),  # accepts, reads, says nothing
@@ -329,6 +338,7 @@ def test_an_answer_that_never_comes_or_never_ends_is_bounded_by_the_deadline() -
         assert isinstance(got, HostCallTimeout) and "no answer within 0.5 s" in str(got)
 
 
+@pytest.mark.unit
 def test_endless_streams_stop_at_their_cap_without_growing_memory() -> None:
     """A host streaming forever (headers that never end, a close-delimited body, chunks, interim answers) costs a
     bounded amount of memory and ends in an error at the cap, long before the deadline."""
@@ -361,6 +371,7 @@ def test_endless_streams_stop_at_their_cap_without_growing_memory() -> None:
         assert peak < 8 * 2**20, f"{message}: peak {peak >> 10} KiB"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(12))
 def test_chunked_bodies_in_any_chunking_and_segmentation_arrive_whole(seed: int) -> None:
     """Odd chunk sizes (hex in either case, leading zeros), chunk extensions, trailers, and the bytes split into
@@ -384,6 +395,7 @@ def test_chunked_bodies_in_any_chunking_and_segmentation_arrive_whole(seed: int)
     assert got.status_code == 200 and got.content == body
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(40))
 def test_mutated_answers_end_in_an_answer_or_a_host_call_error(seed: int) -> None:
     """Random damage (bytes flipped, dropped, repeated, cut) to valid answers: never another exception, never a
@@ -417,6 +429,7 @@ def test_mutated_answers_end_in_an_answer_or_a_host_call_error(seed: int) -> Non
         assert len(got.content) <= 4096 and 100 <= got.status_code <= 599
 
 
+@pytest.mark.unit
 def test_bytes_after_a_content_length_that_lied_short_are_never_read_as_the_next_answer() -> None:
     connections = 0
 
@@ -444,6 +457,7 @@ def test_bytes_after_a_content_length_that_lied_short_are_never_read_as_the_next
     run(test)
 
 
+@pytest.mark.unit
 def test_a_header_value_with_a_line_break_is_refused_before_anything_is_sent() -> None:
     async def test() -> None:
         async with HostClient() as client:
@@ -453,6 +467,7 @@ def test_a_header_value_with_a_line_break_is_refused_before_anything_is_sent() -
     run(test)
 
 
+@pytest.mark.unit
 def test_a_refused_connection_is_a_connect_error_that_keeps_its_cause() -> None:
     async def test() -> None:
         server, url = await serve(sends(b""))

@@ -15,6 +15,8 @@ from osfleet.errors import BadRecipeError, ImageNotFoundError
 from osfleet.images import find_image, image_folders, list_images
 from tests.conftest import VENV_BIN
 
+pytestmark = pytest.mark.unit
+
 
 def fake_image(folder: Path, recipe_hash: str, mtime: float) -> Path:
     """The files of a complete image (``images.load`` checks they exist), with a manifest as the builder writes."""

@@ -23,7 +23,7 @@ from osfleet_infra.providers import CaProvider, CertProvider, TokenProvider, pre
 from osfleet_infra.settings import ConfigError  # noqa: E402
 
 # The generated AWS SDK warns about its own deprecated resources when its package is imported.
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws.*")
+pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws.*")]
 
 
 class Mocks(pulumi.runtime.Mocks):

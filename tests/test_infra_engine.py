@@ -7,7 +7,11 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from osfleet.lab.engine import engine_root, engine_version
+
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
 

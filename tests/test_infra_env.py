@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from osfleet.config import Settings
 from osfleet.lab.engine import engine_root, sdk_version
 from tests.conftest import REPO, VENV_BIN
+
+pytestmark = pytest.mark.integration
 
 
 def _shell(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

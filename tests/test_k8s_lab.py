@@ -18,6 +18,8 @@ from osfleet.lab.kube import configs
 from osfleet.lab.kube.cluster import down, leftovers
 from osfleet.lab.kube.state import Addresses, KubeLabState, load, save
 
+pytestmark = pytest.mark.unit
+
 
 def lab(tmp_path: Path) -> KubeLabState:
     return KubeLabState(root=str(tmp_path / "lab"), subnet="10.233.9.0/24", tools=str(tmp_path / "tools" / "bin"))

@@ -13,6 +13,9 @@ import pytest
 from osfleet.replicas import keyboard_flow
 from osfleet.replicas.input import Input, InputError, key_for_char
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 QUEUE = 16
 
 

@@ -50,6 +50,7 @@ def lab() -> Iterator[LabState]:
     osfleet("lab", "down")
 
 
+@pytest.mark.integration
 def test_hosts_answer_ssh_by_key_with_their_own_home_and_prefix(lab: LabState) -> None:
     seen = []
     for h in lab.hosts:
@@ -64,6 +65,7 @@ def test_hosts_answer_ssh_by_key_with_their_own_home_and_prefix(lab: LabState) -
     assert os.readlink("/proc/self/ns/net") not in netns
 
 
+@pytest.mark.integration
 def test_hosts_refuse_other_keys(lab: LabState, tmp_path: Path) -> None:
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
@@ -78,6 +80,7 @@ def test_hosts_refuse_other_keys(lab: LabState, tmp_path: Path) -> None:
     c.close()
 
 
+@pytest.mark.integration
 def test_host_keys_are_pinned_in_known_hosts(lab: LabState) -> None:
     for h in lab.hosts:
         done = subprocess.run(
@@ -88,6 +91,7 @@ def test_host_keys_are_pinned_in_known_hosts(lab: LabState) -> None:
         assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.integration
 def test_ls_json_lists_running_hosts(lab: LabState) -> None:
     done = osfleet("lab", "ls", "--json")
     assert done.returncode == 0, done.stderr
@@ -98,6 +102,7 @@ def test_ls_json_lists_running_hosts(lab: LabState) -> None:
     ]
 
 
+@pytest.mark.integration
 def test_second_up_is_refused_with_one_line(lab: LabState) -> None:
     done = osfleet("lab", "up", "--hosts", "1")
     assert done.returncode == 1
@@ -105,6 +110,7 @@ def test_second_up_is_refused_with_one_line(lab: LabState) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_subnet_avoids_this_machines_networks(lab: LabState) -> None:
     import ipaddress
 
@@ -146,6 +152,7 @@ def test_replicas_down_all_on_one_host_leaves_the_others(lab: LabState, settings
             osfleet("replicas", "down", "--all", "--states", "--force", env=h.env, timeout=300)
 
 
+@pytest.mark.integration
 def test_down_leaves_nothing() -> None:
     """Runs last in this module: its own lab, taken down, then every trace checked."""
     root = lab_root()

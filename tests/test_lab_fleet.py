@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from osfleet.bench.lab_fleet import _template_owners, remove_template_memory
 from osfleet.config import Settings
+
+pytestmark = pytest.mark.unit
 
 
 def _template(memory: Path, name: str, state_dir: Path) -> Path:

@@ -32,6 +32,8 @@ from osfleet.lab import engine
 from osfleet.lab.engine import engine_root, engine_version
 from osfleet.lab.language_host import HostError, Program, plugin_version
 
+pytestmark = pytest.mark.integration
+
 PROGRAM = """
 import pulumi
 from pulumi.dynamic import CreateResult, Resource, ResourceProvider

@@ -27,6 +27,9 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 TOKEN = "limits-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LIMIT = 64 * 1024

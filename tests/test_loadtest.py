@@ -21,6 +21,7 @@ from tests.conftest import REPO
 USERS = {"trajectories": "Agent", "bringup": "Bringup"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_packaged_and_checkout_locustfiles_offer_the_same_user(scenario: str, tmp_path: Path) -> None:
     for path in (locustfile(scenario), REPO / "loadtest" / f"{scenario}.py"):
@@ -35,6 +36,7 @@ def test_packaged_and_checkout_locustfiles_offer_the_same_user(scenario: str, tm
         assert proc.stdout.split() == ["Available", "Users:", USERS[scenario]]
 
 
+@pytest.mark.unit
 def test_the_packaged_scenarios_are_files_of_the_package() -> None:
     package = Path(loadtest.__file__).parent
     assert {locustfile(s) for s in SCENARIOS} == {package / f"{s}.py" for s in SCENARIOS}

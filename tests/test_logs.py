@@ -27,6 +27,7 @@ def _ours() -> list[logging.Handler]:
     return [h for h in logging.getLogger().handlers if h.get_name() == logs._HANDLER_NAME]
 
 
+@pytest.mark.unit
 def test_configure_is_idempotent_and_validates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(logs.ENV_VAR, raising=False)
     assert logs.configure() == logging.WARNING
@@ -38,6 +39,7 @@ def test_configure_is_idempotent_and_validates(monkeypatch: pytest.MonkeyPatch) 
         logs.configure("loud")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("args", "env", "level"),
     [
@@ -56,6 +58,7 @@ def test_the_cli_sets_the_level_once(
     assert logging.getLogger().level == level and len(_ours()) == 1
 
 
+@pytest.mark.integration
 def test_a_bad_level_is_a_usage_error() -> None:
     proc = subprocess.run(
         [str(VENV_BIN / "osfleet"), "--log-level", "loud", "tasks", "ls"], capture_output=True, text=True, timeout=60
@@ -63,6 +66,7 @@ def test_a_bad_level_is_a_usage_error() -> None:
     assert proc.returncode == 2 and "Invalid value for '--log-level'" in proc.stderr
 
 
+@pytest.mark.integration
 def test_records_reach_stderr_at_the_chosen_level() -> None:
     code = (
         "import logging, sys; from osfleet.cli import cli\n"

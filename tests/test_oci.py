@@ -11,7 +11,11 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 from osfleet.imaging import oci
+
+pytestmark = pytest.mark.unit
 
 
 def tree(root: Path) -> Path:

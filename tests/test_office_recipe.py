@@ -11,6 +11,8 @@ from osfleet.errors import BadRecipeError
 from osfleet.imaging import builder, osworld_desktop
 from osfleet.recipe import load_recipe, recipe_hash
 
+pytestmark = pytest.mark.unit
+
 OFFICE = Path(golden_init).parent / "recipes" / "office.yaml"
 
 

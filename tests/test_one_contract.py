@@ -63,6 +63,7 @@ def _schemas_used(spec: dict[str, Any], operation: dict[str, Any]) -> dict[str, 
     return out
 
 
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_the_gateway_publishes_exactly_the_host_agents_operations() -> None:
     host, gateway = _host_openapi(), _gateway_openapi()
     host_ops, gateway_ops = _operations(host), _operations(gateway)
@@ -75,6 +76,7 @@ def test_the_gateway_publishes_exactly_the_host_agents_operations() -> None:
         assert _schemas_used(gateway, gateway_ops[key]) == _schemas_used(host, host_ops[key]), key
 
 
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_the_lease_id_bound_is_the_same_everywhere() -> None:
     """The drift that started this: a lease id of 400 characters on the gateway and 200 on the host."""
     for spec in (_host_openapi(), _gateway_openapi()):
@@ -83,6 +85,7 @@ def test_the_lease_id_bound_is_the_same_everywhere() -> None:
         assert spec["components"]["schemas"]["LeaseBody"]["properties"]["lease_id"]["maxLength"] == 200
 
 
+@pytest.mark.unit
 def test_a_handler_that_declares_what_the_table_does_not_is_refused() -> None:
     routes = Routes(OPERATIONS)
 
@@ -113,6 +116,7 @@ def test_a_handler_that_declares_what_the_table_does_not_is_refused() -> None:
         routes.mount(OBSERVATION, fine)
 
 
+@pytest.mark.unit
 def test_a_server_missing_an_operation_does_not_start() -> None:
     extra = Operation("checkpoint", "POST", "/v1/replicas/{rid}/checkpoints", "save", body=LeaseBody)
     routes = Routes((*OPERATIONS[:1], extra))
@@ -123,6 +127,7 @@ def test_a_server_missing_an_operation_does_not_start() -> None:
         routes.complete()
 
 
+@pytest.mark.unit
 def test_every_error_kind_has_one_status_and_one_client_exception() -> None:
     assert set(STATUS) == set(KINDS) == set(client_errors.BY_KIND)
     for kind, status in STATUS.items():
@@ -134,12 +139,14 @@ def test_every_error_kind_has_one_status_and_one_client_exception() -> None:
     assert server_errors.classify(server_errors.Forbidden("no")) == (403, "forbidden")
 
 
+@pytest.mark.unit
 def test_a_policy_refusal_is_forbidden_on_the_client_not_an_infrastructure_failure() -> None:
     err = client_errors.from_response(403, {"error": "a client may not run a root shell", "kind": "forbidden"}, "step")
     assert isinstance(err, client_errors.ForbiddenError)
     assert not isinstance(err, client_errors.InfrastructureError)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("status", "body", "kind"),
     [
@@ -154,6 +161,7 @@ def test_the_kind_of_an_answer(status: int, body: Any, kind: str) -> None:
     assert kind_of(status, body) == kind
 
 
+@pytest.mark.unit
 def test_a_hosts_refusal_relayed_by_the_gateway_keeps_its_kind_and_status() -> None:
     """The dashboard's gateway backend passes a host's answer on as it was (it mapped 403 and 409 by hand)."""
     for kind, status in STATUS.items():
@@ -162,6 +170,7 @@ def test_a_hosts_refusal_relayed_by_the_gateway_keeps_its_kind_and_status() -> N
         assert str(relayed) == "h1: why"
 
 
+@pytest.mark.integration
 def test_the_protocol_imports_nothing_but_pydantic() -> None:
     """osfleet.protocol is what a client-only install relies on: it may not reach the server's modules."""
     code = (
@@ -175,6 +184,7 @@ def test_the_protocol_imports_nothing_but_pydantic() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+@pytest.mark.integration
 def test_the_client_imports_without_the_servers_packages() -> None:
     """osfleet.client, osfleet.gym and the message helpers with libvirt, FastAPI, Fabric, Pulumi, Locust (and the
     rest of the host's packages) made unimportable."""
@@ -197,6 +207,7 @@ def test_the_client_imports_without_the_servers_packages() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+@pytest.mark.unit
 def test_the_gateway_answers_a_relayed_operation_with_fleet_ids() -> None:
     """A relayed operation goes to the host its fleet id names (here none answers: 503, kind infrastructure)."""
     with TestClient(create_gateway(TOKEN, [HostEntry(name="h1", url="http://127.0.0.1:9", token=TOKEN)])) as gw:

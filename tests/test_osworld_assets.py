@@ -100,6 +100,7 @@ def folder(root: Path, tasks: list[dict[str, object]]) -> Path:
     return root
 
 
+@pytest.mark.unit
 def test_asset_urls_cover_downloads_multi_cloud_files_and_the_history_template() -> None:
     data = task(["u1", "u2"], ["c1", "c2"])
     data["evaluator"]["postconfig"] = [  # type: ignore[index]
@@ -109,6 +110,7 @@ def test_asset_urls_cover_downloads_multi_cloud_files_and_the_history_template()
     assert asset_urls(data) == ["u1", "u2", "u3", HISTORY_TEMPLATE_URL, "c1", "c2"]
 
 
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_fetch_stores_by_sha256_retries_and_names_what_is_missing(home: Path, web: str) -> None:
     store = AssetStore.from_settings()
     said: list[str] = []
@@ -130,6 +132,7 @@ def test_fetch_stores_by_sha256_retries_and_names_what_is_missing(home: Path, we
     assert again.held == urls[:1] and not again.fetched  # held URLs are not downloaded again
 
 
+@pytest.mark.unit
 def test_fetch_command_reads_the_task_files_and_exits_non_zero_on_missing(home: Path, web: str, tmp_path: Path) -> None:
     root = folder(tmp_path / "tasks", [task([f"{web}/a"], [f"{web}/b", f"{web}/missing"])])
     (root / "app" / "broken.json").write_text("{")
@@ -143,6 +146,7 @@ def test_fetch_command_reads_the_task_files_and_exits_non_zero_on_missing(home: 
     assert t["missing_assets"] == [f"{web}/missing"] and not t["supported"]
 
 
+@pytest.mark.unit
 def test_offline_every_url_is_one_missing_line(home: Path, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on: what a machine without internet sees
         s.bind(("127.0.0.1", 0))
@@ -155,6 +159,7 @@ def test_offline_every_url_is_one_missing_line(home: Path, tmp_path: Path) -> No
     assert all("Connection refused" in why for why in out["missing"].values())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_fetch_leaves_no_half_file(home: Path, web: str, tmp_path: Path, sig: signal.Signals) -> None:
     root = folder(tmp_path / "tasks", [task([f"{web}/ok.xlsx", f"{web}/slow"], [f"{web}/b", f"{web}/c"])])

@@ -36,6 +36,8 @@ from osfleet.tasks.evaluators import METRICS, run_metric
 from tests.osworld_reference import Reference, ReferenceError, StandInCalled
 from tests.osworld_reference.verified import VERIFIED
 
+pytestmark = pytest.mark.integration
+
 # Metrics whose OSWorld function cannot run here, at least for some cases, and why.
 REFERENCE_CANNOT_RUN = {
     "compare_pdfs": "OSWorld reads PDFs with PyMuPDF (fitz), which this machine's package index does not serve",

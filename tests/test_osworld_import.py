@@ -19,6 +19,8 @@ from osfleet.tasks.model import UnsupportedTaskError
 from osfleet.tasks.osworld import METRICS, OsworldTask, from_osworld, unsupported_features
 from osfleet.tasks.osworld_spec import OFFLINE
 
+pytestmark = pytest.mark.unit
+
 # shared/ sits beside the checkout (a helper's worktree is one folder deeper)
 DATA = next(
     (p / "shared" / "data" / "osworld" for p in Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()),

@@ -15,6 +15,8 @@ from pptx.util import Inches
 from osfleet.tasks.evaluators import run_metric
 from osfleet.tasks.model import UnsupportedTaskError
 
+pytestmark = pytest.mark.unit
+
 
 def xlsx(path: Path, rows: list[list[Any]], formats: dict[str, str] | None = None, title: str = "Sheet1") -> Path:
     wb = openpyxl.Workbook()

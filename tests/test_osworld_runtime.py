@@ -34,6 +34,8 @@ from osfleet.tasks.getters import GetterValueError, omnibox_text, time_format
 from osfleet.tasks.guest_paths import guest_path, shell_command
 from osfleet.tasks.osworld import HISTORY_TEMPLATE_URL, from_osworld
 
+pytestmark = pytest.mark.integration
+
 CHROMIUM = "/usr/bin/chromium"
 DEBIAN_PYTHON = "/usr/bin/python3"
 FAKE_TOOLS = {

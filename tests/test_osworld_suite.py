@@ -27,6 +27,8 @@ from osfleet.tasks.osworld import from_osworld
 from osfleet.tasks.suites import SUITES, load_suite
 from osfleet.tasks.suites.generate import HOME, generate
 
+pytestmark = pytest.mark.integration
+
 SUITE = SUITES["osworld"]
 # Tasks whose set-up, getter or oracle needs the running desktop of the office image (a local shell cannot
 # stand in for it); ``osfleet tasks validate --suite osworld`` checks them on the image.

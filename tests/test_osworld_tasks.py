@@ -29,6 +29,8 @@ from osfleet.tasks.model import OsworldCheck, PutFile, Run, TaskError, Unsupport
 from osfleet.tasks.osworld import OsworldTask, from_osworld, unsupported_features
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
+
 URL = "https://example.test/files/budget.xlsx"
 GOLD = "https://example.test/files/budget-gold.xlsx"
 

@@ -20,6 +20,8 @@ from osfleet.plan import (
 )
 from tests.conftest import VENV_BIN
 
+pytestmark = pytest.mark.unit
+
 SMALL = HostType(name="small", vcpus=16, memory_gib=64, usd_per_hour=1.0, source="test")
 BIG = HostType(name="big", vcpus=96, memory_gib=192, usd_per_hour=4.0, source="test")
 FP = Footprint(cpu_cores=0.5, memory_bytes=2**30, disk_bytes=0)

@@ -10,6 +10,8 @@ import pytest
 from osfleet import qcow2
 from osfleet.errors import CommandFailedError
 
+pytestmark = pytest.mark.integration
+
 
 def make_base(path: Path, size: str = "256M", pattern: int = 0xAB) -> Path:
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path), size], check=True)

@@ -8,6 +8,8 @@ from osfleet.errors import BadRecipeError
 from osfleet.imaging import builder
 from osfleet.recipe import load_recipe, recipe_hash
 
+pytestmark = pytest.mark.unit
+
 
 def test_default_recipe_is_valid_and_hash_is_stable() -> None:
     r = load_recipe(builder.DEFAULT_RECIPE)

@@ -46,12 +46,14 @@ def _spec(nic: NicSpec | None = None) -> DomainSpec:
     )
 
 
+@pytest.mark.unit
 def test_by_default_a_replica_has_no_network_device() -> None:
     dom = ET.fromstring(_spec().to_xml())
     assert dom.find("devices/interface") is None
     assert ReplicaShape().network_bridge is None and Settings().replica_network == "off"
 
 
+@pytest.mark.unit
 def test_with_the_network_on_the_nic_sits_on_an_isolated_bridge_port() -> None:
     iface = ET.fromstring(_spec(NicSpec("osfbr-1234abcd")).to_xml()).find("devices/interface")
     assert iface is not None and iface.get("type") == "bridge"
@@ -60,6 +62,7 @@ def test_with_the_network_on_the_nic_sits_on_an_isolated_bridge_port() -> None:
     assert iface.find("model").get("type") == "virtio"  # type: ignore[union-attr]
 
 
+@pytest.mark.unit
 def test_the_setting_is_parsed_with_one_line_errors() -> None:
     assert NetworkPolicy.parse(None).mode == "off" and not NetworkPolicy.parse("off").enabled
     assert NetworkPolicy.parse("nat").gateway == "172.30.0.1"
@@ -80,6 +83,7 @@ def test_the_setting_is_parsed_with_one_line_errors() -> None:
         Settings(replica_network="everything")
 
 
+@pytest.mark.unit
 def test_the_rules_leave_no_path_to_the_host_or_other_replicas() -> None:
     nat = network.ruleset(NetworkPolicy.parse("nat"), "osfbr-t", "osfleet_t")
     assert 'iifname "osfbr-t" drop' in nat  # input: nothing reaches the host
@@ -90,6 +94,7 @@ def test_the_rules_leave_no_path_to_the_host_or_other_replicas() -> None:
     assert "@not_internet" not in proxy.split("chain forward")[1]
 
 
+@pytest.mark.unit
 def test_addresses_are_unique_stable_and_released(tmp_path: Path) -> None:
     book = AddressBook(tmp_path, NetworkPolicy.parse("nat", "10.9.0.0/28"))
     a, b = book.assign("r1"), book.assign("r2")
@@ -201,6 +206,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         Path("/proc/sys/net/ipv4/ip_forward").write_text(forward_before)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
@@ -238,6 +244,7 @@ def mac_of(ns: str) -> str:
     return sh("ip", "-n", ns, "-br", "link", "show", "eth0").stdout.split()[2]
 
 
+@pytest.mark.integration
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
 def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab) -> None:
@@ -257,6 +264,7 @@ def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab
     assert "Directory listing" in until_up(r1, site)
 
 
+@pytest.mark.integration
 @needs_net_admin
 @pytest.mark.parametrize("lab", [f"proxy=http://{INTERNET}:{WEB_PORT}"], indirect=True)
 def test_proxy_mode_reaches_only_the_proxy(lab: Lab) -> None:

@@ -15,6 +15,8 @@ from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.replicas.records import InvalidTransitionError, Lease, RecordStore, ReplicaRecord, State
 
+pytestmark = pytest.mark.unit
+
 
 def record(**kw: object) -> ReplicaRecord:
     return ReplicaRecord(id="r-00000001", image="golden-x", mode="snapshot", **kw)  # type: ignore[arg-type]

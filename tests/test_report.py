@@ -18,6 +18,7 @@ from tests.conftest import REPO, VENV_BIN
 SAMPLE = Path(__file__).parent / "data" / "run-sample"
 
 
+@pytest.mark.integration  # in-process, but seconds of waits in sum
 def test_report_renders_every_figure_from_a_recorded_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -45,6 +46,7 @@ def test_report_renders_every_figure_from_a_recorded_run(tmp_path: Path) -> None
     assert all(r["binding_resource"] in ("CPU", "RAM", "disk") and r["usd_per_replica_day"] > 0 for r in cost["rows"])
 
 
+@pytest.mark.integration
 def test_report_cli_on_a_recorded_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -53,6 +55,7 @@ def test_report_cli_on_a_recorded_run(tmp_path: Path) -> None:
     assert str(run / "report.html") in proc.stdout
 
 
+@pytest.mark.integration  # in-process, but seconds of waits in sum
 def test_load_reads_without_writing_and_old_key_spellings_are_read_as_p50(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -66,6 +69,7 @@ def test_load_reads_without_writing_and_old_key_spellings_are_read_as_p50(tmp_pa
     assert results.cost is not None and results.cost.prices["version"] >= 1
 
 
+@pytest.mark.integration  # in-process, but seconds of waits in sum
 def test_html_comes_from_the_template_escaped(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -82,11 +86,13 @@ def test_html_comes_from_the_template_escaped(tmp_path: Path) -> None:
     assert paths == [run / "report.md", run / "report.html", run / "f.png"]
 
 
+@pytest.mark.integration  # in-process, but seconds of waits in sum
 def test_a_run_directory_without_results_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OsfleetError, match="holds none of the results a report reads"):
         render(tmp_path)
 
 
+@pytest.mark.integration  # in-process, but seconds of waits in sum
 def test_a_chaos_run_through_a_gateway_gets_its_section_and_timeline(tmp_path: Path) -> None:
     started = 1_000_000.0
     chaos = {
@@ -118,6 +124,7 @@ def test_a_chaos_run_through_a_gateway_gets_its_section_and_timeline(tmp_path: P
     assert "Faults (osfleet bench chaos)" in md and "| kill_qemu | h1/r-1 | SIGKILL | 30 s | 12.5 s | rebuild |" in md
 
 
+@pytest.mark.integration  # in-process, but seconds of waits in sum
 def test_a_fork_run_and_reset_stages_get_their_rows(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -137,6 +144,7 @@ def test_a_fork_run_and_reset_stages_get_their_rows(tmp_path: Path) -> None:
     assert "| fork: child bring-up p50 / p95 | 71.00 ms / 120.00 ms | measured here |" in md
 
 
+@pytest.mark.integration
 def test_a_run_becomes_a_dated_benchmark_page_of_the_docs(tmp_path: Path) -> None:
     """docs/benchmarks/2026-11-29-main-job.md is this command's output on the recorded run, not a hand copy."""
     run = tmp_path / "main-job"

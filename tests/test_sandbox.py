@@ -27,6 +27,8 @@ from openpyxl import Workbook
 from osfleet.tasks import evaluators
 from osfleet.tasks.sandbox import Limits, Sandbox, SandboxError
 
+pytestmark = pytest.mark.integration
+
 ALL_SHEET = {"rules": [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]}
 
 

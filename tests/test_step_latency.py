@@ -33,6 +33,9 @@ from osfleet.timing import Stages, collecting, parse_server_timing, stage
 from tests.conftest import free_port
 from tests.fakes import FakeHost
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 TOKEN = "t"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

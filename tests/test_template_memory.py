@@ -39,6 +39,7 @@ def fake_image(tmp_path: Path) -> GoldenImage:
 
 
 # --- the domain: one spec, only `share` differs -------------------------------------------------------------
+@pytest.mark.unit
 def test_memory_file_replaces_libvirts_ram_backend_and_only_share_differs() -> None:
     template = MemoryFile(Path("/dev/shm/osfleet/t.ram"), share=True).qemu_args(512)
     clone = MemoryFile(Path("/dev/shm/osfleet/t.ram"), share=False).qemu_args(512)
@@ -56,6 +57,7 @@ def test_memory_file_replaces_libvirts_ram_backend_and_only_share_differs() -> N
     assert readonly["readonly"] is True and readonly["rom"] == "off"
 
 
+@pytest.mark.unit
 def test_template_and_clone_domains_are_the_same_but_for_share_and_incoming(tmp_path: Path) -> None:
     image, shape, ram = fake_image(tmp_path), ReplicaShape(), tmp_path / "t.ram"
     common = dict(image=image, name="osfleet-x", disk=tmp_path / "d.qcow2", layers=(image.disk,), accel="qemu")
@@ -70,6 +72,7 @@ def test_template_and_clone_domains_are_the_same_but_for_share_and_incoming(tmp_
     assert qemu_args(incoming)[:2] == ["-incoming", "defer"] and qemu_args(incoming)[2:] == qemu_args(c)
 
 
+@pytest.mark.unit
 def test_libvirt_accepts_a_domain_with_template_memory(tmp_path: Path) -> None:
     from osfleet.virt import Virt
 
@@ -86,6 +89,7 @@ def test_libvirt_accepts_a_domain_with_template_memory(tmp_path: Path) -> None:
             v.destroy(spec.name)
 
 
+@pytest.mark.integration
 def test_qemu_takes_the_file_backend_as_the_machines_ram(tmp_path: Path) -> None:
     """The claim the design rests on: a later ``-machine memory-backend=`` replaces libvirt's pc.ram, which
     then has no RAM block name (so it is never migrated)."""
@@ -111,6 +115,7 @@ def test_qemu_takes_the_file_backend_as_the_machines_ram(tmp_path: Path) -> None
 
 
 # --- choosing the mode, files on tmpfs ------------------------------------------------------------------------
+@pytest.mark.integration
 def test_template_memory_is_refused_where_it_cannot_work(tmp_path: Path) -> None:
     assert "off" in (template_memory.unavailable(None, 2**20) or "")
     if template_memory.filesystem_type(tmp_path) not in template_memory.MEMORY_FILESYSTEMS:
@@ -121,6 +126,7 @@ def test_template_memory_is_refused_where_it_cannot_work(tmp_path: Path) -> None
     (SHM / "osfleet-unit").rmdir()
 
 
+@pytest.mark.unit
 def test_a_state_key_names_everything_a_saved_state_depends_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from osfleet.replicas import guest_control
 
@@ -133,6 +139,7 @@ def test_a_state_key_names_everything_a_saved_state_depends_on(tmp_path: Path, m
     assert saved_state.state_key(image, "qemu", shape) != key  # the helper lives in the saved state
 
 
+@pytest.mark.unit
 def test_choose_memory_mode_falls_back_with_a_reason(tmp_path: Path) -> None:
     assert saved_state.choose_memory_mode(Settings(home=tmp_path, memory_dir=None), ReplicaShape()) == (
         "stream",
@@ -145,6 +152,7 @@ def test_choose_memory_mode_falls_back_with_a_reason(tmp_path: Path) -> None:
     (SHM / "osfleet-unit2").rmdir()
 
 
+@pytest.mark.unit
 def test_ram_copy_keeps_holes_and_is_put_back_after_a_reboot(tmp_path: Path) -> None:
     ram = tmp_path / "ram"
     with ram.open("wb") as f:
@@ -160,6 +168,7 @@ def test_ram_copy_keeps_holes_and_is_put_back_after_a_reboot(tmp_path: Path) -> 
     assert back.read_bytes() == ram.read_bytes() and not list(back.parent.glob(".*"))
 
 
+@pytest.mark.unit
 def test_removing_saved_states_removes_their_ram_files(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     ram = tmp_path / "t.ram"
@@ -172,6 +181,7 @@ def test_removing_saved_states_removes_their_ram_files(tmp_path: Path) -> None:
 
 
 # --- config, KSM --------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_config_memory_dir_and_tenancy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OSFLEET_MEMORY_DIR", "")
     assert Settings.from_env().memory_dir is None
@@ -184,6 +194,7 @@ def test_config_memory_dir_and_tenancy(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings.from_env()
 
 
+@pytest.mark.unit
 def test_ksm_is_on_for_one_user_and_stays_off_for_several(tmp_path: Path) -> None:
     single, multi = Settings(home=tmp_path), Settings(home=tmp_path, tenancy="multi")
     assert wanted_ksm(single)[0].run == 1
@@ -193,6 +204,7 @@ def test_ksm_is_on_for_one_user_and_stays_off_for_several(tmp_path: Path) -> Non
         wanted_ksm(multi, True)
 
 
+@pytest.mark.unit
 def test_apply_ksm_writes_rates_then_run(tmp_path: Path) -> None:
     ksm = tmp_path / "ksm"
     ksm.mkdir()
@@ -207,6 +219,7 @@ def test_apply_ksm_writes_rates_then_run(tmp_path: Path) -> None:
 
 
 # --- measuring helpers, the clock helper --------------------------------------------------------------------
+@pytest.mark.unit
 def test_process_memory_and_cpu_of_this_process() -> None:
     mem = process_memory(os.getpid())
     assert mem["rss"] >= mem["pss"] > 0 and mem["private"] > 0
@@ -331,6 +344,7 @@ def spare_generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
     return virt.calls, clock
 
 
+@pytest.mark.unit
 def test_a_reset_only_resumes_a_restored_spare_and_sets_its_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -340,11 +354,13 @@ def test_a_reset_only_resumes_a_restored_spare_and_sets_its_clock(
     assert clock == [("osfleet-r-1-g2", tmp_path / "control.sock")]
 
 
+@pytest.mark.unit
 def test_a_failed_spare_falls_back_to_restoring_on_the_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls, clock = spare_generations(tmp_path, monkeypatch, "template", fail_spare=True)
     assert [w for w, _ in calls][:3] == ["start", "load", "identity"] and clock == []
 
 
+@pytest.mark.unit
 def test_full_stream_states_keep_a_started_standby_and_load_on_the_reset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,6 +368,7 @@ def test_full_stream_states_keep_a_started_standby_and_load_on_the_reset(
     assert [w for w, _ in calls][:2] == ["load", "identity"] and clock == []
 
 
+@pytest.mark.unit
 def test_ram_files_of_vanished_states_are_swept_but_young_or_owned_ones_stay(tmp_path: Path) -> None:
     mem, live = tmp_path / "mem", tmp_path / "home" / "states" / "live"
     mem.mkdir()

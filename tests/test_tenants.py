@@ -22,6 +22,9 @@ from osfleet.config import AgentConfig
 from osfleet.errors import ConfigError
 from tests.fakes import FakeHost
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 OPERATOR = "operator-token-0123456789"
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789abc"
 OP = {"Authorization": f"Bearer {OPERATOR}"}

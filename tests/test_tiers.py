@@ -1,6 +1,7 @@
 """The test tiers' rules (tests/conftest.py): a ``unit`` test that opens libvirt fails, even from a thread that
-swallows the error; markers that contradict ``unit`` fail before any fixture runs; ``perf`` is out of the
-default run. Each case is a pytest run of its own on a sample file, as a developer would run it."""
+swallows the error; markers that contradict ``unit`` fail before any fixture runs; a test in no tier (``slow``
+alone is none) fails before its fixtures run; ``perf`` is out of the default run. Each case is a pytest run of its
+own on a sample file, as a developer would run it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration  # each case is a pytest run in a subprocess
 
 SAMPLE = """
 import threading
@@ -56,7 +61,28 @@ def test_times_something() -> None:
     pass
 
 
+@pytest.mark.integration
 def test_plain() -> None:
+    pass
+
+
+@pytest.fixture
+def started() -> None:
+    print("the fixture ran")
+
+
+def test_in_no_tier(started) -> None:
+    pass
+
+
+@pytest.mark.slow
+def test_only_slow(started) -> None:
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.unit
+def test_slow_and_unit() -> None:
     pass
 """
 
@@ -93,6 +119,17 @@ def test_contradicting_markers_fail_before_fixtures_run(tmp_path: Path) -> None:
     assert outcome(out, "test_asks_for_a_vm_fixture") == "ERROR", out
     assert "marked unit but it is also golden" in out
     assert "sshd" not in out  # the golden fixture (an sshd, then an image build) never started
+
+
+def test_a_test_in_no_tier_fails_before_its_fixtures_run(tmp_path: Path) -> None:
+    out = run_pytest(tmp_path)
+    assert outcome(out, "test_in_no_tier") == "ERROR", out
+    assert "test_in_no_tier is in no tier: mark it unit, integration, vm or perf" in out
+    slow = run_pytest(tmp_path, "-m", "slow")
+    assert outcome(slow, "test_only_slow") == "ERROR", slow
+    assert "test_only_slow is in no tier: mark it unit, integration, vm or perf (slow is not a tier" in slow
+    assert outcome(slow, "test_slow_and_unit") == "PASSED", slow
+    assert "the fixture ran" not in out + slow
 
 
 def test_perf_is_out_of_the_default_run(tmp_path: Path) -> None:

@@ -126,6 +126,7 @@ def _expired(folder: Path) -> tuple[Path, Path]:
     return _write(folder, "expired", KeyPair(_cert_pem(cert), _key_pem(key)))
 
 
+@pytest.mark.unit
 def test_the_tls_options_refuse_what_would_fail_later_with_one_line(pki: Pki, tmp_path: Path) -> None:
     cert, key = pki.host
     (tmp_path / "empty.pem").write_text("")
@@ -156,6 +157,7 @@ def test_the_tls_options_refuse_what_would_fail_later_with_one_line(pki: Pki, tm
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", [["host", "serve"], ["fleet", "serve", "--host", "h=https://127.0.0.1:1"]])
 def test_the_servers_say_what_is_wrong_with_a_pair_before_starting(pki: Pki, command: list[str]) -> None:
     cert, _ = pki.host
@@ -167,6 +169,7 @@ def test_the_servers_say_what_is_wrong_with_a_pair_before_starting(pki: Pki, com
 
 
 # --- TLS end to end --------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_host_agent_over_https_serves_a_client_that_verifies_it(pki: Pki, tmp_path: Path) -> None:
     with Served(host_app(tmp_path), tls(pki)) as host:
         assert host.url.startswith("https://")
@@ -181,6 +184,7 @@ def test_a_host_agent_over_https_serves_a_client_that_verifies_it(pki: Pki, tmp_
             urllib.request.urlopen(f"{host.url}/health", timeout=5)
 
 
+@pytest.mark.unit
 def test_a_gateway_over_https_reaches_an_https_host_verified_against_its_ca(pki: Pki, tmp_path: Path) -> None:
     with Served(host_app(tmp_path), tls(pki)) as host:
         entry = HostEntry(name="h1", url=host.url, token=HOST_TOKEN, ca_file=pki.ca)
@@ -197,6 +201,7 @@ def test_a_gateway_over_https_reaches_an_https_host_verified_against_its_ca(pki:
             lease.release()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("ca", "cert", "reason"),
     [
@@ -226,6 +231,7 @@ def test_a_host_the_gateway_cannot_verify_is_refused_with_the_reason(
             assert reason in state["reason"]
 
 
+@pytest.mark.unit
 def test_a_client_with_the_wrong_ca_gets_one_clear_error_at_once(pki: Pki, tmp_path: Path) -> None:
     with Served(host_app(tmp_path), tls(pki)) as host:
         started = time.monotonic()
@@ -238,6 +244,7 @@ def test_a_client_with_the_wrong_ca_gets_one_clear_error_at_once(pki: Pki, tmp_p
             Fleet(host.url, HOST_TOKEN, verify="/nonexistent/ca.pem")
 
 
+@pytest.mark.integration
 def test_fleet_serve_listens_over_https_and_verifies_its_hosts_from_the_command_line(pki: Pki, tmp_path: Path) -> None:
     (tmp_path / "host-token").write_text(HOST_TOKEN)
     (tmp_path / "gw-token").write_text(GATEWAY_TOKEN)
@@ -274,6 +281,7 @@ def test_fleet_serve_listens_over_https_and_verifies_its_hosts_from_the_command_
             proc.wait(30)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_locust_scenarios_verify_an_https_host_against_the_ca_file(pki: Pki, tmp_path: Path) -> None:
     """The trajectories scenario (users and the host sampler) with ``--ca-file`` leases over TLS; without it the
@@ -325,6 +333,7 @@ def _get(url: str, headers: dict[str, str]) -> tuple[int, Any]:
 FORGED = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
 
 
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_a_forged_x_forwarded_for_from_an_untrusted_peer_changes_nothing(tmp_path: Path) -> None:
     """What every check of an address reads (the OSGym allow-list, OSGym callers, loopback-only /metrics) is the
     peer's own address unless the peer is a configured proxy. uvicorn alone would believe loopback."""
@@ -345,6 +354,7 @@ def test_a_forged_x_forwarded_for_from_an_untrusted_peer_changes_nothing(tmp_pat
         assert status != 401  # through a trusted proxy the client's address counts
 
 
+@pytest.mark.unit
 def test_host_cas_are_checked_when_the_gateway_starts(pki: Pki, tmp_path: Path) -> None:
     from osfleet.fleet.hosts import load_hosts
 

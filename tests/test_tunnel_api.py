@@ -19,7 +19,7 @@ from osfleet.fleet.app import create_gateway
 from tests.fakes import FakeHost
 from tests.test_fleet import Agent, free_port
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # real sockets and servers; ~20 s in sum, over the unit tier's budget
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from osfleet.replicas.tunnels import (
     TunnelRefusedError,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # real sockets and servers; ~20 s in sum, over the unit tier's budget
 
 
 class Channel:

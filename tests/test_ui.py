@@ -30,6 +30,8 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "ui-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TASK = {

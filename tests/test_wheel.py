@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.integration
+
 SAMPLE_RUN = REPO / "tests" / "data" / "run-sample"
 # Modules that need an optional extra this test does not install (``osfleet[loadtest]``: Locust, gevent,
 # requests); every other module of the wheel must import with the core dependencies and ``[reports]``.

@@ -24,6 +24,8 @@ from osfleet.config import AgentConfig
 from osfleet.tasks.assets import AssetStore
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
+
 OPERATOR = "operator-token-0123456789"
 ALICE = "alice-token-0123456789"
 A = {"Authorization": f"Bearer {ALICE}"}

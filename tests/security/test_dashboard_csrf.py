@@ -18,6 +18,8 @@ from osfleet.api.app import create_app
 from osfleet.config import AgentConfig
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "ui-csrf-token-0123456789"
 
 

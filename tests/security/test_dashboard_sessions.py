@@ -17,6 +17,8 @@ from osfleet.config import AgentConfig
 from osfleet.ui import sessions
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
+
 OPERATOR = "operator-token-0123456789"
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
 HERE = {"Origin": "http://testserver"}

@@ -23,6 +23,9 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
+# In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
+pytestmark = pytest.mark.integration
+
 OPERATOR = "operator-token-0123456789"
 ALICE = "alice-token-0123456789"
 DECLARED = 8 * 2**20

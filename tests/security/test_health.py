@@ -18,6 +18,8 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
+
 OPERATOR = "operator-token-0123456789"
 ALICE = "alice-token-0123456789"
 OP = {"Authorization": f"Bearer {OPERATOR}"}

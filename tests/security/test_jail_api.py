@@ -27,6 +27,8 @@ from osfleet.config import AgentConfig
 from osfleet.errors import OsfleetError
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.integration
+
 OPERATOR = "operator-token-0123456789"
 ALICE = "alice-token-0123456789"
 A = {"Authorization": f"Bearer {ALICE}"}

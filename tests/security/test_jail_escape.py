@@ -27,6 +27,8 @@ import pytest
 from osfleet.tasks.jail import JAIL_USER
 from osfleet.tasks.sandbox import Limits, Sandbox
 
+pytestmark = pytest.mark.integration
+
 SUITE = "check_python_file_by_test_suite"
 OPTIONS = {"test_function_name": "test"}
 

@@ -126,7 +126,7 @@ def test_only_the_token_opens_the_gate() -> None:
     assert gate.origin_allowed("http://127.0.0.1:8000") and not gate.origin_allowed("http://127.0.0.1.evil.example")
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
 def test_openenvs_own_client_sends_a_token_in_its_url_as_basic() -> None:
     """What README tells OpenEnv users: the token in the URL, and OpenEnv's unchanged client presents it."""
     import asyncio

@@ -22,6 +22,8 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
+pytestmark = pytest.mark.unit
+
 HOST_TOKEN = "the-hosts-operator-token-0123"
 WAIT = [{"type": "wait", "seconds": 0}]
 
