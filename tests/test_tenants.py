@@ -157,6 +157,26 @@ def test_a_client_gets_404_for_anything_of_another_clients(client: TestClient, f
     assert client.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=A).status_code == 200
 
 
+def test_files_and_tunnels_of_another_clients_lease_are_404(client: TestClient, fake: FakeHost) -> None:
+    """The raw-body operations (files, tunnels: what OSWorld's harness rides on) check the lease's owner as the
+    JSON ones do, before reading a byte or touching the guest."""
+    rid, lid = lease(client, A)
+    raw = {**B, "Content-Type": "application/octet-stream"}
+    where = {"lease_id": lid, "path": "/home/user/notes.txt"}
+    tunnel = {"lease_id": lid, "tunnel_id": "t-0"}
+    for r in (
+        client.get(f"/v1/replicas/{rid}/files", params=where, headers=B),
+        client.put(f"/v1/replicas/{rid}/files", params=where, content=b"forged", headers=raw),
+        client.post(f"/v1/replicas/{rid}/tunnels", json={"lease_id": lid, "port": 1337}, headers=B),
+        client.put(f"/v1/replicas/{rid}/tunnel", params=tunnel, content=b"GET / HTTP/1.1", headers=raw),
+        client.get(f"/v1/replicas/{rid}/tunnel", params={**tunnel, "wait": 0}, headers=B),
+        client.delete(f"/v1/replicas/{rid}/tunnel", params=tunnel, headers=B),
+    ):
+        assert r.status_code == 404 and r.json()["kind"] == "not_found", (r.request.method, r.request.url, r.text)
+        assert r.json()["error"] == f"no replica {rid}", r.text
+    assert fake.applied == []
+
+
 def test_a_client_lists_only_what_it_holds_and_the_operator_everything(client: TestClient, fake: FakeHost) -> None:
     a = lease(client, A)[0]
     b = lease(client, B)[0]
