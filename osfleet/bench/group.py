@@ -27,7 +27,7 @@ from osfleet.bench.load import LocalAgent
 from osfleet.cli_support import emit, friendly
 from osfleet.client import AsyncFleet, AsyncSession
 from osfleet.errors import OsfleetError
-from osfleet.machine import describe
+from osfleet.host_facts import describe
 from osfleet.stats import distribution
 
 Say = Callable[[str], None]
