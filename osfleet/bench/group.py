@@ -99,15 +99,15 @@ async def _measure(url: str, token: str, task: str, size: int, rounds: int, say:
             )
         say(f"throughput: {size} sessions stepping at once for {THROUGHPUT_SECONDS:.0f} s")
         throughput = await _throughput(fleet, task, size, THROUGHPUT_SECONDS)
-    g = distribution([r["seconds"] for r in group])
+    grouped = distribution([r["seconds"] for r in group])
     ind = distribution([r["seconds"] for r in independent])
     return {
-        "ready_s": g["p50"],
+        "ready_s": grouped["p50"],
         "independent_resets_s": ind["p50"],
-        "speedup": ind["p50"] / g["p50"] if g["p50"] else None,
+        "speedup": ind["p50"] / grouped["p50"] if grouped["p50"] else None,
         "identical": all(r["identical"] for r in group),
         "independent_identical": all(r["identical"] for r in independent),
-        "group": {**g, "rounds": group},
+        "group": {**grouped, "rounds": group},
         "independent": {**ind, "rounds": independent},
         "throughput": throughput,
     }
