@@ -13,8 +13,8 @@ from osfleet import disks, qcow2
 from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
+from osfleet.host_facts import describe
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.stats import distribution, percentile
 from tests.conftest import VENV_BIN
 

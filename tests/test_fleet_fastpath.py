@@ -106,14 +106,14 @@ def test_a_plain_step_reaches_the_host_as_the_route_would_send_it(
     host: StubHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plain: list[bool] = []
-    original = fastpath._plain
+    original = fastpath._valid_step_request
 
     def spy(*args: Any) -> Any:
         out = original(*args)
         plain.append(out is not None)
         return out
 
-    monkeypatch.setattr(fastpath, "_plain", spy)
+    monkeypatch.setattr(fastpath, "_valid_step_request", spy)
     answers, sent = [], []
     for fast in (True, False):
         host.received.clear()

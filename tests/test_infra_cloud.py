@@ -44,11 +44,11 @@ class Mocks(pulumi.runtime.Mocks):
             scheme = "https" if args.inputs.get("tls_cert") else "http"
             outs["url"] = f"{scheme}://{args.inputs['url_host']}:{int(args.inputs['agent_port'])}"
         if args.typ == "pulumi-python:dynamic:Resource" and "common_name" in args.inputs:
-            outs = CaProvider().create(_plain(args.inputs)).outs  # the stack's CA, made as the provider makes it
+            outs = CaProvider().create(_unwrapped(args.inputs)).outs  # the stack's CA, as the provider makes it
         if args.typ == "pulumi-python:dynamic:Resource" and args.name == "agent-token":
-            outs = TokenProvider().create(_plain(args.inputs)).outs  # a generated token, as the provider makes it
+            outs = TokenProvider().create(_unwrapped(args.inputs)).outs  # a new token, as the provider makes it
         if args.typ == "pulumi-python:dynamic:Resource" and "ca_key_pem" in args.inputs:
-            outs = CertProvider().create(_plain(args.inputs)).outs
+            outs = CertProvider().create(_unwrapped(args.inputs)).outs
         self.outputs[args.name] = outs
         return f"{args.name}-id", outs
 
@@ -61,7 +61,7 @@ class Mocks(pulumi.runtime.Mocks):
         return [r for r in self.resources if r.typ == typ]
 
 
-def _plain(inputs: dict[str, Any]) -> dict[str, Any]:
+def _unwrapped(inputs: dict[str, Any]) -> dict[str, Any]:
     """Inputs as a dynamic provider receives them: secrets unwrapped."""
     return {k: v["value"] if isinstance(v, dict) and SECRET_SIG in v else v for k, v in inputs.items()}
 

@@ -687,11 +687,11 @@ def desktop(tmp_path: Path) -> Iterator[DesktopGuest]:
 
 
 def _tree(guest: DesktopGuest) -> str:
-    from osfleet.tasks import guest_query
+    from osfleet.tasks import guest_query_client
 
     try:
-        return str(guest_query.ask(guest, "r", "accessibility_tree", {}, 20))
-    except guest_query.GuestQueryError:
+        return str(guest_query_client.ask(guest, "r", "accessibility_tree", {}, 20))
+    except guest_query_client.GuestQueryError:
         return ""
 
 

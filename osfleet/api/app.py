@@ -32,10 +32,10 @@ from osfleet.replicas.manager import ReplicaHost
 def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> FastAPI:
     """``host_factory`` runs in the lifespan: the replica host (adopting what is on disk) lives as long as
     the app, and its background monitor and warm pool run meanwhile."""
-    holder: dict[str, AgentState] = {}
+    running: dict[str, AgentState] = {}  # the one the lifespan made
 
     def state() -> AgentState:
-        return holder["state"]
+        return running["state"]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,17 +43,17 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
         try:
             size_thread_pool(host.max_replicas)
             host.adopt()
-            holder["state"] = AgentState(host, config)
+            running["state"] = AgentState(host, config)
             host.start_background()
             yield
         finally:
-            if "state" in holder:
-                holder["state"].close()
+            if "state" in running:
+                running["state"].close()
             host.close()
 
     app = FastAPI(title="osfleet host agent", version=__version__, lifespan=lifespan)
     app.state.config = config
-    errors.install(app, on_error=lambda kind: state().metrics.failure(kind) if "state" in holder else None)
+    errors.install(app, on_error=lambda kind: state().metrics.failure(kind) if "state" in running else None)
     app.add_middleware(auth.AuthBeforeBody)
     app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from osfleet.api import recorded
+from osfleet.api import recording_hooks
 from osfleet.api.auth import Principal
 from osfleet.api.models import Observation, StepRequest, StepResponse, StepResult
 from osfleet.api.observe import observe
@@ -77,7 +77,7 @@ def _apply(s: AgentState, live: LiveEpisode, leased: LeasedHost, req: StepReques
         s.store.cleared(live.data, req.action_id)
         raise
     except OsfleetError as exc:
-        recorded.failure(s, rid, req.lease_id, exc)
+        recording_hooks.failure(s, rid, req.lease_id, exc)
         raise
     took = time.monotonic() - start
     s.metrics.step.observe(took)
@@ -115,7 +115,7 @@ def _record(
             took,
             applied.done,
             metadata=req.metadata,
-            observation=recorded.image(leased, rid, seen),
+            observation=recording_hooks.image(leased, rid, seen),
             owner=live.data.owner,
         )
     return seen

@@ -38,8 +38,8 @@ from osfleet.chaos.hosts import ChaosHost
 from osfleet.chaos.runner import ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.host_facts import describe
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.stats import percentile
 from osfleet.virt import Virt
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.host_facts import describe
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.stats import percentile
 

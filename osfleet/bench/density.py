@@ -33,9 +33,9 @@ import psutil
 from osfleet import screen
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.host_facts import describe
 from osfleet.host_tune import ksm_status
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.stats import percentile

@@ -21,8 +21,8 @@ from osfleet import disks, qcow2
 from osfleet.config import Settings
 from osfleet.disks import Strategy
 from osfleet.errors import OsfleetError
+from osfleet.host_facts import describe
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.stats import distribution
 
 FULL_COPY_SAMPLE = 4

@@ -32,8 +32,8 @@ from PIL import Image, ImageChops
 
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.host_facts import describe
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.replicas.forks import SCREEN
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost

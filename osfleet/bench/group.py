@@ -27,7 +27,7 @@ from osfleet.bench.load import LocalAgent
 from osfleet.cli_support import emit, friendly
 from osfleet.client import AsyncFleet, AsyncSession
 from osfleet.errors import OsfleetError
-from osfleet.machine import describe
+from osfleet.host_facts import describe
 from osfleet.stats import distribution
 
 Say = Callable[[str], None]
@@ -99,15 +99,15 @@ async def _measure(url: str, token: str, task: str, size: int, rounds: int, say:
             )
         say(f"throughput: {size} sessions stepping at once for {THROUGHPUT_SECONDS:.0f} s")
         throughput = await _throughput(fleet, task, size, THROUGHPUT_SECONDS)
-    g = distribution([r["seconds"] for r in group])
+    grouped = distribution([r["seconds"] for r in group])
     ind = distribution([r["seconds"] for r in independent])
     return {
-        "ready_s": g["p50"],
+        "ready_s": grouped["p50"],
         "independent_resets_s": ind["p50"],
-        "speedup": ind["p50"] / g["p50"] if g["p50"] else None,
+        "speedup": ind["p50"] / grouped["p50"] if grouped["p50"] else None,
         "identical": all(r["identical"] for r in group),
         "independent_identical": all(r["identical"] for r in independent),
-        "group": {**g, "rounds": group},
+        "group": {**grouped, "rounds": group},
         "independent": {**ind, "rounds": independent},
         "throughput": throughput,
     }

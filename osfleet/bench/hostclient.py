@@ -219,7 +219,7 @@ async def _rounds(
 
 def run(rounds: int = ROUNDS, warmup: int = WARMUP, tls: tuple[bool, ...] = (False, True)) -> dict[str, Any]:
     """Both clients on the same calls, over plain HTTP and over TLS; see the module docstring."""
-    from osfleet.machine import describe
+    from osfleet.host_facts import describe
 
     _aiohttp()  # fail before starting anything when it is missing
 

@@ -21,8 +21,8 @@ from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
+from osfleet.host_facts import describe
 from osfleet.images import load
-from osfleet.machine import describe
 
 TOTAL = 8
 LAB_HOSTS = 2

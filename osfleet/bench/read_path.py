@@ -105,7 +105,7 @@ def _put(host: ReplicaHost, rid: str, path: str, blob: bytes) -> None:
 
 
 def run(image: GoldenImage, rounds: int = 5, settings: Settings | None = None, say: Say = print) -> dict[str, Any]:
-    from osfleet.machine import describe
+    from osfleet.host_facts import describe
 
     for tool, package in (("qemu-storage-daemon", "qemu-system-x86"), ("debugfs", "e2fsprogs")):
         if shutil.which(tool) is None:

@@ -19,8 +19,8 @@ from PIL import ImageChops
 from osfleet.bench.density import process_memory
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.host_facts import describe
 from osfleet.images import GoldenImage
-from osfleet.machine import describe
 from osfleet.protocol.models import MODES, Mode
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost

@@ -47,7 +47,7 @@ def _cases(folder: Path) -> list[tuple[str, Any, Any, dict[str, Any]]]:
 
 
 def run(rounds: int = 20, fresh_rounds: int = 5, say: Say = print) -> dict[str, Any]:
-    from osfleet.machine import describe
+    from osfleet.host_facts import describe
     from osfleet.tasks.evaluators import METRICS
     from osfleet.tasks.sandbox import Sandbox
 

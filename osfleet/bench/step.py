@@ -34,7 +34,7 @@ import psutil
 from osfleet.bench.load import LocalAgent
 from osfleet.cli_support import friendly
 from osfleet.errors import OsfleetError
-from osfleet.machine import describe
+from osfleet.host_facts import describe
 from osfleet.protocol.models import FORMATS, ImageFormat
 from osfleet.stats import distribution, percentile
 from osfleet.timing import parse_server_timing

@@ -37,11 +37,11 @@ from osfleet.fleet.hostclient import HostClient
 from osfleet.fleet.hosts import HostEntry, HostPool
 
 
-def _render_metrics(g: Gateway) -> bytes:
-    m = g.metrics
-    m.hosts.labels(state="healthy").set(len(g.pool.healthy()))
-    m.hosts.labels(state="drained").set(len(g.pool.hosts) - len(g.pool.healthy()))
-    for h in g.pool.hosts:
+def _render_metrics(gateway: Gateway) -> bytes:
+    m = gateway.metrics
+    m.hosts.labels(state="healthy").set(len(gateway.pool.healthy()))
+    m.hosts.labels(state="drained").set(len(gateway.pool.hosts) - len(gateway.pool.healthy()))
+    for h in gateway.pool.hosts:
         m.drains.labels(host=h.name).set(h.drains)
     return bytes(generate_latest(m.registry))
 
@@ -56,16 +56,16 @@ def create_gateway(
 ) -> FastAPI:
     """``token``: the gateway's operator token; ``clients``: its tenants (see ``osfleet.api.auth``);
     ``discovery``: hosts found in Kubernetes besides ``entries`` (``osfleet.fleet.discovery``)."""
-    holder: dict[str, Gateway] = {}
+    running: dict[str, Gateway] = {}  # the one the lifespan made
 
-    def gw() -> Gateway:
-        return holder["gw"]
+    def get_gateway() -> Gateway:
+        return running["gateway"]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with HostClient() as client:
             pool = HostPool(entries, client, auth.gateway_id(token))
-            holder["gw"] = Gateway(pool)
+            running["gateway"] = Gateway(pool)
             await pool.poll_once()  # a restarted gateway knows its hosts before the first request
             tasks = [asyncio.create_task(pool.poll_forever())]
             if discovery is not None:
@@ -88,17 +88,17 @@ def create_gateway(
         on_behalf_of=False,  # the edge: X-Osfleet-Client is the gateway's to set, never a caller's
     )
     errors.install(app)
-    app.add_middleware(StepFastPath, gw=gw)
+    app.add_middleware(StepFastPath, get_gateway=get_gateway)
     app.add_middleware(auth.AuthBeforeBody)  # no body is read, by the fast path or a route, for a stranger
     app.add_middleware(BodyLimit, limit=lambda: max_body_bytes)  # outermost: in front of the fast path too
-    app.include_router(routes.routes(gw).complete())
+    app.include_router(routes.routes(get_gateway).complete())
 
     @app.get("/health", tags=["meta"], responses={503: {"description": "no host is healthy"}})
     async def health(request: Request) -> Response:
         """200 while at least one host is healthy, else 503; ``status`` only without a token, the largest request
         body the gateway takes with one (an upload's bound), and with the operator's every host's state and why
         (host names and addresses are the operator's to know)."""
-        pool = gw().pool
+        pool = get_gateway().pool
         body: dict[str, object] = {"status": "ok" if pool.healthy() else "failing"}
         who = auth.principal_if_any(request)
         if who is not None:
@@ -108,7 +108,7 @@ def create_gateway(
         return JSONResponse(body, status_code=200 if pool.healthy() else 503)
 
     async def render_metrics() -> bytes:
-        return _render_metrics(gw())
+        return _render_metrics(get_gateway())
 
     add_metrics_route(app, render_metrics)
 
@@ -116,7 +116,7 @@ def create_gateway(
     from osfleet.ui import FleetBackend
     from osfleet.ui import install as install_ui
 
-    dashboard = FleetBackend(gw)
+    dashboard = FleetBackend(get_gateway)
     install_ui(app, lambda: dashboard, "osfleet fleet gateway")
 
     return app

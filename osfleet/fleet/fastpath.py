@@ -35,11 +35,11 @@ STEP_PATH = re.compile(r"^/v1/replicas/([^/]+)/step$")
 
 
 class StepFastPath:
-    """ASGI middleware in front of the gateway's routes (``app.add_middleware(StepFastPath, gw=...)``)."""
+    """ASGI middleware in front of the gateway's routes (``app.add_middleware(StepFastPath, get_gateway=...)``)."""
 
-    def __init__(self, app: ASGIApp, gw: Callable[[], Gateway]) -> None:
+    def __init__(self, app: ASGIApp, get_gateway: Callable[[], Gateway]) -> None:
         self.app = app
-        self.gw = gw
+        self.get_gateway = get_gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = STEP_PATH.match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -51,12 +51,12 @@ class StepFastPath:
             await self.app(scope, receive, send)
             return
         body, extra = await _read_body(receive)
-        req = None if extra else _plain(scope, body)
+        req = None if extra else _valid_step_request(scope, body)
         if req is None:
             await self.app(scope, _replay(body, extra, receive), send)
             return
         try:
-            response = await self.gw().step(match.group(1), req, who)
+            response = await self.get_gateway().step(match.group(1), req, who)
         except OsfleetError as exc:
             response = await _error(scope, exc)
         except Exception as exc:  # the route's BoundaryRoute does the same: never a bare 500
@@ -72,7 +72,7 @@ def _caller(scope: Scope) -> Principal | None:
         return None
 
 
-def _plain(scope: Scope, body: bytes) -> StepRequest | None:
+def _valid_step_request(scope: Scope, body: bytes) -> StepRequest | None:
     """The validated request when the route would accept it as it is; None otherwise (the route says why)."""
     content_type = Request(scope).headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":

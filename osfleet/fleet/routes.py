@@ -76,19 +76,19 @@ RELAYED: dict[str, tuple[str, ...]] = {
 }
 
 
-def routes(gw: Callable[[], Gateway]) -> Routes:
+def routes(get_gateway: Callable[[], Gateway]) -> Routes:
     """Every operation of the table, mounted for the gateway (it does not start if one is missing)."""
     r = Routes(OPERATIONS)
     for op in OPERATIONS:
         if op.name in RELAYED:
-            r.mount(op, relay(op, RELAYED[op.name], gw))
-    native(r, gw)
-    checkpoints(r, gw)
-    osgym(r, gw)
+            r.mount(op, relay(op, RELAYED[op.name], get_gateway))
+    native(r, get_gateway)
+    checkpoints(r, get_gateway)
+    osgym(r, get_gateway)
     return r
 
 
-def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) -> Endpoint:
+def relay(op: Operation, fleet_ids: tuple[str, ...], get_gateway: Callable[[], Gateway]) -> Endpoint:
     """A handler that sends the operation to the replica's host with the host's own ids (the lease's too), and
     answers with the host's answer, its ``fleet_ids`` made fleet ids. A raw body (a file's bytes, bounded by the
     gateway's own ``BodyLimit`` as by the host's) is sent on as it came, and a raw answer comes back as it was."""
@@ -96,7 +96,7 @@ def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) 
         raise RuntimeError(f"{op.name}: only operations on one replica ({{rid}}) are relayed")
 
     async def call(rid: str, who: Principal, req: BaseModel | None, content: bytes | None = None) -> Response:
-        g = gw()
+        gateway = get_gateway()
         host, local = ids.split(rid)
         sent: dict[str, Any] = {}
         if req is not None:
@@ -108,7 +108,7 @@ def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) 
         if content is not None:
             sent["content"] = content
         path = op.path.replace("{rid}", local)
-        resp = await g.call(op.name, g.pool.get(host), op.method, path, who, **sent)
+        resp = await gateway.call(op.name, gateway.pool.get(host), op.method, path, who, **sent)
         if op.raw_response and resp.status_code < 300:
             return passthrough(resp, OCTET_STREAM)
         return rewritten(resp, host, fleet_ids) if fleet_ids else passthrough(resp)
@@ -141,24 +141,26 @@ def relay(op: Operation, fleet_ids: tuple[str, ...], gw: Callable[[], Gateway]) 
 
 
 # --- native API ---------------------------------------------------------------------------------------------
-def native(r: Routes, gw: Callable[[], Gateway]) -> None:
+def native(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
     @r(LEASE)
     async def lease(req: LeaseRequest, who: Caller) -> Response:
         # On the host placement picks; another host only if that one was not reached (drained, or it refused the
         # connection): a host that timed out may have leased one all the same.
-        g = gw()
+        gateway = get_gateway()
         if req.checkpoint is not None:  # on the host that keeps it, where its memory and disk are
-            host = await checkpoint_host(g, req.checkpoint, who)
-            resp = await g.call("fork", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_unset=True))
+            host = await checkpoint_host(gateway, req.checkpoint, who)
+            resp = await gateway.call("fork", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_unset=True))
             return copies(resp, host.name)
-        for i, host in enumerate(g.lease_hosts()):
+        for i, host in enumerate(gateway.lease_hosts()):
             try:
-                resp = await g.call("lease", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_unset=True))
+                resp = await gateway.call(
+                    "lease", host, "POST", "/v1/leases", who, json=req.model_dump(exclude_unset=True)
+                )
             except HostNotReachedError:
                 continue
             if resp.status_code == 201:
                 if i:
-                    g.metrics.failovers.inc()
+                    gateway.metrics.failovers.inc()
                 return rewritten(resp, host.name)
             if resp.status_code != 503:
                 return passthrough(resp)
@@ -166,10 +168,10 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
 
     @r(LIST_REPLICAS)
     async def replicas(who: Caller) -> list[ReplicaView]:
-        g = gw()
-        hosts = g.pool.healthy()
+        gateway = get_gateway()
+        hosts = gateway.pool.healthy()
         answers = await asyncio.gather(
-            *(g.call("quick", h, "GET", "/v1/replicas", who) for h in hosts), return_exceptions=True
+            *(gateway.call("quick", h, "GET", "/v1/replicas", who) for h in hosts), return_exceptions=True
         )
         out: list[ReplicaView] = []
         for host, resp in zip(hosts, answers, strict=True):
@@ -182,13 +184,13 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
     @r(SCALE_UP)
     async def scale_up(req: ScaleRequest, who: Operator) -> Response:
         # placed by each host's room on its binding resource (best fit)
-        g = gw()
-        plan = placement.scale_plan(g.rooms(), req.count)
+        gateway = get_gateway()
+        plan = placement.scale_plan(gateway.rooms(), req.count)
         if not plan:
             raise CapacityError(f"the fleet has no room for {req.count} more replica(s)")
         for name, count in plan.items():
             body = {"count": count, **({"mode": req.mode} if req.mode else {})}
-            resp = await g.call("quick", g.pool.get(name), "POST", "/v1/replicas", who, json=body)
+            resp = await gateway.call("quick", gateway.pool.get(name), "POST", "/v1/replicas", who, json=body)
             if resp.status_code != 202:
                 return passthrough(resp)
         answer = ScaleResponse(requested=req.count, mode=req.mode or "snapshot", placement=plan)
@@ -197,8 +199,8 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
     @r(HOST_SAMPLE)
     async def fleet_sample(who: Operator) -> dict[str, Any]:
         # every host's own sample, health and room
-        g = gw()
-        rooms = {r.host: r for r in g.rooms()}
+        gateway = get_gateway()
+        rooms = {r.host: r for r in gateway.rooms()}
         return {
             "time": time.time(),
             "hosts": {
@@ -210,20 +212,20 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
                     "room": rooms[h.name].__dict__ if h.name in rooms else None,
                     "sample": h.sample,
                 }
-                for h in g.pool.hosts
+                for h in gateway.pool.hosts
             },
         }
 
     @r(STEP)
     async def step(rid: str, req: StepRequest, who: Caller) -> Response:
         # served by the fast path (fastpath.py) when nothing about it is unusual; here otherwise
-        return await gw().step(rid, req, who)
+        return await get_gateway().step(rid, req, who)
 
     @r(FORK)
     async def fork(rid: str, req: ForkRequest, who: Caller) -> Response:
         # children start on the parent's host, where its saved memory and disk are
         host = ids.split(rid)[0]
-        resp = await gw().forward("fork", rid, req.lease_id, "fork", {"children": req.children}, who)
+        resp = await get_gateway().forward("fork", rid, req.lease_id, "fork", {"children": req.children}, who)
         if resp.status_code >= 300:
             return passthrough(resp)
         body = resp.json()
@@ -235,37 +237,37 @@ def native(r: Routes, gw: Callable[[], Gateway]) -> None:
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------
-def checkpoints(r: Routes, gw: Callable[[], Gateway]) -> None:
+def checkpoints(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
     """A checkpoint stays on the host of the replica it was saved from; the gateway finds it by asking every
     healthy host for the caller's checkpoints (a name is the caller's across the fleet)."""
 
     @r(CHECKPOINT)
     async def checkpoint(rid: str, req: CheckpointRequest, who: Caller) -> Response:
-        g = gw()
+        gateway = get_gateway()
         host = ids.split(rid)[0]
-        if any(c.name == req.name for c in await fleet_checkpoints(g, who)):
+        if any(c.name == req.name for c in await fleet_checkpoints(gateway, who)):
             raise Conflict(f"checkpoint {req.name!r} exists: delete it first or choose another name")
-        resp = await g.forward("fork", rid, req.lease_id, "checkpoints", {"name": req.name}, who)
+        resp = await gateway.forward("fork", rid, req.lease_id, "checkpoints", {"name": req.name}, who)
         if resp.status_code >= 300:
             return passthrough(resp)
         return JSONResponse({**resp.json(), "host": host}, status_code=resp.status_code)
 
     @r(LIST_CHECKPOINTS)
     async def list_checkpoints(who: Caller) -> list[CheckpointView]:
-        return sorted(await fleet_checkpoints(gw(), who), key=lambda c: c.created_at)
+        return sorted(await fleet_checkpoints(get_gateway(), who), key=lambda c: c.created_at)
 
     @r(DELETE_CHECKPOINT)
     async def delete_checkpoint(name: str, who: Caller) -> Response:
-        g = gw()
-        host = await checkpoint_host(g, name, who)
-        return passthrough(await g.call("quick", host, "DELETE", f"/v1/checkpoints/{name}", who))
+        gateway = get_gateway()
+        host = await checkpoint_host(gateway, name, who)
+        return passthrough(await gateway.call("quick", host, "DELETE", f"/v1/checkpoints/{name}", who))
 
 
-async def fleet_checkpoints(g: Gateway, who: Principal) -> list[CheckpointView]:
+async def fleet_checkpoints(gateway: Gateway, who: Principal) -> list[CheckpointView]:
     """The caller's checkpoints on every healthy host, each naming its host."""
-    hosts = g.pool.healthy()
+    hosts = gateway.pool.healthy()
     answers = await asyncio.gather(
-        *(g.call("quick", h, "GET", "/v1/checkpoints", who) for h in hosts), return_exceptions=True
+        *(gateway.call("quick", h, "GET", "/v1/checkpoints", who) for h in hosts), return_exceptions=True
     )
     out = []
     for host, resp in zip(hosts, answers, strict=True):
@@ -274,10 +276,10 @@ async def fleet_checkpoints(g: Gateway, who: Principal) -> list[CheckpointView]:
     return out
 
 
-async def checkpoint_host(g: Gateway, name: str, who: Principal) -> HostState:
-    for c in await fleet_checkpoints(g, who):
+async def checkpoint_host(gateway: Gateway, name: str, who: Principal) -> HostState:
+    for c in await fleet_checkpoints(gateway, who):
         if c.name == name and c.host is not None:
-            return g.pool.get(c.host)
+            return gateway.pool.get(c.host)
     raise CheckpointNotFoundError(f"no checkpoint named {name!r} on a host that answered")
 
 
@@ -293,14 +295,14 @@ def copies(resp: HostResponse, host: str) -> Response:
 
 
 # --- OSGym wire compatibility -------------------------------------------------------------------------------
-def osgym(r: Routes, gw: Callable[[], Gateway]) -> None:
+def osgym(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
     @r(OSGYM_RESET)
     async def reset(req: OsgymReset, who: OsgymCaller) -> Response:
-        g = gw()
+        gateway = get_gateway()
         body = {"task_config": req.task_config.model_dump(mode="json", exclude_unset=True), "timeout": req.timeout}
-        for host in g.lease_hosts():
+        for host in gateway.lease_hosts():
             try:
-                resp = await g.call("reset", host, "POST", "/reset", who, json=body)
+                resp = await gateway.call("reset", host, "POST", "/reset", who, json=body)
             except HostNotReachedError:  # only then: a host that timed out may have leased a vm all the same
                 continue
             if resp.status_code == 200:
@@ -313,33 +315,33 @@ def osgym(r: Routes, gw: Callable[[], Gateway]) -> None:
 
     def vm_host(fleet_vm: int) -> tuple[HostState, int]:
         index, local = ids.vm_from_fleet(fleet_vm)
-        return gw().pool.by_index(index), local
+        return get_gateway().pool.by_index(index), local
 
     @r(OSGYM_STEP)
     async def step(req: OsgymStep, who: OsgymCaller) -> Response:
         host, local = vm_host(req.vm_id)
         body = {"action": req.action, "vm_id": local}
-        return passthrough(await gw().call("step", host, "POST", "/step", who, json=body))
+        return passthrough(await get_gateway().call("step", host, "POST", "/step", who, json=body))
 
     @r(OSGYM_SHUTDOWN)
     async def shutdown(req: OsgymShutdown, who: OsgymCaller) -> Response:
-        g = gw()
+        gateway = get_gateway()
         if req.vm_id == "all":
-            hosts = g.pool.healthy()
+            hosts = gateway.pool.healthy()
             await asyncio.gather(
-                *(g.call("release", h, "POST", "/shutdown", who, json={"vm_id": "all"}) for h in hosts),
+                *(gateway.call("release", h, "POST", "/shutdown", who, json={"vm_id": "all"}) for h in hosts),
                 return_exceptions=True,
             )
             return JSONResponse({"vm_id": "all"})
         host, local = vm_host(req.vm_id)
-        resp = await g.call("release", host, "POST", "/shutdown", who, json={"vm_id": local})
+        resp = await gateway.call("release", host, "POST", "/shutdown", who, json={"vm_id": local})
         return JSONResponse({"vm_id": req.vm_id}) if resp.status_code == 200 else passthrough(resp)
 
     @r(OSGYM_SCREENSHOT)
     async def screenshot(query: Annotated[OsgymScreenshotQuery, Query()], who: OsgymCaller) -> Response:
         vm_id = query.vm_id
         host, local = vm_host(vm_id)
-        resp = await gw().call("quick", host, "GET", "/screenshot", who, params={"vmId": local})
+        resp = await get_gateway().call("quick", host, "GET", "/screenshot", who, params={"vmId": local})
         if resp.status_code != 200:
             return passthrough(resp)
         return JSONResponse({**resp.json(), "vm_id": vm_id})

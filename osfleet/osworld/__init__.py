@@ -34,7 +34,7 @@ Pieces (each module's docstring has its details):
   ``download`` set-up step works on osfleet's task bundles.
 
 Built on ``osfleet.client`` and ``osfleet.protocol`` only (plus osfleet's guest query script,
-``osfleet.tasks.guest_query``, which imports nothing of the host's), so it runs on a client-only install;
+``osfleet.tasks.guest_query_client``, which imports nothing of the host's), so it runs on a client-only install;
 desktop-env itself is imported by ``register`` alone.
 
 Interface facts this is built against (desktop-env 1.0.2, the newest on PyPI; OSWorld's main of April 2026 has

@@ -17,7 +17,7 @@ How each is served (the package's docstring has the differences that remain):
   as the smallest JPEG (quality 1), and dropped;
 - files (``/file``, ``/setup/upload``, ``/wallpaper``): ``download``/``upload``, which reach the desktop user's
   home and /tmp only;
-- ``/list_directory``: osfleet's own guest query script (``osfleet.tasks.guest_query``, op ``list_directory``),
+- ``/list_directory``: osfleet's own guest query script (``osfleet.tasks.guest_query_client``, op ``list_directory``),
   sent through a ``shell`` step.
 """
 
@@ -48,7 +48,7 @@ from osfleet.osworld.errors import (
 from osfleet.osworld.recording import ScreenRecorder
 from osfleet.protocol.models import FILE_ROOTS, ImageFormat, ObservationPart
 from osfleet.protocol.osworld_paths import GUEST_HOME, command_line, guest_path, truthy
-from osfleet.tasks import guest_query
+from osfleet.tasks import guest_query_client
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Ran:
 
 
 class _StepShell:
-    """``osfleet.tasks.guest_query``'s host interface (``shell(rid, command, timeout)``) over shell steps."""
+    """``osfleet.tasks.guest_query_client``'s host interface (``shell(rid, command, timeout)``) over shell steps."""
 
     def __init__(self, endpoints: Endpoints, what: str) -> None:
         self._endpoints, self._what = endpoints, what
@@ -397,7 +397,9 @@ class Endpoints:
         path = _string(json_object(request.body, request.content_type), "path")
         if path is None:
             raise BadRequest("path is required")
-        tree = guest_query.ask(_StepShell(self, request.path), "", "list_directory", {"path": path}, QUERY_SECONDS)
+        tree = guest_query_client.ask(
+            _StepShell(self, request.path), "", "list_directory", {"path": path}, QUERY_SECONDS
+        )
         if tree is None:
             raise BadRequest(f"{path} is not a folder")
         return Answer.json({"directory_tree": tree})

@@ -68,7 +68,7 @@ class PutFile(_M):
 
 class GuestQuery(_M):
     """An OSWorld set-up step that works on the running desktop (Chrome's tabs through its DevTools protocol,
-    its history database), run by osfleet's query script in the guest (osfleet.tasks.guest_query).
+    its history database), run by osfleet's query script in the guest (osfleet.tasks.guest_query_client).
 
     Made only by the OSWorld converter; not part of the published osfleet task format."""
 

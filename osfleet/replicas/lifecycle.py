@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.private import private_dir
 from osfleet.protocol.models import Mode
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
@@ -30,6 +29,7 @@ from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 from osfleet.replicas.saved_state import SavedState
+from osfleet.tenant_storage import private_dir
 from osfleet.timing import collecting, stage
 
 log = logging.getLogger(__name__)

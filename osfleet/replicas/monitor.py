@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from osfleet.replicas.loop import Loop
+from osfleet.replicas.periodic import PeriodicLoop
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ MONITOR_INTERVAL_SECONDS = 1.0
 RECOVERY_WORKERS = 2
 
 
-class Monitor(Loop):
+class Monitor(PeriodicLoop):
     """Runs ``detect`` every ``interval`` seconds and hands what it finds to background workers.
 
     ``detect()`` returns replica ids due for ``recover``; ``expired()`` returns (replica, lease) pairs to

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from osfleet.replicas.loop import Loop
+from osfleet.replicas.periodic import PeriodicLoop
 
 log = logging.getLogger(__name__)
 
@@ -13,7 +13,7 @@ POOL_INTERVAL_SECONDS = 0.2
 BACKOFF_SECONDS = 5.0
 
 
-class WarmPool(Loop):
+class WarmPool(PeriodicLoop):
     """Calls ``create()`` while ``coming()`` (replicas ready, booting or provisioning) is below ``target``."""
 
     name = "osfleet-pool"

@@ -20,7 +20,7 @@ from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetErr
 from osfleet.protocol.actions import MAX_READ_BYTES, Action, ActionResult
 from osfleet.replicas import actions
 from osfleet.replicas.lifecycle import Timed
-from osfleet.tasks import evaluators, getters, guest_query, sandbox
+from osfleet.tasks import evaluators, getters, guest_query_client, sandbox
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.guest_files import CACHE_DIR, put_file, put_text
 from osfleet.tasks.guest_paths import fill_screen
@@ -103,8 +103,8 @@ def _run_steps(
             continue
         if isinstance(step, GuestQuery):
             try:
-                guest_query.ask(host, rid, step.op, step.args, left)
-            except guest_query.GuestQueryError as exc:
+                guest_query_client.ask(host, rid, step.op, step.args, left)
+            except guest_query_client.GuestQueryError as exc:
                 complaint = f"{what} step {i + 1} ({step.op}) failed: {exc}"
                 if strict:
                     raise TaskSetupError(complaint) from None

@@ -278,12 +278,12 @@ class FleetBackend:
 
     kind = "fleet"
 
-    def __init__(self, gw: Any) -> None:
-        self._gw = gw  # () -> Gateway
+    def __init__(self, get_gateway: Any) -> None:
+        self._get_gateway = get_gateway  # () -> Gateway
 
     async def _call(self, host: str, method: str, path: str, who: Principal, route: str = "quick", **kw: Any) -> Any:
-        g = self._gw()
-        resp = await g.call(route, g.pool.get(host), method, path, who=who, **kw)
+        gateway = self._get_gateway()
+        resp = await gateway.call(route, gateway.pool.get(host), method, path, who=who, **kw)
         if resp.status_code < 300:
             return resp
         try:
@@ -293,8 +293,8 @@ class FleetBackend:
         raise relayed(resp.status_code, body, host)
 
     async def _each(self, path: str, who: Principal) -> list[tuple[str, Any]]:
-        g = self._gw()
-        hosts = g.pool.healthy()
+        gateway = self._get_gateway()
+        hosts = gateway.pool.healthy()
         answers = await asyncio.gather(*(self._call(h.name, "GET", path, who) for h in hosts), return_exceptions=True)
         return [(h.name, a.json()) for h, a in zip(hosts, answers, strict=True) if not isinstance(a, BaseException)]
 
@@ -320,7 +320,7 @@ class FleetBackend:
     async def figures(self, who: Principal) -> dict[str, dict[str, Any]]:
         if not who.operator:
             return {}
-        return {h.name: (h.sample or {"unhealthy": h.reason}) for h in self._gw().pool.hosts}
+        return {h.name: (h.sample or {"unhealthy": h.reason}) for h in self._get_gateway().pool.hosts}
 
     async def screen(self, rid: str, width: int | None, who: Principal) -> bytes:
         host, local = self._split(rid)

@@ -49,17 +49,17 @@ class Registry:
         self.cases.append(Case(metric, module, name, build, shims))
 
 
-def _plain(value: Any) -> Any:
+def _paths_as_str(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [_paths_as_str(v) for v in value]
     return value
 
 
 def osworld_score(ref: Reference, case: Case, inputs: Inputs) -> tuple[float, str]:
     result, expected, options = inputs
-    args = [_plain(result)] if expected is NO_EXPECTED else [_plain(result), _plain(expected)]
+    args = [_paths_as_str(result)] if expected is NO_EXPECTED else [_paths_as_str(result), _paths_as_str(expected)]
     try:
         return ref.score(case.module, case.metric, *args, **options), "scored"
     except ReferenceError as exc:

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import Query
 from fastapi.responses import Response
 
-from osfleet.api import recorded, steps
+from osfleet.api import recording_hooks, steps
 from osfleet.api.auth import Caller
 from osfleet.api.contract import Routes
 from osfleet.api.errors import Conflict, NotFound
@@ -85,7 +85,7 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
                 else None
             )
             with stage("record"):
-                recorded.begin(s, leased, live, seen)
+                recording_hooks.begin(s, leased, live, seen)
         _timed(response, stages)
         return ResetResponse(
             replica_id=rid,
@@ -126,7 +126,7 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
             children = []
             for child, child_live in zip(forked.children, kids, strict=True):
                 assert child.lease is not None  # a lease holder's fork leases every child
-                recorded.begin(s, child_live.on(s.host, who), child_live, None)
+                recording_hooks.begin(s, child_live.on(s.host, who), child_live, None)
                 children.append(
                     ForkChild(
                         replica_id=child.record.id,

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import Query
 
-from osfleet.api import recorded
+from osfleet.api import recording_hooks
 from osfleet.api.auth import OsgymCaller
 from osfleet.api.contract import Routes
 from osfleet.api.models import (
@@ -60,14 +60,14 @@ def _act(s: AgentState, live: LiveEpisode, leased: LeasedHost, req: OsgymStep, p
     try:
         results = leased.act(rid, parsed.actions) if parsed.actions else []
     except OsfleetError as exc:
-        recorded.failure(s, rid, lease_id, exc)
+        recording_hooks.failure(s, rid, lease_id, exc)
         raise
     took = time.monotonic() - start
     s.metrics.step.observe(took)
     failed = [x for x in results if not x.ok]
     if failed:
         error = VirtError(f"vm {req.vm_id}: {failed[0].type} failed: {failed[0].error}")
-        recorded.failure(s, rid, lease_id, error)
+        recording_hooks.failure(s, rid, lease_id, error)
         raise error
     shot = leased.screenshot(rid, "jpeg")
     if s.recorder is not None:
@@ -113,7 +113,7 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
                 vm_id = s.new_vm(rec.id)
                 live.data.osgym = OsgymClient(vm_id=vm_id, owner=who.name)
                 s.save(live)
-                recorded.begin(s, leased, live, None)
+                recording_hooks.begin(s, leased, live, None)
                 screenshot = _jpeg(leased, rec.id)
         except BaseException:
             with live.lock:

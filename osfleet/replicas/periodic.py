@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 
-class Loop:
+class PeriodicLoop:
     """Subclasses implement ``tick()``; it must not raise (a dead loop is reported by ``alive()``)."""
 
     name = "osfleet-loop"
