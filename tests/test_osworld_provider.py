@@ -316,6 +316,35 @@ def test_launch_starts_the_program_and_returns_at_once(desktop: FakeDesktop, por
     assert r.status == 500 and "no such program" in r.json()["message"]
 
 
+def test_a_chrome_launch_returns_once_the_running_browser_has_its_window(desktop: FakeDesktop, port: int) -> None:
+    """The browser already runs here, so a launch hands its command line over and the window lands seconds later;
+    OSWorld's next set-up step would close the wrong first tab. The launch asks the tab count first, then waits
+    for one more; with no browser answering (a fresh start, as on OSWorld's VMs) it does not wait."""
+
+    def query(op: str) -> str:  # how the query script's op follows the script on its command line
+        return f" {op} '{{"
+
+    def asked(op: str, since: int = 0) -> list[int]:
+        return [i for i, c in enumerate(desktop.shells()) if i >= since and query(op) in c]
+
+    desktop.hooks.append(answer_when(query("chrome_page_count"), ran(0, '{"value": 1}\n')))
+    desktop.hooks.append(answer_when(query("chrome_launch_landed"), ran(0, '{"value": 2}\n')))
+    desktop.hooks.append(answer_when("command -v -- google-chrome", ran(0)))  # no browser on the test's machine
+    r = post_json(port, "/setup/launch", {"command": ["google-chrome", "--remote-debugging-port=1337"]})
+    assert r.status == 200
+    launched = [i for i, c in enumerate(desktop.shells()) if "setsid -f" in c and "google-chrome" in c]
+    assert asked("chrome_page_count") < launched < asked("chrome_launch_landed"), desktop.shells()
+    assert '"known": 1' in desktop.shells()[asked("chrome_launch_landed")[0]]
+    no_browser = ran(0, '{"error": "RuntimeError: Chrome\'s DevTools port did not answer"}\n')
+    desktop.hooks.insert(0, answer_when(query("chrome_page_count"), no_browser))
+    since = len(desktop.shells())
+    assert post_json(port, "/setup/launch", {"command": ["google-chrome"]}).status == 200
+    assert len(asked("chrome_page_count", since)) == 1 and not asked("chrome_launch_landed", since)
+    since = len(desktop.shells())
+    assert post_json(port, "/setup/launch", {"command": ["sh", "-c", "true"]}).status == 200
+    assert not asked("chrome_page_count", since)
+
+
 def test_run_python_answers_osworlds_fields(desktop: FakeDesktop, port: int) -> None:
     r = post_json(port, "/run_python", {"code": "import sys\nprint('hi')\nprint(__file__.endswith('.py'))"})
     assert r.status == 200

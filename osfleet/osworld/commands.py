@@ -12,6 +12,7 @@ command line writes a fixed marker to its own stderr, which nothing else in that
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Sequence
 
@@ -39,6 +40,19 @@ def pyautogui_code(command: object) -> str | None:
     if not code.strip() or code.strip() in PYAUTOGUI_SPECIAL:  # osfleet reads those as WAIT/DONE/FAIL: not code
         return None
     return code
+
+
+CHROME_PROGRAMS = frozenset({"google-chrome", "google-chrome-stable", "chromium", "chrome"})
+
+
+def launches_chrome(command: str | list[str]) -> bool:
+    """Whether a launch starts the browser (its program's name, a path or not), the one launch that here hands
+    its command line to a browser already running instead of starting one."""
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else command
+    except ValueError:
+        return False
+    return bool(argv) and posixpath.basename(str(argv[0])) in CHROME_PROGRAMS
 
 
 def launch(command: str | list[str], shell: bool) -> str:

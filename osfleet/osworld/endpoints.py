@@ -49,6 +49,7 @@ from osfleet.osworld.recording import ScreenRecorder
 from osfleet.protocol.models import FILE_ROOTS, ImageFormat, ObservationPart
 from osfleet.protocol.osworld_paths import GUEST_HOME, command_line, guest_path, truthy
 from osfleet.tasks import guest_query_client
+from osfleet.tasks.guest_query_client import GuestQueryError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ LAUNCH_SECONDS = 30.0  # starting a detached program
 RUN_PYTHON_SECONDS = 30.0  # OSWorld's /run_python timeout
 BASH_DEFAULT_SECONDS = 100.0  # OSWorld's /run_bash_script default when the request names none
 QUERY_SECONDS = 30.0  # a small guest command (uname, gsettings, xdotool, a query script)
+CHROME_ASK_SECONDS = 10.0  # the running browser's tab count (none answering: no browser to wait for)
+CHROME_LANDING_SECONDS = 45.0  # a launch handed to the running browser becomes its window (TCG: ~5-20 s)
 OPEN_FILE_SECONDS = 1800.0  # OSWorld's wait for the window of an opened file (its controller waits 1810 s)
 OPEN_POLL_SECONDS = 60.0  # one guest command of that wait (a step never lasts longer than the host's budget)
 VERIFY_MAX_SECONDS = 75.0  # the longest verification wait one step holds (within a host's 90 s step budget)
@@ -283,11 +286,34 @@ class Endpoints:
             line = commands.launch(command, shell)
         except ValueError as exc:
             raise GuestFailed(f"cannot split the command into arguments: {exc}") from None
+        tabs = self._chrome_tabs(request.path) if commands.launches_chrome(command) else None
         ran = self.shell(line, LAUNCH_SECONDS, request.path)
         if ran.exit_code != 0:
             raise GuestFailed(f"cannot launch it: {ran.last_line()}")
+        if tabs is not None:
+            self._chrome_launch_landed(tabs, request.path)
         shown = command if isinstance(command, str) else " ".join(command)
         return Answer.text(f"{shown} launched")
+
+    def _chrome_tabs(self, what: str) -> int | None:
+        """The running browser's tab count before a ``google-chrome`` launch; None when no browser answers (the
+        launch starts one, as on OSWorld's VMs, and OSWorld's set-up waits for it by itself)."""
+        try:
+            tabs = guest_query_client.ask(_StepShell(self, what), "", "chrome_page_count", {}, CHROME_ASK_SECONDS)
+        except GuestQueryError:
+            return None
+        return tabs if isinstance(tabs, int) else None
+
+    def _chrome_launch_landed(self, tabs: int, what: str) -> None:
+        """Return from the launch once the running browser has its window: OSWorld's next step (its
+        ``chrome_open_tabs``) connects at once and closes the first tab it finds, which must not be a tab the
+        launch's late window then replaces. A launch that never lands is left to the task, as on OSWorld."""
+        try:
+            guest_query_client.ask(
+                _StepShell(self, what), "", "chrome_launch_landed", {"known": tabs}, CHROME_LANDING_SECONDS
+            )
+        except GuestQueryError as exc:
+            log.info("%s: the browser's launch did not land: %s", what, exc)
 
     def run_python(self, request: Request) -> Answer:
         code = _string(json_object(request.body, request.content_type), "code")

@@ -223,6 +223,35 @@ def _pages_after_launches(browser, deadline):
     return pages
 
 
+def chrome_page_count(args, deadline):
+    """How many tabs the running browser has (an error when none answers): what a launch must add to."""
+    browser = _browser(deadline)
+    try:
+        return len(_pages(browser))
+    finally:
+        browser.close()
+
+
+def chrome_launch_landed(args, deadline):
+    """Wait until a ``google-chrome`` launch handed to the running browser has landed: no launcher left and more
+    than ``known`` tabs (the launch's window), or ``LAUNCH_WINDOW_SECONDS`` gone. OSWorld's own set-up connects to
+    the browser right after its launch step and closes the first tab it finds; on OSWorld's VMs the browser starts
+    then, here it is already running and the launch's window lands seconds later, after that tab was chosen."""
+    browser = _browser(deadline)
+    try:
+        known = int(args["known"])
+        while _chrome_launchers() and not deadline.over():
+            time.sleep(min(0.3, deadline.left()))
+        window = Deadline(min(LAUNCH_WINDOW_SECONDS, deadline.left()))
+        pages = _pages(browser)
+        while len(pages) <= known and not window.over():
+            time.sleep(min(0.3, window.left()))
+            pages = _pages(browser)
+        return len(pages)
+    finally:
+        browser.close()
+
+
 def chrome_open_tabs(args, deadline):
     """OSWorld's chrome_open_tabs: each URL in a new tab of the running browser; after the first, the tab that
     was open before is closed."""
@@ -1082,6 +1111,8 @@ OPS = {
     f.__name__: f
     for f in (
         chrome_open_tabs,
+        chrome_page_count,
+        chrome_launch_landed,
         chrome_close_tabs,
         chrome_tabs,
         chrome_active_url,
