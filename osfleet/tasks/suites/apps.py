@@ -324,8 +324,10 @@ def _vlc_tasks(assets: Path) -> list[dict[str, Any]]:
             "VLC has tone.wav open and paused. Play it.",
             [
                 download("tone.wav", music),
-                launch(f"vlc --start-paused --loop --aout=adummy {music}"),
-                # --start-paused loses a race on a VLC's first start in a fresh replica (it plays): pause it for sure
+                # Paused by the loop below, not by --start-paused: with --loop that flag pauses again at each pass's
+                # start (every 30 s), so a file played by the agent read "paused" to an evaluator that looked later
+                # (OSWorld's, through its harness under TCG); and it lost a race on VLC's first start anyway.
+                launch(f"vlc --loop --aout=adummy {music}"),
                 run(
                     f"for i in $(seq 1 45); do curl -sf -u :password {VLC_HTTP} >/dev/null && break; sleep 1; done; "
                     f"for i in $(seq 1 30); do curl -sf -u :password '{VLC_HTTP}?command=pl_forcepause' >/dev/null; "
