@@ -23,6 +23,7 @@ def held(tmp_path_factory):
     yield
     open({done!r}, "w").write("torn down")
 
+@pytest.mark.integration
 def test_long(held):
     open({started!r}, "w").write("started")
     time.sleep(120)
