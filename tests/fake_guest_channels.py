@@ -1,14 +1,20 @@
 """Fake guests' tunnel channels for tests without a VM: one UNIX socket per domain stands in for the virtio-serial
 port, and the guest's real relay (``osfleet.replicas.guest_tunnel.Relay``) serves it in a thread, reaching this
-machine's loopback where a guest's would reach its own."""
+machine's loopback where a guest's would reach its own.
+
+A relay reads a file descriptor number, not a socket object: ``close`` ends every relay before it closes the
+sockets they read, or a relay left running would read a later test's socket once that number is reused."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from pathlib import Path
 
 from osfleet.replicas.guest_tunnel import Relay
+
+RELAY_ALONE_SECONDS = 1.0  # each host connection is a socket of its own here: an empty read there is its end
 
 
 class FakeGuestChannels:
@@ -17,6 +23,7 @@ class FakeGuestChannels:
         self._lock = threading.Lock()
         self._listeners: dict[str, socket.socket] = {}
         self._guests: list[socket.socket] = []
+        self._relays: list[threading.Thread] = []
         self.starts: list[str] = []
 
     def channel_path(self, domain: str, target: str) -> Path | None:
@@ -33,13 +40,23 @@ class FakeGuestChannels:
     def start(self, domain: str) -> None:
         """The relay, on the host's pending connection to the domain's channel."""
         guest, _ = self._listeners[domain].accept()
+        relay = threading.Thread(target=Relay(guest.fileno()).serve, args=(RELAY_ALONE_SECONDS,), daemon=True)
         with self._lock:
             self._guests.append(guest)
+            self._relays.append(relay)
             self.starts.append(domain)
-        threading.Thread(target=Relay(guest.fileno()).serve, args=(5.0,), daemon=True).start()
+        relay.start()
 
     def close(self) -> None:
         with self._lock:
-            for s in [*self._listeners.values(), *self._guests]:
-                s.close()
-            self._listeners, self._guests = {}, []
+            listeners, guests, relays = list(self._listeners.values()), self._guests, self._relays
+            self._listeners, self._guests, self._relays = {}, [], []
+        for listener in listeners:
+            listener.close()
+        for guest in guests:
+            with contextlib.suppress(OSError):
+                guest.shutdown(socket.SHUT_RDWR)  # the relay reads its end, then ends alone
+        for relay in relays:
+            relay.join(RELAY_ALONE_SECONDS + 5)
+        for guest in guests:
+            guest.close()

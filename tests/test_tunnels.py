@@ -4,6 +4,7 @@ standing in for the guest's services; and what a hostile guest could send the ho
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -25,9 +26,15 @@ from osfleet.replicas.tunnels import (
 
 pytestmark = pytest.mark.integration  # real sockets and servers; ~20 s in sum, over the unit tier's budget
 
+RELAY_ALONE_SECONDS = 0.5  # each test's channel is a socket of its own: an empty read there is its end
+
 
 class Channel:
-    """A UNIX socket the host's ``Mux`` connects to; ``start_relay`` runs the guest's relay on the other end."""
+    """A UNIX socket the host's ``Mux`` connects to; ``start_relay`` runs the guest's relay on the other end.
+
+    A relay reads a file descriptor number, not a socket object: ``close`` ends every relay before it closes the
+    sockets they read, or a relay left running would read the next test's socket once that number is reused (two
+    relays then split one channel's frames between them)."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / "tunnel.sock"
@@ -35,17 +42,35 @@ class Channel:
         self.listener.bind(str(self.path))
         self.listener.listen(1)
         self.guest: socket.socket | None = None
+        self.guests: list[socket.socket] = []
+        self.relays: list[threading.Thread] = []
         self.starts = 0
+        self._accepting = threading.Lock()
 
     def accept(self) -> socket.socket:
-        if self.guest is None:
-            self.guest, _ = self.listener.accept()
-        return self.guest
+        with self._accepting:  # a test's helper thread and start_relay may both ask for the guest's end
+            if self.guest is None:
+                self.guest, _ = self.listener.accept()
+                self.guests.append(self.guest)
+            return self.guest
 
     def start_relay(self) -> None:
         self.starts += 1
         guest = self.accept()
-        threading.Thread(target=Relay(guest.fileno()).serve, args=(2.0,), daemon=True).start()
+        relay = threading.Thread(target=Relay(guest.fileno()).serve, args=(RELAY_ALONE_SECONDS,), daemon=True)
+        relay.start()
+        self.relays.append(relay)
+
+    def close(self) -> None:
+        self.listener.close()
+        for guest in self.guests:
+            with contextlib.suppress(OSError):
+                guest.shutdown(socket.SHUT_RDWR)  # the relay reads its end, then ends alone
+        for relay in self.relays:
+            relay.join(RELAY_ALONE_SECONDS + 5)
+            assert not relay.is_alive(), "a guest relay outlived its channel"
+        for guest in self.guests:
+            guest.close()
 
 
 def echo_server() -> tuple[socket.socket, int]:
@@ -73,9 +98,7 @@ def echo_server() -> tuple[socket.socket, int]:
 def channel(tmp_path: Path) -> Iterator[Channel]:
     ch = Channel(tmp_path)
     yield ch
-    ch.listener.close()
-    if ch.guest is not None:
-        ch.guest.close()
+    ch.close()
 
 
 def connected(ch: Channel) -> Mux:
@@ -144,7 +167,7 @@ def test_a_channel_that_ended_ends_its_streams_and_a_new_one_works(channel: Chan
     assert first.closed == "the replica's VM went away"  # every stream of a channel ends with it
     with pytest.raises(TunnelNotFoundError):
         mux.send(first, b"late")
-    old_guest, channel.guest = channel.guest, None  # a new VM: a new channel, and its relay started anew
+    channel.guest = None  # a new VM: a new channel, and its relay started anew
     mux2 = Mux(channel.path, channel.start_relay)
     try:
         threading.Thread(target=channel.accept, daemon=True).start()
@@ -156,8 +179,6 @@ def test_a_channel_that_ended_ends_its_streams_and_a_new_one_works(channel: Chan
     finally:
         mux2.close("test over")
         srv.close()
-        assert old_guest is not None
-        old_guest.close()
 
 
 def test_a_hostile_guest_cannot_flood_the_host_or_speak_for_other_streams(channel: Channel) -> None:
