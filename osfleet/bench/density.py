@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.host_facts import describe
 from osfleet.host_tune import ksm_status
 from osfleet.images import GoldenImage
-from osfleet.replicas.manager import ReplicaHost
+from osfleet.replicas.manager import ReplicaHost, Timed
+from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.stats import percentile
 
@@ -168,6 +170,58 @@ def _running_idle_cpu(host: ReplicaHost, sample: list[str], say: Say) -> float |
     return cpu
 
 
+@dataclass
+class _Bringups:
+    """What the bring-up stage has made and measured so far. It is filled as replicas come, so the tear-down that
+    follows an interrupt still names every replica made before it."""
+
+    stop_reason: str
+    made: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    curve: list[dict[str, float]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def add(self, ready: Timed, before: int, say: Say) -> None:
+        """One more ready replica; every ``SAMPLE_EVERY``-th (and the first) is a point of the memory curve."""
+        self.made.append(ready.replica)
+        self.times.append(ready.seconds)
+        n = len(self.made)
+        if n % SAMPLE_EVERY == 0 or n == 1:
+            used = before - mem_available()
+            self.curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
+            say(f"  {n} ready (last bring-up {ready.seconds:.2f} s, {used / n / 2**20:.0f} MiB each so far)")
+
+    def too_slow(self) -> bool:
+        """The p50 of the last ``SLOW_WINDOW`` bring-ups, not one of them: a neighbour's burst does not end the run."""
+        recent = self.times[-SLOW_WINDOW:]
+        return len(recent) == SLOW_WINDOW and percentile(recent, 50) > MAX_BRINGUP_SECONDS
+
+    def close_curve(self, used: int) -> None:
+        """The curve ends on the count held, whatever the sampling step."""
+        n = len(self.made)
+        if n and (not self.curve or self.curve[-1]["replicas"] != n):
+            self.curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
+
+
+@dataclass(frozen=True)
+class _IdleCost:
+    """What held replicas cost while nobody uses them: cores each, running and parked, and their QEMU PSS."""
+
+    cpu: float | None
+    cpu_parked: float | None
+    pss: list[int]
+
+
+@dataclass(frozen=True)
+class _Answers:
+    """The answering check's counts, and the resume times it measured on the way (a parked replica is resumed as a
+    lease would resume it)."""
+
+    answering: int
+    parked_at_end: int
+    resumes: list[float]
+
+
 def hold(
     image: GoldenImage,
     settings: Settings,
@@ -182,10 +236,41 @@ def hold(
     """Bring up snapshot replicas until memory runs out (or ``max_replicas``), check them, tear them down.
     ``park``: ready replicas wait paused until leased, as ``host serve --park`` keeps them."""
     limit = max_replicas or UNLIMITED
-    host = ReplicaHost(
+    host = _density_host(image, settings, shape or ReplicaShape(), memory, limit, park, say)
+    run = _Bringups(stop_reason=f"reached --max {limit}")
+    try:
+        state = host.saved()  # made once, before anything is measured
+        say(
+            f"density, template memory {'on' if _sharing(state) else 'off'}, ready replicas "
+            f"{'parked' if park else 'running'}: up to {limit if max_replicas else 'memory'}"
+        )
+        before = mem_available()
+        _bring_up_until_full(host, run, limit, reserve, before, say)
+        ksm = _settle(host, ksm_wait, say)
+        used = before - mem_available()
+        run.close_curve(used)
+        idle = _idle_cost(host, run.made, park, say)
+        answers = _check_answers(host, run.made, say)
+        return _result(state, park, run, used, idle, answers, ksm)
+    finally:
+        _tear_down(host, run.made, say)
+
+
+def _density_host(
+    image: GoldenImage,
+    settings: Settings,
+    shape: ReplicaShape,
+    memory: MemoryMode | None,
+    limit: int,
+    park: bool,
+    say: Say,
+) -> ReplicaHost:
+    """Snapshot replicas without reset spares: a spare costs about as much as a replica (``bench reset`` measures
+    them), so the count would halve."""
+    return ReplicaHost(
         image,
         settings,
-        shape or ReplicaShape(),
+        shape,
         mode="snapshot",
         auto_recover=False,
         say=say,
@@ -194,101 +279,122 @@ def hold(
         spares=False,
         park=park,
     )
-    made: list[str] = []
-    try:
-        state = host.saved()  # made once, before anything is measured
-        sharing = state.memory_mode == "template"
-        say(
-            f"density, template memory {'on' if sharing else 'off'}, ready replicas "
-            f"{'parked' if park else 'running'}: up to {limit if max_replicas else 'memory'}"
-        )
-        before = mem_available()
-        times: list[float] = []
-        curve: list[dict[str, float]] = []
-        stop_reason = f"reached --max {limit}"
-        failed: list[str] = []
-        failures_in_a_row = 0
-        while len(made) < limit:
-            if mem_available() < reserve:
-                stop_reason = f"less than {reserve >> 20} MiB of memory left (the reserve)"
-                break
-            existing = {r.id for r in host.replicas()}
-            try:
-                t = host.create("snapshot")
-                failures_in_a_row = 0
-            except OsfleetError as exc:  # counted; the failed replica is retired, the run goes on
-                failed.append(str(exc))
-                say(f"  bring-up failed: {exc}")
-                for rec in host.replicas():
-                    if rec.id not in existing:  # the one this bring-up made, nobody else's
-                        host.retire(rec.id)
-                failures_in_a_row += 1
-                if failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
-                    stop_reason = f"{failures_in_a_row} bring-ups in a row failed, last: {exc}"
-                    break
-                continue
-            made.append(t.replica)
-            times.append(t.seconds)
-            n = len(made)
-            if n % SAMPLE_EVERY == 0 or n == 1:
-                used = before - mem_available()
-                curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
-                say(f"  {n} ready (last bring-up {t.seconds:.2f} s, {used / n / 2**20:.0f} MiB each so far)")
-            recent = times[-SLOW_WINDOW:]
-            if len(recent) == SLOW_WINDOW and percentile(recent, 50) > MAX_BRINGUP_SECONDS:
-                stop_reason = f"bring-up p50 of the last {SLOW_WINDOW} slower than {MAX_BRINGUP_SECONDS:.0f} s"
-                break
-        host.settle()
-        time.sleep(SETTLE_SECONDS)
-        ksm = wait_for_ksm(ksm_wait, say)
-        n = len(made)
-        used = before - mem_available()
-        if n and (not curve or curve[-1]["replicas"] != n):
-            curve.append({"replicas": n, "mib_per_replica": used / n / 2**20})
-        pids = [p for rid in made if (p := host.virt.qemu_pid(host.get(rid).domain)) is not None]
-        cpu_parked = None
-        if park:
-            say(f"  measuring the CPU of {len(pids)} parked replicas for {CPU_WINDOW_SECONDS:.0f} s")
-            cpu_parked = idle_cpu_per_replica(pids)
-            cpu = _running_idle_cpu(host, made[:CPU_SAMPLE_RUNNING], say)
-        else:
-            say(f"  measuring idle CPU of {len(pids)} replicas for {CPU_WINDOW_SECONDS:.0f} s")
-            cpu = idle_cpu_per_replica(pids)
-        pss = [process_memory(p).get("pss", 0) for p in pids]
-        say(f"  checking that each of {n} replicas answers (guest agent + drawn desktop)")
-        resumes: list[float] = []
-        answering = sum(1 for rid in made if _answers(host, rid, resumes))
-        parked = sum(1 for rid in made if host.get(rid).parked)
-        return {
-            "template_sharing": sharing,
-            "memory_mode": state.memory_mode,
-            "spares": False,
-            "parked": park,
-            "parked_at_end": parked,
-            "resume_p50_s": percentile(resumes, 50) if resumes else None,
-            "resume_p95_s": percentile(resumes, 95) if resumes else None,
-            "held_ready": n,
-            "answering": answering,
-            "stop_reason": stop_reason,
-            "failed_bringups": len(failed),
-            "mib_per_replica": used / n / 2**20 if n else None,
-            "pss_mib_per_replica": sum(pss) / len(pss) / 2**20 if pss else None,
-            "host_memory_used_mib": used / 2**20,
-            "template_ram_mib": (state.ram.stat().st_blocks * 512) / 2**20 if state.ram else 0,
-            "cpu_per_idle_replica": cpu,
-            "cpu_per_parked_replica": cpu_parked,
-            "bringup_p50_s": percentile(times, 50) if times else None,
-            "bringup_p95_s": percentile(times, 95) if times else None,
-            "memory_curve": curve,
-            "ksm": ksm,
-        }
-    finally:
-        if made:
-            say(f"  tearing down {len(made)} replicas")
+
+
+def _sharing(state: SavedState) -> bool:
+    return state.memory_mode == "template"
+
+
+def _bring_up_until_full(host: ReplicaHost, run: _Bringups, limit: int, reserve: int, before: int, say: Say) -> None:
+    """One replica after another until ``limit``, the memory reserve, too many failures in a row or slow bring-ups
+    stop it; ``run.stop_reason`` says which."""
+    failures_in_a_row = 0
+    while len(run.made) < limit:
+        if mem_available() < reserve:
+            run.stop_reason = f"less than {reserve >> 20} MiB of memory left (the reserve)"
+            return
+        existing = {r.id for r in host.replicas()}
         try:
-            host.down(host.made_here())  # a replica an interrupt caught halfway included
-        finally:
-            host.close()
+            ready = host.create("snapshot")
+            failures_in_a_row = 0
+        except OsfleetError as exc:  # counted; the failed replica is retired, the run goes on
+            run.failed.append(str(exc))
+            say(f"  bring-up failed: {exc}")
+            _retire_new(host, existing)
+            failures_in_a_row += 1
+            if failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
+                run.stop_reason = f"{failures_in_a_row} bring-ups in a row failed, last: {exc}"
+                return
+            continue
+        run.add(ready, before, say)
+        if run.too_slow():
+            run.stop_reason = f"bring-up p50 of the last {SLOW_WINDOW} slower than {MAX_BRINGUP_SECONDS:.0f} s"
+            return
+
+
+def _retire_new(host: ReplicaHost, existing: set[str]) -> None:
+    """Retire what a failed bring-up left: the replica it made, nobody else's."""
+    for rec in host.replicas():
+        if rec.id not in existing:
+            host.retire(rec.id)
+
+
+def _settle(host: ReplicaHost, ksm_wait: float, say: Say) -> dict[str, Any]:
+    """Let the last bring-ups' work die down (and KSM merge, if asked) before memory and CPU are read."""
+    host.settle()
+    time.sleep(SETTLE_SECONDS)
+    return wait_for_ksm(ksm_wait, say)
+
+
+def _idle_cost(host: ReplicaHost, made: list[str], park: bool, say: Say) -> _IdleCost:
+    """Parked replicas are measured as they are held, then a few resumed for what a running idle one costs."""
+    pids = [p for rid in made if (p := host.virt.qemu_pid(host.get(rid).domain)) is not None]
+    cpu_parked = None
+    if park:
+        say(f"  measuring the CPU of {len(pids)} parked replicas for {CPU_WINDOW_SECONDS:.0f} s")
+        cpu_parked = idle_cpu_per_replica(pids)
+        cpu = _running_idle_cpu(host, made[:CPU_SAMPLE_RUNNING], say)
+    else:
+        say(f"  measuring idle CPU of {len(pids)} replicas for {CPU_WINDOW_SECONDS:.0f} s")
+        cpu = idle_cpu_per_replica(pids)
+    pss = [process_memory(p).get("pss", 0) for p in pids]
+    return _IdleCost(cpu, cpu_parked, pss)
+
+
+def _check_answers(host: ReplicaHost, made: list[str], say: Say) -> _Answers:
+    """A replica counts as held only if it answers; the check must leave the parked ones parked."""
+    say(f"  checking that each of {len(made)} replicas answers (guest agent + drawn desktop)")
+    resumes: list[float] = []
+    answering = sum(1 for rid in made if _answers(host, rid, resumes))
+    parked = sum(1 for rid in made if host.get(rid).parked)
+    return _Answers(answering, parked, resumes)
+
+
+def _result(
+    state: SavedState,
+    park: bool,
+    run: _Bringups,
+    used: int,
+    idle: _IdleCost,
+    answers: _Answers,
+    ksm: dict[str, Any],
+) -> dict[str, Any]:
+    """One mode's part of ``density.json``; the keys keep the order earlier results were written in."""
+    n, pss, resumes, times = len(run.made), idle.pss, answers.resumes, run.times
+    return {
+        "template_sharing": _sharing(state),
+        "memory_mode": state.memory_mode,
+        "spares": False,
+        "parked": park,
+        "parked_at_end": answers.parked_at_end,
+        "resume_p50_s": percentile(resumes, 50) if resumes else None,
+        "resume_p95_s": percentile(resumes, 95) if resumes else None,
+        "held_ready": n,
+        "answering": answers.answering,
+        "stop_reason": run.stop_reason,
+        "failed_bringups": len(run.failed),
+        "mib_per_replica": used / n / 2**20 if n else None,
+        "pss_mib_per_replica": sum(pss) / len(pss) / 2**20 if pss else None,
+        "host_memory_used_mib": used / 2**20,
+        "template_ram_mib": (state.ram.stat().st_blocks * 512) / 2**20 if state.ram else 0,
+        "cpu_per_idle_replica": idle.cpu,
+        "cpu_per_parked_replica": idle.cpu_parked,
+        "bringup_p50_s": percentile(times, 50) if times else None,
+        "bringup_p95_s": percentile(times, 95) if times else None,
+        "memory_curve": run.curve,
+        "ksm": ksm,
+    }
+
+
+def _tear_down(host: ReplicaHost, made: list[str], say: Say) -> None:
+    """Every replica this host object made goes, one an interrupt caught halfway included, and the host is closed
+    even if a removal fails."""
+    if made:
+        say(f"  tearing down {len(made)} replicas")
+    try:
+        host.down(host.made_here())
+    finally:
+        host.close()
 
 
 def run(
