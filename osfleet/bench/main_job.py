@@ -15,14 +15,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
 from osfleet.host_facts import describe
-from osfleet.images import load
+from osfleet.images import GoldenImage, load
+
+if TYPE_CHECKING:
+    from osfleet.bench.lab_fleet import LabFleet
 
 TOTAL = 8
 LAB_HOSTS = 2
@@ -82,14 +85,6 @@ def _run(
     policy: str,
 ) -> Path:
     from fabric import Config  # noqa: F401  (Fabric is a hard dependency of the build)
-    from invoke import Context
-
-    from osfleet.bench.lab_fleet import LabFleet
-    from osfleet.bench.load import run_locust
-    from osfleet.imaging import builder
-    from osfleet.imaging.host import Host
-    from osfleet.report import render
-    from osfleet.verify import verify_image
 
     settings = Settings.from_env()
     started = _STARTED[0] = time.monotonic()
@@ -97,11 +92,36 @@ def _run(
     run_dir.mkdir(parents=True)
     print(f"osfleet main job; results in {run_dir}", flush=True)
     timings: dict[str, float] = {}
+    image = _golden_image(settings, timings)
+    machine = _boot(image, run_dir, settings, timings)
+    _disk_bench(image, replicas, machine, run_dir, settings, timings)
+    _reset_bench(image, reset_replicas, resets, run_dir, settings, timings)
+    _on_lab_fleet(run_dir, settings, bringup_replicas, users, duration, policy, timings)
+    _report(run_dir, image, machine, timings, started)
+    return run_dir
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _golden_image(settings: Settings, timings: dict[str, float]) -> GoldenImage:
+    from invoke import Context
+
+    from osfleet.imaging import builder
+    from osfleet.imaging.host import Host
 
     t = _stage(1, "golden image (built once, then a cache hit)")
     files = builder.build(Host(Context()), builder.DEFAULT_RECIPE, str(settings.build_dir))
     image = load(Path(files.manifest))
     timings["image_seconds"] = time.monotonic() - t
+    return image
+
+
+def _boot(image: GoldenImage, run_dir: Path, settings: Settings, timings: dict[str, float]) -> dict[str, Any]:
+    """One replica booted to a drawn desktop before anything is measured at scale; the machine it names (with the
+    accelerator the boot used) goes with every result of the run."""
+    from osfleet.verify import verify_image
 
     t = _stage(2, "boot one replica to a drawn desktop and save its screenshot")
     boot = verify_image(image, run_dir / "screenshot.png", settings)
@@ -116,30 +136,59 @@ def _run(
         "screenshot": "screenshot.png",
         "machine": machine,
     }
-    (run_dir / "boot.json").write_text(json.dumps(boot_doc, indent=2) + "\n")
+    _write_json(run_dir / "boot.json", boot_doc)
     print(
         f"guest agent after {boot.agent_seconds:.1f} s, desktop drawn after {boot.desktop_seconds:.1f} s",
         flush=True,
     )
     timings["boot_seconds"] = time.monotonic() - t
+    return machine
 
+
+def _disk_bench(
+    image: GoldenImage,
+    replicas: int,
+    machine: dict[str, Any],
+    run_dir: Path,
+    settings: Settings,
+    timings: dict[str, float],
+) -> None:
     t = _stage(3, f"disk bench: {replicas} replicas by overlay, reflink and full copy")
     result = disk_bench.run(image, replicas, settings)
     result["machine"] = machine
-    (run_dir / "disk.json").write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(run_dir / "disk.json", result)
     print(disk_table(result), flush=True)
     timings["disk_bench_seconds"] = time.monotonic() - t
 
-    t = _stage(4, f"reset bench: {reset_replicas} replicas, {resets} cold and {resets} snapshot resets each")
+
+def _reset_bench(
+    image: GoldenImage, reset_replicas: int, resets: int, run_dir: Path, settings: Settings, timings: dict[str, float]
+) -> None:
+    """A reset bench that failed part-way stops the job: its JSON is written first, so what it measured stays."""
     from osfleet.bench import reset as reset_bench
     from osfleet.bench.tables import reset_table
 
+    t = _stage(4, f"reset bench: {reset_replicas} replicas, {resets} cold and {resets} snapshot resets each")
     resets_doc = reset_bench.run(image, reset_replicas, resets, settings=settings)
-    (run_dir / "reset.json").write_text(json.dumps(resets_doc, indent=2) + "\n")
-    if resets_doc.get("failure"):  # what it measured is in reset.json; the main job stops here
+    _write_json(run_dir / "reset.json", resets_doc)
+    if resets_doc.get("failure"):
         raise OsfleetError(f"reset bench: {resets_doc['failure']}")
     print(reset_table(resets_doc), flush=True)
     timings["reset_bench_seconds"] = time.monotonic() - t
+
+
+def _on_lab_fleet(
+    run_dir: Path,
+    settings: Settings,
+    bringup_replicas: int,
+    users: int,
+    duration: str,
+    policy: str,
+    timings: dict[str, float],
+) -> None:
+    """Stages 5 to 7 run inside the fleet's ``with``: whichever of them fails or is interrupted, the gateway
+    stops, the stack is destroyed, the lab goes, and ``infra.json`` records what was left."""
+    from osfleet.bench.lab_fleet import LabFleet
 
     warm = max(1, -(-users // LAB_HOSTS))  # enough ready replicas across the hosts for every Locust agent
     t = _stage(5, f"{LAB_HOSTS} lab hosts, pulumi up --stack lab (plain CLI, {warm} warm per agent), fleet gateway")
@@ -147,55 +196,82 @@ def _run(
     try:
         with fleet:
             timings["deploy_seconds"] = time.monotonic() - t
-            gw = fleet.gateway
-            over = fleet.result["gateway_overhead"]
-            print(
-                f"gateway adds {over['added_p50_ms']:.1f} ms to a step at p50 "
-                f"(direct {over['direct_p50_ms']:.1f} ms, through it {over['gateway_p50_ms']:.1f} ms)",
-                flush=True,
-            )
-
-            t = _stage(6, f"Locust bring-up of {bringup_replicas} replicas at once through the gateway")
-            asked = fleet.wait_room(bringup_replicas, ROOM_SECONDS)
-            if asked < bringup_replicas:
-                print(
-                    f"the fleet has room for {asked} more replica(s) now (its hosts' CPU): asking for that", flush=True
-                )
-            run_locust("bringup", gw.url, gw.token, run_dir, 1, "15m", ["--replicas", str(max(asked, 1))])
-            timings["bringup_seconds"] = time.monotonic() - t
-            print(_bringup_line(run_dir), flush=True)
-
-            t = _stage(7, f"Locust trajectories through the gateway: {users} agent(s), {policy} policy, {duration}")
-            fleet.wait_ready(min(users, LAB_HOSTS * warm), READY_SECONDS)
-            run_locust("trajectories", gw.url, gw.token, run_dir, users, duration, ["--policy", policy])
-            timings["trajectories_seconds"] = time.monotonic() - t
-            print(_trajectory_line(run_dir), flush=True)
+            print(_overhead_line(fleet.result["gateway_overhead"]), flush=True)
+            _bringup(fleet, run_dir, bringup_replicas, timings)
+            _trajectories(fleet, run_dir, users, warm, duration, policy, timings)
             print("taking the fleet down: gateway, pulumi destroy, lab down", flush=True)
             t = time.monotonic()
     finally:
-        (run_dir / "infra.json").write_text(json.dumps(fleet.result, indent=2) + "\n")
+        _write_json(run_dir / "infra.json", fleet.result)
     timings["teardown_seconds"] = time.monotonic() - t
-    left = sum((fleet.result.get("leftovers") or {}).values())
-    print(
-        f"{fleet.result['engine']}: up {fleet.result.get('up_seconds')} s, second up "
-        f"{fleet.result.get('second_up_changes')} changes, destroy {fleet.result.get('destroy_seconds')} s, "
-        f"{left} leftovers",
-        flush=True,
-    )
+    print(_infra_line(fleet.result), flush=True)
 
-    t = _stage(8, "report")
+
+def _bringup(fleet: LabFleet, run_dir: Path, bringup_replicas: int, timings: dict[str, float]) -> None:
+    """Asks only for the room the fleet has now (hosts just done booting lack idle CPU for a while): a request
+    beyond it is refused, and the stage would measure the refusal instead of a bring-up."""
+    from osfleet.bench.load import run_locust
+
+    t = _stage(6, f"Locust bring-up of {bringup_replicas} replicas at once through the gateway")
+    asked = fleet.wait_room(bringup_replicas, ROOM_SECONDS)
+    if asked < bringup_replicas:
+        print(f"the fleet has room for {asked} more replica(s) now (its hosts' CPU): asking for that", flush=True)
+    gw = fleet.gateway
+    run_locust("bringup", gw.url, gw.token, run_dir, 1, "15m", ["--replicas", str(max(asked, 1))])
+    timings["bringup_seconds"] = time.monotonic() - t
+    print(_bringup_line(run_dir), flush=True)
+
+
+def _trajectories(
+    fleet: LabFleet,
+    run_dir: Path,
+    users: int,
+    warm: int,
+    duration: str,
+    policy: str,
+    timings: dict[str, float],
+) -> None:
+    """Locust starts once the hosts' warm pools hold a ready replica per agent: a lease needs one."""
+    from osfleet.bench.load import run_locust
+
+    t = _stage(7, f"Locust trajectories through the gateway: {users} agent(s), {policy} policy, {duration}")
+    fleet.wait_ready(min(users, LAB_HOSTS * warm), READY_SECONDS)
+    gw = fleet.gateway
+    run_locust("trajectories", gw.url, gw.token, run_dir, users, duration, ["--policy", policy])
+    timings["trajectories_seconds"] = time.monotonic() - t
+    print(_trajectory_line(run_dir), flush=True)
+
+
+def _report(
+    run_dir: Path, image: GoldenImage, machine: dict[str, Any], timings: dict[str, float], started: float
+) -> None:
+    from osfleet.report import render
+
+    _stage(8, "report")
     timings["total_seconds"] = time.monotonic() - started
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {"image": image.name, "image_manifest": image.manifest, "timings": timings, "machine": machine},
-            indent=2,
-        )
-        + "\n"
+    _write_json(
+        run_dir / "run.json",
+        {"image": image.name, "image_manifest": image.manifest, "timings": timings, "machine": machine},
     )
     for path in render(run_dir):
         print(path)
     print(f"\ndone in {time.monotonic() - started:.0f} s: {run_dir}", flush=True)
-    return run_dir
+
+
+def _overhead_line(over: dict[str, float]) -> str:
+    return (
+        f"gateway adds {over['added_p50_ms']:.1f} ms to a step at p50 "
+        f"(direct {over['direct_p50_ms']:.1f} ms, through it {over['gateway_p50_ms']:.1f} ms)"
+    )
+
+
+def _infra_line(result: dict[str, Any]) -> str:
+    left = sum((result.get("leftovers") or {}).values())
+    return (
+        f"{result['engine']}: up {result.get('up_seconds')} s, second up "
+        f"{result.get('second_up_changes')} changes, destroy {result.get('destroy_seconds')} s, "
+        f"{left} leftovers"
+    )
 
 
 def _bringup_line(run_dir: Path) -> str:
