@@ -68,8 +68,8 @@ class GuestTimeoutError(OsfleetError):
 class GuestCommandKilledError(GuestTimeoutError):
     """A command in the guest ran out of its time and the guest's own ``timeout`` killed it: the guest agent
     answered, the command did not finish. Where the command read a value for a check, that is the guest's doing
-    (a desktop kept busy, a program that hangs): the check scores 0 with this message (``osfleet.tasks.getters``);
-    elsewhere it is a timeout like any other."""
+    (a desktop kept busy, a program that hangs): the check scores 0 with this message
+    (``osfleet.tasks.osworld_format.getters``); elsewhere it is a timeout like any other."""
 
 
 class GuestFileTooLargeError(OsfleetError):

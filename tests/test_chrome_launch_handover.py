@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from osfleet.tasks.guest import osworld_query as q
+from osfleet.tasks.osworld_format.guest import query as q
 
 pytestmark = pytest.mark.integration
 

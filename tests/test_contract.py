@@ -19,7 +19,7 @@ from osfleet.api.models import OsgymReset, ResetRequest
 from osfleet.api.routes.episodes import task_from
 from osfleet.config import AgentConfig
 from osfleet.tasks.model import Task
-from osfleet.tasks.osworld import OsworldTask, from_osworld
+from osfleet.tasks.osworld_format.convert import OsworldTask, from_osworld
 from tests.fakes import FakeHost
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.

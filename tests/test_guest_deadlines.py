@@ -19,7 +19,7 @@ from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError
 from osfleet.replicas import actions
 from osfleet.tasks import runner
 from osfleet.tasks.model import Task
-from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.osworld_format.convert import from_osworld
 from osfleet.virt import GuestAgentUnavailableError, Virt
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
@@ -175,7 +175,7 @@ def test_a_result_file_over_the_cap_scores_zero_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr("osfleet.tasks.runner.MAX_READ_BYTES", 2**20)
-    monkeypatch.setattr("osfleet.tasks.getters.MAX_READ_BYTES", 2**20)
+    monkeypatch.setattr("osfleet.tasks.osworld_format.getters.MAX_READ_BYTES", 2**20)
     host = AgentHost(FakeAgent("ok", b"PK" + b"\0" * 2**20))
     evaluation = runner.evaluate(host, "r-1", xlsx_task())  # type: ignore[arg-type]
     assert evaluation.reward == 0.0

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from websockets.sync.server import ServerConnection, serve
 
-from osfleet.tasks import guest_query_client
-from osfleet.tasks.guest import osworld_query as q
+from osfleet.tasks.osworld_format import guest_query
+from osfleet.tasks.osworld_format.guest import query as q
 
 pytestmark = pytest.mark.integration
 
@@ -96,5 +96,5 @@ def test_a_tab_list_that_never_comes_ends_at_the_deadline(browser: Browser) -> N
 
 @pytest.mark.parametrize(("timeout", "stops"), [(4.0, 1.0), (30.0, 27.0), (60.0, 54.0), (117.0, 107.0)])
 def test_the_script_stops_before_its_command_is_killed(timeout: float, stops: float) -> None:
-    assert guest_query_client.script_deadline(timeout) == pytest.approx(stops)
-    assert json.loads(shlex.split(guest_query_client.command("op", {}, timeout))[-1])["deadline"] == stops
+    assert guest_query.script_deadline(timeout) == pytest.approx(stops)
+    assert json.loads(shlex.split(guest_query.command("op", {}, timeout))[-1])["deadline"] == stops

@@ -26,7 +26,7 @@ from osfleet.errors import OsfleetError
 from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks import runner
-from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.osworld_format.convert import from_osworld
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from osfleet.cli import cli
 from osfleet.tasks.assets import AssetStore, fetch
-from osfleet.tasks.osworld import HISTORY_TEMPLATE_URL, asset_urls
+from osfleet.tasks.osworld_format.convert import HISTORY_TEMPLATE_URL, asset_urls
 
 BODY = b"the expected workbook\n" * 1000
 SLOW_BYTES = 4 << 20

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from osfleet.tasks import evaluators
-from osfleet.tasks.evaluators import METRICS, run_metric
+from osfleet.tasks.osworld_format import metrics
+from osfleet.tasks.osworld_format.metrics import METRICS, run_metric
 from tests.osworld_reference import Reference, ReferenceError, StandInCalled
 from tests.osworld_reference.verified import VERIFIED
 
@@ -1659,12 +1659,12 @@ BOTH = {"compare_pdfs", "compare_pdf_images", "check_csv", "check_config_status"
 OFFICE = {
     name
     for family in (
-        evaluators.tables,
-        evaluators.sheets_csv,
-        evaluators.documents,
-        evaluators.slides,
-        evaluators.office_config,
-        evaluators.pdfs,
+        metrics.tables,
+        metrics.sheets_csv,
+        metrics.documents,
+        metrics.slides,
+        metrics.office_config,
+        metrics.pdfs,
     )
     for name in family.METRICS
 } - BOTH

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.tasks.evaluators import METRICS, require
 from osfleet.tasks.model import UnsupportedTaskError
+from osfleet.tasks.osworld_format.metrics import METRICS, require
 from tests.osworld_reference.cases import Case, References, compare, same
 from tests.osworld_reference.office_cases import REGISTRY, SHIMMED, UNCHECKED
 from tests.osworld_reference.reference import STAND_INS

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from osfleet.tasks.evaluators import METRICS, run_metric
+from osfleet.tasks.osworld_format.metrics import METRICS, run_metric
 from tests.osworld_reference import Reference
 from tests.osworld_reference.verified import MAIN_ONLY, VERIFIED
 from tests.test_osworld_differential_general import Case, Outcome, image, score_both, table, write
@@ -284,7 +284,7 @@ def test_chrome_appearance_page_probe_reads_as_osworlds(tmp_path: Path, prefs: d
          f"--user-data-dir={profile}", "--no-first-run", "about:blank"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    script = Path(__file__).resolve().parents[1] / "osfleet" / "tasks" / "guest" / "osworld_query.py"
+    script = Path(__file__).resolve().parents[1] / "osfleet" / "tasks" / "osworld_format" / "guest" / "query.py"
     driver = (
         "import runpy, sys, json; q = runpy.run_path(sys.argv[1], run_name='query'); d = q['Deadline'](60); "
         "q['_wait_devtools'](d); modes = [q['_with_new_tab']('chrome://settings/appearance', d, "
@@ -307,7 +307,7 @@ def test_chrome_appearance_page_probe_reads_as_osworlds(tmp_path: Path, prefs: d
 def _appearance_probe_of_osfleet() -> str:
     import runpy
 
-    script = Path(__file__).resolve().parents[1] / "osfleet" / "tasks" / "guest" / "osworld_query.py"
+    script = Path(__file__).resolve().parents[1] / "osfleet" / "tasks" / "osworld_format" / "guest" / "query.py"
     return str(runpy.run_path(str(script), run_name="query")["APPEARANCE_PROBE"])
 
 

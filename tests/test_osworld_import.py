@@ -1,7 +1,7 @@
 """OSWorld's own task files (``../shared/data/osworld``, the benchmark's 369 tasks) import: none is refused as a
 bad task, and with every metric name they use counted as supported, all but the tasks that need the internet
 or a Google account have every step, getter and option supported (the metric functions themselves are
-``osfleet/tasks/evaluators``'s, and the import verdict reads that registry).
+``osfleet/tasks/osworld_format/metrics``'s, and the import verdict reads that registry).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from osfleet.tasks.importer import import_folder
 from osfleet.tasks.model import UnsupportedTaskError
-from osfleet.tasks.osworld import METRICS, OsworldTask, from_osworld, unsupported_features
-from osfleet.tasks.osworld_spec import OFFLINE
+from osfleet.tasks.osworld_format.convert import METRICS, OsworldTask, from_osworld, unsupported_features
+from osfleet.tasks.osworld_format.importer import import_folder
+from osfleet.tasks.osworld_format.spec import OFFLINE
 
 pytestmark = pytest.mark.unit
 

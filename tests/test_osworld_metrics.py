@@ -12,8 +12,8 @@ import pytest
 from pptx import Presentation
 from pptx.util import Inches
 
-from osfleet.tasks.evaluators import run_metric
 from osfleet.tasks.model import UnsupportedTaskError
+from osfleet.tasks.osworld_format.metrics import run_metric
 
 pytestmark = pytest.mark.unit
 

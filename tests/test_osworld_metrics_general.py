@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.tasks.evaluators import METRICS, Score, images, require, run_metric
 from osfleet.tasks.model import UnsupportedTaskError
+from osfleet.tasks.osworld_format.metrics import METRICS, Score, images, require, run_metric
 from tests.test_osworld_differential_general import image, jpeg_bytes, pdf, write, zip_file
 
 
@@ -78,7 +78,7 @@ def test_compare_archive_of_pdfs(tmp_path: Path) -> None:
 def test_archives_that_leave_their_folder_or_are_too_big_score_zero(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from osfleet.tasks.evaluators import archives
+    from osfleet.tasks.osworld_format.metrics import archives
 
     gold = zip_file(tmp_path / "gold.zip", {"a.txt": "x"})
     evil = tmp_path / "evil.zip"
@@ -140,7 +140,7 @@ def test_favourite_apps_are_read_as_a_literal_never_run(tmp_path: Path) -> None:
 def test_a_test_suite_runs_in_a_child_process_with_a_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from osfleet.tasks.evaluators import programs
+    from osfleet.tasks.osworld_format.metrics import programs
 
     suite = write(tmp_path / "1-test_suite.py", "import os\ndef test():\n    return os.getpid()\n")
     score, _ = run_metric("check_python_file_by_test_suite", [], suite, {})

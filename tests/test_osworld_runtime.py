@@ -28,11 +28,12 @@ import pytest
 
 from osfleet.errors import GuestCommandKilledError, GuestTimeoutError
 from osfleet.lab.engine import NO_SESSION_BUS
-from osfleet.tasks import getters, runner
+from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.getters import GetterValueError, omnibox_text, time_format
-from osfleet.tasks.guest_paths import guest_path, shell_command
-from osfleet.tasks.osworld import HISTORY_TEMPLATE_URL, from_osworld
+from osfleet.tasks.osworld_format import getters
+from osfleet.tasks.osworld_format.convert import HISTORY_TEMPLATE_URL, from_osworld
+from osfleet.tasks.osworld_format.getters import GetterValueError, omnibox_text, time_format
+from osfleet.tasks.osworld_format.guest_paths import guest_path, shell_command
 
 pytestmark = pytest.mark.integration
 
@@ -545,7 +546,7 @@ def test_default_applications_are_what_the_real_xdg_mime_says(tmp_path: Path, sc
     }
     if scene == "a desktop's own list":
         env["XDG_CURRENT_DESKTOP"] = "XFCE"
-    query = runpy.run_path(str(Path(getters.__file__).parent / "guest" / "osworld_query.py"), run_name="query")
+    query = runpy.run_path(str(Path(getters.__file__).parent / "guest" / "query.py"), run_name="query")
     ported = query["XdgDefaults"](env)
     types = sorted(set(getters.VIDEO_TYPES))
     real = subprocess.run(
@@ -687,16 +688,16 @@ def desktop(tmp_path: Path) -> Iterator[DesktopGuest]:
 
 
 def _tree(guest: DesktopGuest) -> str:
-    from osfleet.tasks import guest_query_client
+    from osfleet.tasks.osworld_format import guest_query
 
     try:
-        return str(guest_query_client.ask(guest, "r", "accessibility_tree", {}, 20))
-    except guest_query_client.GuestQueryError:
+        return str(guest_query.ask(guest, "r", "accessibility_tree", {}, 20))
+    except guest_query.GuestQueryError:
         return ""
 
 
 def test_only_a_reachable_session_bus_is_taken(tmp_path: Path) -> None:
-    from osfleet.tasks.guest.osworld_query import _reachable_bus
+    from osfleet.tasks.osworld_format.guest.query import _reachable_bus
 
     sock = tmp_path / "bus"
     sock.touch()

@@ -22,8 +22,8 @@ from osfleet.errors import GuestFileTooLargeError
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.importer import import_folder
-from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.osworld_format.convert import from_osworld
+from osfleet.tasks.osworld_format.importer import import_folder
 from osfleet.tasks.suites import SUITES, load_suite
 from osfleet.tasks.suites.generate import HOME, generate
 

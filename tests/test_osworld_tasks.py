@@ -23,10 +23,10 @@ from osfleet.config import AgentConfig
 from osfleet.errors import GuestFileTooLargeError
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetError, AssetStore, MissingAssetError
-from osfleet.tasks.guest_files import RAW_CHUNK_BYTES, put_file
-from osfleet.tasks.importer import import_folder
 from osfleet.tasks.model import OsworldCheck, PutFile, Run, TaskError, UnsupportedTaskError
-from osfleet.tasks.osworld import OsworldTask, from_osworld, unsupported_features
+from osfleet.tasks.osworld_format.convert import OsworldTask, from_osworld, unsupported_features
+from osfleet.tasks.osworld_format.guest_writes import RAW_CHUNK_BYTES, put_file
+from osfleet.tasks.osworld_format.importer import import_folder
 from tests.fakes import FakeHost
 
 pytestmark = pytest.mark.unit

@@ -18,9 +18,10 @@ import pytest
 from osfleet.config import Settings
 from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.tasks import getters, runner
+from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.osworld_format import getters
+from osfleet.tasks.osworld_format.convert import from_osworld
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 PAGE = "https://pages.test/shop.html"

@@ -24,7 +24,7 @@ from docx.oxml import OxmlElement
 from docx.oxml.ns import qn
 from openpyxl import Workbook
 
-from osfleet.tasks import evaluators
+from osfleet.tasks.osworld_format import metrics
 from osfleet.tasks.sandbox import Limits, Sandbox, SandboxError
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def test_the_far_cell_workbook_scores_zero_at_once(sandbox: Sandbox, files: Path
 def test_a_huge_grid_span_is_scored_at_once(sandbox: Sandbox, files: Path, func: str) -> None:
     """python-docx expands a cell's gridSpan into a list that long; a span no Word document has is refused
     before any table is read: 0 with the reason, at once, in little memory."""
-    if func not in evaluators.METRICS:
+    if func not in metrics.METRICS:
         pytest.skip(f"{func} is not one of this tree's metrics")
     t = time.monotonic()
     score, detail = sandbox.run(func, docx(files / "span.docx", 2**31), files / "e.docx", {})
@@ -317,9 +317,9 @@ def test_the_zygote_has_no_network_and_none_of_our_environment(monkeypatch: pyte
 def test_run_metric_goes_through_the_sandbox(files: Path) -> None:
     """The metric never runs in this process: a far-cell workbook leaves no openpyxl cells here."""
     far = xlsx(files / "far2.xlsx", {"A1": "x", "XFD1048576": "y"})
-    score, detail = evaluators.run_metric("compare_table", far, files / "e.xlsx", ALL_SHEET)
+    score, detail = metrics.run_metric("compare_table", far, files / "e.xlsx", ALL_SHEET)
     assert score == 0.0 and "too many to read" in detail
-    assert evaluators.run_metric("exact_match", "x", "not rules", {})[0] == 0.0
+    assert metrics.run_metric("exact_match", "x", "not rules", {})[0] == 0.0
 
 
 def test_a_zygote_started_from_a_thread_that_ended_still_evaluates(files: Path) -> None:

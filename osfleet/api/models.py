@@ -49,7 +49,7 @@ from osfleet.protocol.models import (
 )
 from osfleet.protocol.tasks import Task
 from osfleet.protocol.wire import JsonInt
-from osfleet.tasks.osworld import OsworldTask
+from osfleet.tasks.osworld_format.convert import OsworldTask
 
 
 def _task_format(data: Any) -> str:

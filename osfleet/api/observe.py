@@ -17,7 +17,7 @@ from osfleet.api.models import Observation, ObservationPart
 from osfleet.api.state import LeasedHost
 from osfleet.errors import GuestTimeoutError
 from osfleet.protocol.models import DEFAULT_QUALITY, ImageFormat
-from osfleet.tasks import guest_query_client
+from osfleet.tasks.osworld_format import guest_query
 from osfleet.timing import stage
 
 DESKTOP_QUERY_SECONDS = 120.0  # one accessibility tree (a full LibreOffice window takes tens of seconds under TCG)
@@ -44,8 +44,8 @@ def observe(
             continue
         try:
             with stage("desktop"):
-                value = guest_query_client.ask(leased, rid, op, {}, DESKTOP_QUERY_SECONDS)
-        except (guest_query_client.GuestQueryError, GuestTimeoutError) as exc:
+                value = guest_query.ask(leased, rid, op, {}, DESKTOP_QUERY_SECONDS)
+        except (guest_query.GuestQueryError, GuestTimeoutError) as exc:
             unavailable[part] = str(exc)
             continue
         setattr(seen, part, value if isinstance(value, str) else None)

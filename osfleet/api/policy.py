@@ -8,7 +8,7 @@ that would act with more than the desktop user's rights, each named in the reaso
 
 - a set-up or post-config command, or an osfleet check, that runs as root;
 - a ``download`` (or any file put into the guest) outside the desktop user's home or ``/tmp``: those are
-  written as root; inside them, as the user (``guest_files``);
+  written as root; inside them, as the user (``osfleet.tasks.osworld_format.guest_writes``);
 - an ``execute`` step whose ``stdout``/``stderr`` file name is not a plain name (the task cache is root's);
 - a getter that reads a file through the guest agent, which reads as root (``vm_file``, ``vscode_config``,
   ``gimp_config_file``, ``cache_file``), outside the user's home, ``/tmp`` or the task's own cache.
@@ -31,8 +31,8 @@ from osfleet.api.errors import Forbidden
 from osfleet.config import AgentConfig
 from osfleet.protocol.actions import Action, Shell
 from osfleet.replicas.actions import GUEST_USER
-from osfleet.tasks.guest_files import CACHE_DIR
 from osfleet.tasks.model import CommandOutput, OsworldCheck, PutFile, Run, Task
+from osfleet.tasks.osworld_format.guest_writes import CACHE_DIR
 
 ROOT_REFUSED = (
     "as_root is for the operator's token: a client's shell runs as the desktop user "

@@ -23,7 +23,7 @@ from osfleet.stats import distribution
 
 Say = Callable[[str], None]
 FRESH = (
-    "import pickle, sys; from osfleet.tasks.evaluators import METRICS; import openpyxl, docx, pptx; "
+    "import pickle, sys; from osfleet.tasks.osworld_format.metrics import METRICS; import openpyxl, docx, pptx; "
     "f, r, e, o = pickle.loads(bytes.fromhex(sys.argv[1])); METRICS[f](r, e, o)"
 )
 
@@ -48,7 +48,7 @@ def _cases(folder: Path) -> list[tuple[str, Any, Any, dict[str, Any]]]:
 
 def run(rounds: int = 20, fresh_rounds: int = 5, say: Say = print) -> dict[str, Any]:
     from osfleet.host_facts import describe
-    from osfleet.tasks.evaluators import METRICS
+    from osfleet.tasks.osworld_format.metrics import METRICS
     from osfleet.tasks.sandbox import Sandbox
 
     result: dict[str, Any] = {"benchmark": "sandbox", "rounds": rounds, "fresh_rounds": fresh_rounds}

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 TaskLike = str | Task | BaseModel | dict[str, Any] | Path
 """A built-in task id (``"cli-write-note"``), an osfleet task, an OSWorld task (its JSON as a dict, or the host's
-``osfleet.tasks.osworld.OsworldTask`` model), or a task file (osfleet YAML/JSON or OSWorld JSON)."""
+``osfleet.tasks.osworld_format.convert.OsworldTask`` model), or a task file (osfleet YAML/JSON or OSWorld JSON)."""
 
 ActionLike = Action | dict[str, Any]
 

@@ -34,7 +34,7 @@ Pieces (each module's docstring has its details):
   ``download`` set-up step works on osfleet's task bundles.
 
 Built on ``osfleet.client`` and ``osfleet.protocol`` only (plus osfleet's guest query script,
-``osfleet.tasks.guest_query_client``, which imports nothing of the host's), so it runs on a client-only install;
+``osfleet.tasks.osworld_format.guest_query``, which imports nothing of the host's), so it runs on a client-only install;
 desktop-env itself is imported by ``register`` alone.
 
 Interface facts this is built against (desktop-env 1.0.2, the newest on PyPI; OSWorld's main of April 2026 has
@@ -92,7 +92,8 @@ What remains:
    ``/home/user`` and ``/tmp`` only (403 elsewhere), and at most 8 MiB (413); uploads over 16 MiB are refused here
    (``bodies.MAX_UPLOAD_BYTES``); ``/list_directory`` stops at osfleet's query script's node cap and does not
    follow links to folders; ``save_state`` is not wired to osfleet's checkpoints; ``/setup/open_file`` opens with
-   ``xdg-open`` as OSWorld's server does, not with osfleet's per-extension openers (``osfleet.tasks.osworld``).
+   ``xdg-open`` as OSWorld's server does, not with osfleet's per-extension openers
+   (``osfleet.tasks.osworld_format.convert``).
 2. Cost: ``DesktopEnv._get_obs`` asks ``/screenshot``, ``/accessibility`` and maybe ``/terminal`` one after the
    other, each an ``observe`` of its own; one observation with every part, kept for the few milliseconds between
    them, would halve the round trips. A task's set-up commands and getters arrive as steps of the lease, so a host

@@ -17,8 +17,8 @@ How each is served (the package's docstring has the differences that remain):
   as the smallest JPEG (quality 1), and dropped;
 - files (``/file``, ``/setup/upload``, ``/wallpaper``): ``download``/``upload``, which reach the desktop user's
   home and /tmp only;
-- ``/list_directory``: osfleet's own guest query script (``osfleet.tasks.guest_query_client``, op ``list_directory``),
-  sent through a ``shell`` step.
+- ``/list_directory``: osfleet's own guest query script (``osfleet.tasks.osworld_format.guest_query``, op
+  ``list_directory``), sent through a ``shell`` step.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from osfleet.osworld.errors import (
 from osfleet.osworld.recording import ScreenRecorder
 from osfleet.protocol.models import FILE_ROOTS, ImageFormat, ObservationPart
 from osfleet.protocol.osworld_paths import GUEST_HOME, command_line, guest_path, truthy
-from osfleet.tasks import guest_query_client
-from osfleet.tasks.guest_query_client import GuestQueryError
+from osfleet.tasks.osworld_format import guest_query
+from osfleet.tasks.osworld_format.guest_query import GuestQueryError
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,8 @@ class Ran:
 
 
 class _StepShell:
-    """``osfleet.tasks.guest_query_client``'s host interface (``shell(rid, command, timeout)``) over shell steps."""
+    """``osfleet.tasks.osworld_format.guest_query``'s host interface (``shell(rid, command, timeout)``) over shell
+    steps."""
 
     def __init__(self, endpoints: Endpoints, what: str) -> None:
         self._endpoints, self._what = endpoints, what
@@ -299,7 +300,7 @@ class Endpoints:
         """The running browser's tab count before a ``google-chrome`` launch; None when no browser answers (the
         launch starts one, as on OSWorld's VMs, and OSWorld's set-up waits for it by itself)."""
         try:
-            tabs = guest_query_client.ask(_StepShell(self, what), "", "chrome_page_count", {}, CHROME_ASK_SECONDS)
+            tabs = guest_query.ask(_StepShell(self, what), "", "chrome_page_count", {}, CHROME_ASK_SECONDS)
         except GuestQueryError:
             return None
         return tabs if isinstance(tabs, int) else None
@@ -309,9 +310,7 @@ class Endpoints:
         ``chrome_open_tabs``) connects at once and closes the first tab it finds, which must not be a tab the
         launch's late window then replaces. A launch that never lands is left to the task, as on OSWorld."""
         try:
-            guest_query_client.ask(
-                _StepShell(self, what), "", "chrome_launch_landed", {"known": tabs}, CHROME_LANDING_SECONDS
-            )
+            guest_query.ask(_StepShell(self, what), "", "chrome_launch_landed", {"known": tabs}, CHROME_LANDING_SECONDS)
         except GuestQueryError as exc:
             log.info("%s: the browser's launch did not land: %s", what, exc)
 
@@ -423,9 +422,7 @@ class Endpoints:
         path = _string(json_object(request.body, request.content_type), "path")
         if path is None:
             raise BadRequest("path is required")
-        tree = guest_query_client.ask(
-            _StepShell(self, request.path), "", "list_directory", {"path": path}, QUERY_SECONDS
-        )
+        tree = guest_query.ask(_StepShell(self, request.path), "", "list_directory", {"path": path}, QUERY_SECONDS)
         if tree is None:
             raise BadRequest(f"{path} is not a folder")
         return Answer.json({"directory_tree": tree})

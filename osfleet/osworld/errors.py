@@ -96,7 +96,7 @@ def status_of(exc: Exception) -> int:
         return exc.status or 422  # 413 for a file over the fleet's limits, 422 for an action it refuses
     if isinstance(exc, FleetError):
         return UPSTREAM_STATUS
-    if isinstance(exc, OsfleetError):  # a guest query that could not answer (osfleet.tasks.guest_query_client)
+    if isinstance(exc, OsfleetError):  # a guest query that could not answer (osfleet.tasks.osworld_format.guest_query)
         return GuestFailed.status
     raise TypeError(f"not an error the protocol server answers: {type(exc).__name__}")
 

@@ -6,9 +6,9 @@ given as a list without a shell, after expanding the arguments that start with `
 command through ``sh -c`` as that user in that folder, so these functions do the same expansions and quote the
 rest: quoting keeps the shell from expanding an argument, exactly as OSWorld's list commands are not expanded.
 
-Shared by the host (the OSWorld task converter, ``osfleet.tasks.guest_paths``) and the client (the OSWorld
-harness, ``osfleet.osworld``), so the two read a command the same way; like the rest of this package it imports
-nothing from the rest of osfleet.
+Shared by the host (the OSWorld task converter, ``osfleet.tasks.osworld_format.guest_paths``) and the client (the
+OSWorld harness, ``osfleet.osworld``), so the two read a command the same way; like the rest of this package it
+imports nothing from the rest of osfleet.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class Run(_M):
     stdout_to: SkipJsonSchema[str | None] = None
     stderr_to: SkipJsonSchema[str | None] = None
     # OSWorld's screen placeholders ({SCREEN_WIDTH_HALF}...) are in the command, filled from the replica's screen
-    # when the step runs (osfleet.tasks.guest_paths.fill_screen).
+    # when the step runs (osfleet.tasks.osworld_format.guest_paths.fill_screen).
     fill_screen: SkipJsonSchema[bool] = False
 
 
@@ -68,7 +68,7 @@ class PutFile(_M):
 
 class GuestQuery(_M):
     """An OSWorld set-up step that works on the running desktop (Chrome's tabs through its DevTools protocol,
-    its history database), run by osfleet's query script in the guest (osfleet.tasks.guest_query_client).
+    its history database), run by osfleet's query script in the guest (osfleet.tasks.osworld_format.guest_query).
 
     Made only by the OSWorld converter; not part of the published osfleet task format."""
 
@@ -166,7 +166,7 @@ class FileContent(_M):
 
 
 class OsworldCheck(_M):
-    """One OSWorld evaluator function with its getters, scored on the host (osfleet.tasks.evaluators) on
+    """One OSWorld evaluator function with its getters, scored on the host (osfleet.tasks.osworld_format.metrics) on
     files and outputs fetched from the guest. Made only by the OSWorld converter (not published)."""
 
     type: Literal["osworld"]

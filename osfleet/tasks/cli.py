@@ -53,9 +53,9 @@ def assets_fetch(folder: Path, retries: int, timeout: float, as_json: bool) -> N
 
     Needs the internet; what cannot be had is listed, one line each, and the command exits non-zero."""
     from osfleet.tasks.assets import AssetStore, fetch
-    from osfleet.tasks.importer import read_task_file, task_files
     from osfleet.tasks.model import TaskError
-    from osfleet.tasks.osworld import asset_urls
+    from osfleet.tasks.osworld_format.convert import asset_urls
+    from osfleet.tasks.osworld_format.importer import read_task_file, task_files
 
     urls: list[str] = []
     for path in task_files(folder):
@@ -108,7 +108,7 @@ def tasks_import(folder: Path, as_json: bool) -> None:
     OSWorld runs behind a proxy ("proxy": true) are marked: they get one when the host agent runs with
     --replica-network proxy=URL. --json also carries each task's needs_proxy, fixed_ip and
     possibility_of_env_change."""
-    from osfleet.tasks.importer import import_folder
+    from osfleet.tasks.osworld_format.importer import import_folder
 
     report = import_folder(folder)
     if as_json:

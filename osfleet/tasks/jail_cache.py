@@ -86,7 +86,7 @@ def _compile() -> None:
 
     import numpy as np  # an optional dependency (the osworld extra), needed only here
 
-    from osfleet.tasks.evaluators.media import compare_audios
+    from osfleet.tasks.osworld_format.metrics.media import compare_audios
 
     with tempfile.TemporaryDirectory(prefix="osfleet-numba-warm-") as tmp:
         files = []

@@ -36,7 +36,7 @@ from osfleet.protocol.tasks import (
     Task,
 )
 from osfleet.tasks.errors import TaskError, UnsupportedTaskError
-from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.osworld_format.convert import from_osworld
 
 
 def score(results: list[CriterionResult]) -> Evaluation:

@@ -20,10 +20,8 @@ from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetErr
 from osfleet.protocol.actions import MAX_READ_BYTES, Action, ActionResult
 from osfleet.replicas import actions
 from osfleet.replicas.lifecycle import Timed
-from osfleet.tasks import evaluators, getters, guest_query_client, sandbox
+from osfleet.tasks import sandbox
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.guest_files import CACHE_DIR, put_file, put_text
-from osfleet.tasks.guest_paths import fill_screen
 from osfleet.tasks.model import (
     CommandOutput,
     Criterion,
@@ -41,6 +39,9 @@ from osfleet.tasks.model import (
     Task,
     score,
 )
+from osfleet.tasks.osworld_format import getters, guest_query, metrics
+from osfleet.tasks.osworld_format.guest_paths import fill_screen
+from osfleet.tasks.osworld_format.guest_writes import CACHE_DIR, put_file, put_text
 
 T = TypeVar("T")
 
@@ -103,8 +104,8 @@ def _run_steps(
             continue
         if isinstance(step, GuestQuery):
             try:
-                guest_query_client.ask(host, rid, step.op, step.args, left)
-            except guest_query_client.GuestQueryError as exc:
+                guest_query.ask(host, rid, step.op, step.args, left)
+            except guest_query.GuestQueryError as exc:
                 complaint = f"{what} step {i + 1} ({step.op}) failed: {exc}"
                 if strict:
                     raise TaskSetupError(complaint) from None
@@ -331,7 +332,7 @@ def _score_osworld(
         return 0.0, f"{check.func}: {exc}"[-200:]
     # At least METRIC_MIN_SECONDS: slow guest calls before it must not leave a metric too little time to score.
     wall = max(deadline - time.monotonic(), METRIC_MIN_SECONDS)
-    value, detail = evaluators.run_metric(check.func, result, expected, check.options, wall=wall)
+    value, detail = metrics.run_metric(check.func, result, expected, check.options, wall=wall)
     return value, detail[-200:]
 
 

@@ -71,7 +71,7 @@ JOBS, EVAL = "/jobs", "/eval"  # osfleet.tasks.jail's
 _PYTHON_UNDER_TMP = [p for p in jail.python_paths() if PurePosixPath(p).is_relative_to("/tmp")]
 # Modules imported once in the zygote so that no child pays for them. The metric registry must import (a zygote
 # without it would score everything 0: it does not start instead); the libraries not installed are skipped.
-REGISTRY = "osfleet.tasks.evaluators"
+REGISTRY = "osfleet.tasks.osworld_format.metrics"
 PRELOAD = ("openpyxl", "docx", "pptx", "yaml", "lxml.etree", "pandas", "numpy")
 REQUEST_MAX_BYTES = 256 * 2**20  # a job (what getters fetched) is at most a few 8 MiB files and outputs
 DETAIL_MAX_CHARS = 500
@@ -174,7 +174,7 @@ def _score(value: Any) -> float:
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
-    from osfleet.tasks.evaluators import METRICS
+    from osfleet.tasks.osworld_format.metrics import METRICS
 
     func = job["func"]
     try:
@@ -219,7 +219,7 @@ def _drop_capabilities() -> None:
 def _numba_cache(func: str) -> None:
     """A metric that uses numba (librosa's) gets a private, writable copy of the host-made cache in its ``/tmp``:
     numba refuses a cache folder it cannot write, and the shared one must stay read-only (``jail_cache``)."""
-    from osfleet.tasks.evaluators import NEEDS
+    from osfleet.tasks.osworld_format.metrics import NEEDS
 
     shared = os.environ.get("NUMBA_CACHE_DIR")
     if shared and "librosa" in NEEDS.get(func, ()) and os.path.isdir(shared):

@@ -67,7 +67,7 @@ def osworld_score(ref: Reference, case: Case, inputs: Inputs) -> tuple[float, st
 
 
 def osfleet_score(case: Case, inputs: Inputs) -> tuple[float, str]:
-    from osfleet.tasks.evaluators import run_metric
+    from osfleet.tasks.osworld_format.metrics import run_metric
 
     result, expected, options = inputs
     return run_metric(case.metric, result, None if expected is NO_EXPECTED else expected, options)

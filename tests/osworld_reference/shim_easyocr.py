@@ -2,8 +2,8 @@
 and downloads its models from the internet the first time it runs: neither is possible here). Loaded only when a
 ``Reference`` asks for it (``shims=("easyocr",)``): it lets OSWorld's own ``compare_image_text`` run its logic
 (missing files, X window dumps, the rule, joining the texts) on the words osfleet's engine reads, with the same
-preparation (``osfleet.tasks.evaluators.ocr``: three times the size, Lanczos), so the differential check covers
-everything but the OCR engine itself, whose agreement with EasyOCR is a separate, stated figure."""
+preparation (``osfleet.tasks.osworld_format.metrics.ocr``: three times the size, Lanczos), so the differential
+check covers everything but the OCR engine itself, whose agreement with EasyOCR is a separate, stated figure."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-UPSCALE = 3  # as osfleet.tasks.evaluators.ocr.UPSCALE
+UPSCALE = 3  # as osfleet.tasks.osworld_format.metrics.ocr.UPSCALE
 
 
 class Reader:

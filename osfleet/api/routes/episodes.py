@@ -35,7 +35,7 @@ from osfleet.api.policy import refuse_root_task
 from osfleet.api.state import AgentState
 from osfleet.tasks import runner
 from osfleet.tasks.model import Evaluation, Task, TaskError, find_task
-from osfleet.tasks.osworld import OsworldTask, from_osworld
+from osfleet.tasks.osworld_format.convert import OsworldTask, from_osworld
 from osfleet.timing import Stages, collecting, stage
 
 

@@ -43,7 +43,7 @@ from osfleet.replicas.episodes import OsgymClient
 from osfleet.replicas.input import InputError
 from osfleet.tasks import runner
 from osfleet.tasks.model import Task
-from osfleet.tasks.osworld import from_osworld
+from osfleet.tasks.osworld_format.convert import from_osworld
 
 
 def _jpeg(leased: LeasedHost, rid: str) -> str:

@@ -1,10 +1,10 @@
 """OSWorld-format task JSON: parsed, checked, and turned into an osfleet task that runs it as OSWorld would.
 
-The parts of a task file are typed in ``osworld_spec.py`` (set-up steps and getters, from OSWorld's own code);
+The parts of a task file are typed in ``spec.py`` (set-up steps and getters, from OSWorld's own code);
 this module puts them together: the task and its evaluator (``func`` alone or a list joined by ``conj``
 ``and``/``or``, one ``result``/``expected``/``options`` per metric, ``postconfig``), OSWorld's ``infeasible``
 tasks (scored from the agent's declared failure), and the conversion into osfleet's task model, which the
-runner executes (``runner.py``) with the getters of ``getters.py``.
+runner executes (``osfleet.tasks.runner``) with the getters of ``getters.py``.
 
 Downloads, ``cloud_file`` values and the history template of ``update_browse_history`` resolve through the
 host's asset store (osfleet.tasks.assets): a URL it does not hold is refused naming the URL. The published
@@ -40,10 +40,10 @@ from osfleet.protocol.tasks import (
     Sleep,
     Task,
 )
-from osfleet.tasks import evaluators
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.errors import TaskError, UnsupportedTaskError
-from osfleet.tasks.guest_paths import (
+from osfleet.tasks.osworld_format import metrics as metric_registry
+from osfleet.tasks.osworld_format.guest_paths import (
     PLACEHOLDERS,
     guest_path,
     needs_screen,
@@ -51,7 +51,7 @@ from osfleet.tasks.guest_paths import (
     truthy,
     unknown_placeholders,
 )
-from osfleet.tasks.osworld_spec import (
+from osfleet.tasks.osworld_format.spec import (
     GETTER_TYPES,
     HISTORY_TEMPLATE_URL,
     OFFLINE,
@@ -77,7 +77,7 @@ from osfleet.tasks.osworld_spec import (
 )
 
 INFEASIBLE = "infeasible"
-METRICS = (*evaluators.METRICS, INFEASIBLE)
+METRICS = (*metric_registry.METRICS, INFEASIBLE)
 MAX_CRITERIA = 5  # the most funcs one of OSWorld's task files joins (each more makes the published schema larger)
 MAX_STEPS = 32
 COMMAND_TIMEOUT_SECONDS = 120.0  # OSWorld's server gives each executed command this long
@@ -95,7 +95,7 @@ OPENERS = {
 }
 
 Metric = Literal[METRICS]  # type: ignore[valid-type]
-ListedMetric = Literal[tuple(evaluators.METRICS)]  # type: ignore[valid-type]  # (infeasible stands alone)
+ListedMetric = Literal[tuple(metric_registry.METRICS)]  # type: ignore[valid-type]  # (infeasible stands alone)
 Options = dict[str, Any]
 Resolve = Callable[[str], str]  # an asset URL -> its sha256 in the store (or raises MissingAssetError)
 
@@ -286,7 +286,7 @@ def _getter_spec(getter: AnyGetter, sha: Resolve) -> dict[str, Any]:
 
 
 def _criterion(i: int, func: str, result: Any, expected: Any, options: Options, sha: Resolve) -> Criterion:
-    evaluators.require(func)
+    metric_registry.require(func)
     check = OsworldCheck(
         type="osworld",
         func=func,
@@ -439,7 +439,7 @@ def _registered_funcs(data: dict[str, Any]) -> dict[str, Any]:
     ev = data.get("evaluator")
     if not isinstance(ev, dict):
         return data
-    stand_in = next(iter(evaluators.METRICS))
+    stand_in = next(iter(metric_registry.METRICS))
     func = ev.get("func")
     swap = [f if f in METRICS else stand_in for f in func] if isinstance(func, list) else func
     if func != INFEASIBLE and not isinstance(func, list) and func not in METRICS:

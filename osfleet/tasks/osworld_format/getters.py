@@ -33,10 +33,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from osfleet.errors import GuestCommandKilledError, OsfleetError
 from osfleet.protocol.actions import MAX_READ_BYTES
-from osfleet.tasks import guest_query_client
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.guest_files import CACHE_DIR
-from osfleet.tasks.guest_paths import GUEST_HOME, shell_command
+from osfleet.tasks.osworld_format import guest_query
+from osfleet.tasks.osworld_format.guest_paths import GUEST_HOME, shell_command
+from osfleet.tasks.osworld_format.guest_writes import CACHE_DIR
 
 CHROME_PROFILE = f"{GUEST_HOME}/.config/google-chrome"
 VLC_CONFIG = f"{GUEST_HOME}/.config/vlc/vlcrc"
@@ -81,8 +81,8 @@ class Context:
 
     def ask(self, op: str, **args: Any) -> Any:
         try:
-            return guest_query_client.ask(self.host, self.rid, op, args, self.timeout)
-        except guest_query_client.GuestQueryError as exc:
+            return guest_query.ask(self.host, self.rid, op, args, self.timeout)
+        except guest_query.GuestQueryError as exc:
             raise GetterValueError(str(exc)) from None
         except GuestCommandKilledError as exc:
             raise GetterValueError(f"guest query {op}: the guest did not answer in time: {exc}") from None
@@ -358,7 +358,7 @@ def html_parse(ctx: Context, spec: dict[str, Any]) -> Any:
     url = active_url(ctx, spec)
     if url is None:
         return None
-    return ctx.ask("chrome_html_parse", url=url, spec=spec, js=guest_query_client.html_parse_js())
+    return ctx.ask("chrome_html_parse", url=url, spec=spec, js=guest_query.html_parse_js())
 
 
 def info_from_website(ctx: Context, spec: dict[str, Any]) -> Any:

@@ -2,7 +2,7 @@
 
 Chrome's DevTools protocol (the office image starts Chromium as ``google-chrome`` with DevTools on port 1337),
 VLC's HTTP interface, AT-SPI's accessibility tree and the browser's profile files are all inside the guest, and
-a replica has no network device: so the script (``guest/osworld_query.py``, package data) is sent whole with
+a replica has no network device: so the script (``guest/query.py``, package data) is sent whole with
 each call as ``python3 -c SCRIPT OP ARGS`` and run as the desktop user on its display. It prints one JSON
 document; anything else (a crash, a timeout, output that is not that document) is reported as a
 ``GuestQueryError`` naming the operation, never parsed further. It runs isolated from what the desktop user
@@ -33,12 +33,12 @@ class GuestQueryError(OsfleetError):
 
 @cache
 def script() -> str:
-    return resources.files("osfleet.tasks").joinpath("guest/osworld_query.py").read_text()
+    return resources.files("osfleet.tasks.osworld_format").joinpath("guest/query.py").read_text()
 
 
 @cache
 def html_parse_js() -> str:
-    return resources.files("osfleet.tasks").joinpath("guest/html_parse.js").read_text()
+    return resources.files("osfleet.tasks.osworld_format").joinpath("guest/html_parse.js").read_text()
 
 
 def script_deadline(timeout: float) -> float:

@@ -4,6 +4,10 @@ The bytes go as base64 in ``sh -c`` arguments, a chunk per command (an argument 
 kernel's 128 KiB limit), into a temporary name that is renamed at the end, so a task never sees half a
 file. Files in the desktop user's home or /tmp are written as that user (they own what they can edit);
 anywhere else as root.
+
+It writes what OSWorld's set-up puts into a guest: a ``download`` step's file from the asset store
+(``put_file``) and an ``execute`` step's output in the task cache (``put_text``, ``CACHE_DIR``). A client's own
+files go in and out through ``osfleet.replicas.guest_files`` instead, always as the desktop user.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from osfleet.tasks.assets import AssetStore
-from osfleet.tasks.model import TaskError
-from osfleet.tasks.osworld import METRICS, asset_urls, unsupported_features
+from osfleet.tasks.errors import TaskError
+from osfleet.tasks.osworld_format.convert import METRICS, asset_urls, unsupported_features
 
 MAX_TASK_BYTES = 4 * 2**20  # OSWorld's largest task file is a few KiB
 

@@ -1,6 +1,6 @@
 """The parts of an OSWorld task file, one typed model each: set-up steps and getters.
 
-These models are the published request schema as well as the parser (see ``osworld.py``), so each one says
+These models are the published request schema as well as the parser (see ``convert.py``), so each one says
 what OSWorld's own code needs of it (``desktop_env/controllers/setup.py`` for steps, ``evaluators/getters``
 for getters) and no more: keys OSWorld ignores are allowed and ignored, keys it reads are typed. Paths may be
 absolute, ``~``-relative, ``$HOME``-based or relative to the home folder, as OSWorld's server resolves them

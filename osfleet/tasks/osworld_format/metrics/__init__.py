@@ -23,7 +23,7 @@ from typing import Any
 
 from osfleet.tasks import sandbox
 from osfleet.tasks.errors import UnsupportedTaskError
-from osfleet.tasks.evaluators import (
+from osfleet.tasks.osworld_format.metrics import (
     archives,
     browser,
     desktop,
@@ -42,7 +42,7 @@ from osfleet.tasks.evaluators import (
     tables,
     text,
 )
-from osfleet.tasks.evaluators.registry import METRICS  # filled below, from the families
+from osfleet.tasks.osworld_format.metrics.registry import METRICS  # filled below, from the families
 
 Metric = Callable[[Any, Any, dict[str, Any]], "Score"]
 Score = tuple[float, str]

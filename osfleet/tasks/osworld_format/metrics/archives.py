@@ -27,8 +27,10 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, scored, short
-from osfleet.tasks.evaluators.registry import METRICS as ALL_METRICS  # every family's, filled by the package
+from osfleet.tasks.osworld_format.metrics.common import CannotScore, Metric, Score, file_path, scored, short
+from osfleet.tasks.osworld_format.metrics.registry import (
+    METRICS as ALL_METRICS,  # every family's, filled by the package
+)
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED_BYTES = 1 * 2**30

@@ -34,7 +34,7 @@ import re
 from typing import Any
 from urllib.parse import ParseResult, urlparse, urlunparse
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, read_text, scored, short
+from osfleet.tasks.osworld_format.metrics.common import CannotScore, Metric, Score, read_text, scored, short
 
 MAX_COMBINATIONS = 1_000_000  # liked_authors_websites_urls tries every combination of the alternatives
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from osfleet.tasks.evaluators.common import Metric, Score, scored, short
+from osfleet.tasks.osworld_format.metrics.common import Metric, Score, scored, short
 
 
 @scored()

@@ -45,7 +45,7 @@ import re
 import zipfile
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, fuzz_ratio, guarded, short
+from osfleet.tasks.osworld_format.metrics.common import NotScored, Score, file_arg, fuzz_ratio, guarded, short
 
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 

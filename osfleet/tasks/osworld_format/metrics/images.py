@@ -42,7 +42,7 @@ import io
 import os
 from typing import Any
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, read_bytes, scored, short
+from osfleet.tasks.osworld_format.metrics.common import CannotScore, Metric, Score, file_path, read_bytes, scored, short
 
 MAX_PIXELS = 64 * 2**20
 MAX_IMAGE_FILE_BYTES = 256 * 2**20

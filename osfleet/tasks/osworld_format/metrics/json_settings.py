@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from osfleet.tasks.evaluators.common import Metric, Score, match_rule, read_text, scored, short
+from osfleet.tasks.osworld_format.metrics.common import Metric, Score, match_rule, read_text, scored, short
 
 
 def _walk(data: Any, keys: Any) -> Any:

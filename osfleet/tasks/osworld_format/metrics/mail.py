@@ -21,7 +21,7 @@ import json
 import re
 from typing import Any
 
-from osfleet.tasks.evaluators.common import (
+from osfleet.tasks.osworld_format.metrics.common import (
     CannotScore,
     Metric,
     Score,

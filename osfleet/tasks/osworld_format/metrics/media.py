@@ -28,7 +28,16 @@ import warnings
 from typing import Any
 from urllib.parse import urlparse
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, match_rule, read_bytes, scored, short
+from osfleet.tasks.osworld_format.metrics.common import (
+    CannotScore,
+    Metric,
+    Score,
+    file_path,
+    match_rule,
+    read_bytes,
+    scored,
+    short,
+)
 
 
 def _open_video(value: Any) -> Any:

@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, read_bytes, scored, short
-from osfleet.tasks.evaluators.images import MAX_IMAGE_FILE_BYTES, MAX_PIXELS
+from osfleet.tasks.osworld_format.metrics.common import CannotScore, Metric, Score, read_bytes, scored, short
+from osfleet.tasks.osworld_format.metrics.images import MAX_IMAGE_FILE_BYTES, MAX_PIXELS
 
 TESSERACT = "tesseract"
 OCR_SECONDS = 25.0  # within the sandbox's 30 CPU seconds: a 1920x1080 screenshot took 3-5 s here

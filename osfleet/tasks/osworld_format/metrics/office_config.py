@@ -19,7 +19,7 @@ import io
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, guarded
+from osfleet.tasks.osworld_format.metrics.common import NotScored, Score, file_arg, guarded
 
 OOR = "http://openoffice.org/2001/registry"
 

@@ -23,7 +23,15 @@ import operator
 import os
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, file_path, fuzz_ratio, guarded, scored
+from osfleet.tasks.osworld_format.metrics.common import (
+    NotScored,
+    Score,
+    file_arg,
+    file_path,
+    fuzz_ratio,
+    guarded,
+    scored,
+)
 
 MAX_PAGES = 2000
 

@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from osfleet.tasks.evaluators.common import CannotScore, Metric, Score, file_path, scored, short
 from osfleet.tasks.jail_seccomp import KILLED_BY
+from osfleet.tasks.osworld_format.metrics.common import CannotScore, Metric, Score, file_path, scored, short
 
 TEST_SECONDS = 120
 TEST_MEMORY_BYTES = 2 * 2**30

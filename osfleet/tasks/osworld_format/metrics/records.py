@@ -14,7 +14,7 @@ import sqlite3
 import time
 from typing import Any
 
-from osfleet.tasks.evaluators.common import Metric, Score, file_path, scored
+from osfleet.tasks.osworld_format.metrics.common import Metric, Score, file_path, scored
 
 SQL_SECONDS = 30.0
 _READ_ONLY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}

@@ -1,4 +1,4 @@
-"""Every metric by its OSWorld name, filled once by the package (``osfleet.tasks.evaluators``) from its families.
+"""Every metric by its OSWorld name, filled once from its families by the package (``metrics/__init__.py``).
 
 A metric that scores with others (``compare_archive`` scores each member of an archive with the metric of its
 file type) looks them up here: the package imports every family, so a family cannot import the package.
@@ -6,6 +6,6 @@ file type) looks them up here: the package imports every family, so a family can
 
 from __future__ import annotations
 
-from osfleet.tasks.evaluators.common import Metric
+from osfleet.tasks.osworld_format.metrics.common import Metric
 
 METRICS: dict[str, Metric] = {}

@@ -26,8 +26,8 @@ import operator
 import re
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored
-from osfleet.tasks.evaluators.sheet_xml import RawCells
+from osfleet.tasks.osworld_format.metrics.common import NotScored
+from osfleet.tasks.osworld_format.metrics.sheet_xml import RawCells
 
 MAX_STYLED_CELLS = 2_000_000
 _ABSOLUTE = re.compile(r"\$([A-Z]{1,3})\$(\d+)(?::\$([A-Z]{1,3})\$(\d+))?")

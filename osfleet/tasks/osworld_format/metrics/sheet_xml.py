@@ -22,7 +22,7 @@ import os
 import zipfile
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored
+from osfleet.tasks.osworld_format.metrics.common import NotScored
 
 MAIN = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
 _PREFIXES = {

@@ -18,7 +18,7 @@ import io
 import os
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, guarded, short
+from osfleet.tasks.osworld_format.metrics.common import NotScored, Score, file_arg, guarded, short
 
 MAX_CSV_BYTES = 64 * 2**20
 

@@ -34,7 +34,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 from typing import Any
 
-from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, guarded, short
+from osfleet.tasks.osworld_format.metrics.common import NotScored, Score, file_arg, guarded, short
 
 A = "http://schemas.openxmlformats.org/drawingml/2006/main"
 P = "http://schemas.openxmlformats.org/presentationml/2006/main"

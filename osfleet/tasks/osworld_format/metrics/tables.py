@@ -36,10 +36,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from osfleet.tasks.evaluators import sheet_features as features
-from osfleet.tasks.evaluators.common import NotScored, Score, file_arg, fuzz_ratio, guarded, short
-from osfleet.tasks.evaluators.sheet_xml import RawCells
-from osfleet.tasks.evaluators.sheets_csv import read_lines
+from osfleet.tasks.osworld_format.metrics import sheet_features as features
+from osfleet.tasks.osworld_format.metrics.common import NotScored, Score, file_arg, fuzz_ratio, guarded, short
+from osfleet.tasks.osworld_format.metrics.sheet_xml import RawCells
+from osfleet.tasks.osworld_format.metrics.sheets_csv import read_lines
 
 _NO_SHEET = ""
 MAX_CELLS = 10_000_000  # one value in XFD1048576 makes pandas walk 17 billion cells

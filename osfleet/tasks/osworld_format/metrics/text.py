@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from osfleet.tasks.evaluators.common import (
+from osfleet.tasks.osworld_format.metrics.common import (
     CannotScore,
     Metric,
     Score,
