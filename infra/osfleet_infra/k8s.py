@@ -256,11 +256,21 @@ class K8sFleet(pulumi.ComponentResource):
     def _agent(self) -> None:
         """``osfleet host serve`` as a privileged DaemonSet on the KVM nodes, with the node's /dev/kvm, libvirt
         socket, store and RAM-file folder at the same paths as on the node (libvirtd there opens what it names)."""
-        kube, k, common, port, ns = self._kube(), self.k, self.common, self.agent_port, self.ns
-        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
-        probe = core.ProbeArgs(
-            http_get=core.HTTPGetActionArgs(path="/health", port=port, scheme="HTTPS"), period_seconds=10
+        kube, port, ns = self._kube(), self.agent_port, self.ns
+        meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
+        env, mounts, volumes = self._agent_node_access()
+        self.daemonset = self._agent_daemonset(env, mounts, volumes)
+        self.agent_service = core.Service(
+            f"{self.name}-agent-svc",
+            metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
+            spec=core.ServiceSpecArgs(selector=AGENT_LABELS, ports=[core.ServicePortArgs(port=port, target_port=port)]),
+            opts=self.child,
         )
+        self.agent_url = pulumi.Output.concat("https://osfleet-agent.", ns, f".svc:{port}")
+
+    def _agent_node_access(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """The agent's environment, mounts and volumes: what of the node it reaches, each at the node's own path."""
+        core, k, common = self._kube().core.v1, self.k, self.common
         env = [_secret_env(core, "osfleet-agent-token"), core.EnvVarArgs(name="OSFLEET_HOME", value=k.store),
                core.EnvVarArgs(name="OSFLEET_TENANCY", value=common.tenancy)]  # fmt: skip
         mounts = [
@@ -282,7 +292,15 @@ class K8sFleet(pulumi.ComponentResource):
                     core.EnvVarArgs(name="OSFLEET_MEMORY_DIR", value=k.memory_dir)]  # fmt: skip
             mounts.append(core.VolumeMountArgs(name="memory", mount_path=k.memory_dir))
             volumes.append(_host_path(core, "memory", k.memory_dir, "DirectoryOrCreate"))
-        self.daemonset = apps.DaemonSet(
+        return env, mounts, volumes
+
+    def _agent_daemonset(self, env: list[Any], mounts: list[Any], volumes: list[Any]) -> Any:
+        kube, k, common, port, ns = self._kube(), self.k, self.common, self.agent_port, self.ns
+        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
+        probe = core.ProbeArgs(
+            http_get=core.HTTPGetActionArgs(path="/health", port=port, scheme="HTTPS"), period_seconds=10
+        )
+        return apps.DaemonSet(
             f"{self.name}-agent",
             metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
             spec=apps.DaemonSetSpecArgs(
@@ -325,25 +343,25 @@ class K8sFleet(pulumi.ComponentResource):
             ),
             opts=self.child,
         )  # fmt: skip
-        self.agent_service = core.Service(
-            f"{self.name}-agent-svc",
-            metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
-            spec=core.ServiceSpecArgs(selector=AGENT_LABELS, ports=[core.ServicePortArgs(port=port, target_port=port)]),
-            opts=self.child,
-        )
-        self.agent_url = pulumi.Output.concat("https://osfleet-agent.", ns, f".svc:{port}")
 
     def _gateway(self, fleet_address: str | None) -> None:
         """``osfleet fleet serve`` over the agents, as a Deployment behind a Service: its clients' token is its
         own; the agents' token is a file only it mounts. With discovery it watches the agent pods and the nodes
         with a service account that may read only those."""
+        address = self.k.fleet_address or fleet_address
+        self._gateway_secrets(address)
+        hosts, account = self._gateway_hosts()
+        self.gateway = self._gateway_deployment(hosts, account)
+        self._gateway_service(address)
+
+    def _gateway_secrets(self, address: str | None) -> None:
+        """The gateway's clients' token, and its certificate for its Service names and the fleet's address."""
         kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
-        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
+        meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
         core.Secret(
             f"{name}-gateway-token", metadata=meta(name="osfleet-gateway-token", namespace=ns),
             string_data={"token": self.gateway_token}, opts=child,
         )  # fmt: skip
-        address = k.fleet_address or fleet_address
         names = service_names("osfleet-gateway", k.namespace) + ([address] if address else [])
         gateway_cert = self.ca.certificate(f"{name}-gateway-tls", names, self)
         core.Secret(
@@ -351,14 +369,20 @@ class K8sFleet(pulumi.ComponentResource):
             string_data={"tls.crt": gateway_cert.cert_pem, "tls.key": pulumi.Output.secret(gateway_cert.key_pem)},
             opts=child,
         )  # fmt: skip
+
+    def _gateway_hosts(self) -> tuple[list[str], str | None]:
+        """How the gateway finds its hosts (``fleet serve`` arguments), and the service account discovery needs."""
+        k = self.k
         if k.discover:
             hosts = ["--discover-pods", ",".join(f"{a}={b}" for a, b in AGENT_LABELS.items()),
                      "--discover-port", str(self.agent_port),
                      "--hosts-tls-name", f"osfleet-agent.{k.namespace}.svc"]  # fmt: skip
-            account = self._gateway_account()
-        else:
-            hosts = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")]
-            account = None
+            return hosts, self._gateway_account()
+        return [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")], None
+
+    def _gateway_deployment(self, hosts: list[str], account: str | None) -> Any:
+        kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
+        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
         probe = core.ProbeArgs(
             http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT, scheme="HTTPS"), period_seconds=10
         )
@@ -373,7 +397,7 @@ class K8sFleet(pulumi.ComponentResource):
             name="token", secret=core.SecretVolumeSourceArgs(secret_name="osfleet-agent-token")
         )
         token_mount = core.VolumeMountArgs(name="token", mount_path="/run/osfleet", read_only=True)
-        self.gateway = apps.Deployment(
+        return apps.Deployment(
             f"{name}-gateway",
             metadata=meta(name="osfleet-gateway", namespace=ns, labels=GATEWAY_LABELS),
             spec=apps.DeploymentSpecArgs(
@@ -399,13 +423,19 @@ class K8sFleet(pulumi.ComponentResource):
             ),
             opts=child,
         )  # fmt: skip
+
+    def _gateway_service(self, address: str | None) -> None:
+        """The gateway's Service, and ``fleetUrl``: the fleet's address and NodePort when clients come from outside
+        the cluster, else the Service's name."""
+        kube, k, ns = self._kube(), self.k, self.ns
+        meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
         self.gateway_service = core.Service(
-            f"{name}-gateway-svc",
+            f"{self.name}-gateway-svc",
             metadata=meta(name="osfleet-gateway", namespace=ns, labels=GATEWAY_LABELS),
             spec=core.ServiceSpecArgs(
                 type=k.service_type, selector=GATEWAY_LABELS, ports=[core.ServicePortArgs(port=GATEWAY_PORT)]
             ),
-            opts=child,
+            opts=self.child,
         )
         if address and k.service_type == "NodePort":
             node_port = self.gateway_service.spec.ports.apply(lambda ports: ports[0].node_port)
@@ -445,52 +475,11 @@ class K8sFleet(pulumi.ComponentResource):
 
     def _locust(self, client_secret: str) -> None:
         kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
-        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
+        meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
         cm = core.ConfigMap(
             f"{name}-locustfile", metadata=meta(name="osfleet-locustfile", namespace=ns),
             data={"trajectories.py": LOCUSTFILE.read_text()}, opts=child,
         )  # fmt: skip
-        mount = [
-            core.VolumeMountArgs(name="locustfile", mount_path="/locust"),
-            core.VolumeMountArgs(name="ca", mount_path=CA_DIR, read_only=True),
-        ]
-        volume = [
-            core.VolumeArgs(name="locustfile", config_map=core.ConfigMapVolumeSourceArgs(name="osfleet-locustfile")),
-            _secret_volume(core, "ca", "osfleet-ca"),
-        ]
-        token_env = _secret_env(core, client_secret)
-
-        def deployment(role: str, replicas: int, args: list[str], wait_for: str | None = None) -> object:
-            labels = {"app.kubernetes.io/name": f"osfleet-locust-{role}", "app.kubernetes.io/part-of": "osfleet"}
-            return apps.Deployment(
-                f"{name}-locust-{role}",
-                metadata=meta(name=f"osfleet-locust-{role}", namespace=ns, labels=labels),
-                spec=apps.DeploymentSpecArgs(
-                    replicas=replicas,
-                    selector=kube.meta.v1.LabelSelectorArgs(match_labels=labels),
-                    template=core.PodTemplateSpecArgs(
-                        metadata=meta(labels=labels),
-                        spec=core.PodSpecArgs(
-                            automount_service_account_token=False,
-                            # the master's load starts by itself: not before its target answers
-                            init_containers=[core.ContainerArgs(
-                                name="wait-for-target", image=k.container_image, image_pull_policy=k.pull_policy,
-                                command=["python3", "-c", WAIT_FOR_URL, f"{wait_for}/health", f"{CA_DIR}/ca.crt"],
-                                volume_mounts=mount,
-                            )] if wait_for else None,
-                            containers=[core.ContainerArgs(
-                                name="locust", image=k.container_image, image_pull_policy=k.pull_policy,
-                                command=["locust", "-f", "/locust/trajectories.py", *args,
-                                         "--ca-file", f"{CA_DIR}/ca.crt"],
-                                env=[token_env], volume_mounts=mount,
-                            )],
-                            volumes=volume,
-                        ),
-                    ),
-                ),
-                opts=child,
-            )  # fmt: skip
-
         # Locust drives the gateway; without one (no kvmNodes) the agents' Service, which only holds for one KVM
         # node (a lease's calls must reach the agent that granted it).
         gw, agent = f"https://osfleet-gateway:{GATEWAY_PORT}", f"https://osfleet-agent:{self.agent_port}"
@@ -500,7 +489,7 @@ class K8sFleet(pulumi.ComponentResource):
         users = str(max(1, self.common.warm))
         run = ["--autostart", "--users", users, "--spawn-rate", users, "--run-time", LOCUST_RUN_TIME,
                "--expect-workers", str(k.locust_workers)]  # fmt: skip
-        master = deployment("master", 1, ["--master", "--host", target, *run], wait_for=target)
+        master = self._locust_deployment("master", 1, ["--master", "--host", target, *run], client_secret, target)
         svc = core.Service(
             f"{name}-locust-master-svc",
             metadata=meta(name="osfleet-locust-master", namespace=ns),
@@ -510,8 +499,55 @@ class K8sFleet(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        workers = deployment("worker", k.locust_workers, ["--worker", "--master-host", "osfleet-locust-master"])
-        self.locust = [cm, master, svc, workers]  # type: ignore[list-item]
+        workers = self._locust_deployment(
+            "worker", k.locust_workers, ["--worker", "--master-host", "osfleet-locust-master"], client_secret
+        )
+        self.locust = [cm, master, svc, workers]
+
+    def _locust_deployment(
+        self, role: str, replicas: int, args: list[str], client_secret: str, wait_for: str | None = None
+    ) -> pulumi.Resource:
+        """A Locust master or workers, with the locustfile and the CA's certificate mounted; ``wait_for``: a URL
+        the pod waits for before Locust starts."""
+        kube, k, name, ns = self._kube(), self.k, self.name, self.ns
+        meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
+        mount = [
+            core.VolumeMountArgs(name="locustfile", mount_path="/locust"),
+            core.VolumeMountArgs(name="ca", mount_path=CA_DIR, read_only=True),
+        ]
+        volume = [
+            core.VolumeArgs(name="locustfile", config_map=core.ConfigMapVolumeSourceArgs(name="osfleet-locustfile")),
+            _secret_volume(core, "ca", "osfleet-ca"),
+        ]
+        labels = {"app.kubernetes.io/name": f"osfleet-locust-{role}", "app.kubernetes.io/part-of": "osfleet"}
+        return apps.Deployment(
+            f"{name}-locust-{role}",
+            metadata=meta(name=f"osfleet-locust-{role}", namespace=ns, labels=labels),
+            spec=apps.DeploymentSpecArgs(
+                replicas=replicas,
+                selector=kube.meta.v1.LabelSelectorArgs(match_labels=labels),
+                template=core.PodTemplateSpecArgs(
+                    metadata=meta(labels=labels),
+                    spec=core.PodSpecArgs(
+                        automount_service_account_token=False,
+                        # the master's load starts by itself: not before its target answers
+                        init_containers=[core.ContainerArgs(
+                            name="wait-for-target", image=k.container_image, image_pull_policy=k.pull_policy,
+                            command=["python3", "-c", WAIT_FOR_URL, f"{wait_for}/health", f"{CA_DIR}/ca.crt"],
+                            volume_mounts=mount,
+                        )] if wait_for else None,
+                        containers=[core.ContainerArgs(
+                            name="locust", image=k.container_image, image_pull_policy=k.pull_policy,
+                            command=["locust", "-f", "/locust/trajectories.py", *args,
+                                     "--ca-file", f"{CA_DIR}/ca.crt"],
+                            env=[_secret_env(core, client_secret)], volume_mounts=mount,
+                        )],
+                        volumes=volume,
+                    ),
+                ),
+            ),
+            opts=self.child,
+        )  # fmt: skip
 
 
 def derived_token(agent_token: str) -> str:
