@@ -1,6 +1,8 @@
 """The k8s lab's files and bookkeeping (``osfleet.lab.kube``): addresses, certificates with the identities
 Kubernetes' RBAC expects, the components' configuration, and a ``down`` that finds nothing to remove when nothing
-is up. The cluster itself runs in the slow tests (``tests/test_k8s_e2e.py``)."""
+is up. The cluster itself is built from the Go module proxy (``scripts/build-k8s``, 30-60 minutes the first time on
+two cores) and is run by ``osfleet bench k8s-scale`` and the project's Kubernetes acceptance check, not by CI's test
+runs, whose time budget a first build alone would use up."""
 
 from __future__ import annotations
 
