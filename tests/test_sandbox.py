@@ -24,8 +24,8 @@ from docx.oxml import OxmlElement
 from docx.oxml.ns import qn
 from openpyxl import Workbook
 
+from osfleet.tasks.jail.sandbox import Limits, Sandbox, SandboxError
 from osfleet.tasks.osworld_format import metrics
-from osfleet.tasks.sandbox import Limits, Sandbox, SandboxError
 
 pytestmark = pytest.mark.integration
 
@@ -344,7 +344,7 @@ def test_the_zygote_ends_when_its_host_process_dies(tmp_path: Path) -> None:
     import sys
 
     program = (
-        "import sys, time\nfrom osfleet.tasks.sandbox import Sandbox\n"
+        "import sys, time\nfrom osfleet.tasks.jail.sandbox import Sandbox\n"
         "b = Sandbox(); b.start(); print(b._zygote_pid, flush=True); time.sleep(600)\n"
     )
     host = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)

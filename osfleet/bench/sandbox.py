@@ -48,8 +48,8 @@ def _cases(folder: Path) -> list[tuple[str, Any, Any, dict[str, Any]]]:
 
 def run(rounds: int = 20, fresh_rounds: int = 5, say: Say = print) -> dict[str, Any]:
     from osfleet.host_facts import describe
+    from osfleet.tasks.jail.sandbox import Sandbox
     from osfleet.tasks.osworld_format.metrics import METRICS
-    from osfleet.tasks.sandbox import Sandbox
 
     result: dict[str, Any] = {"benchmark": "sandbox", "rounds": rounds, "fresh_rounds": fresh_rounds}
     box = Sandbox()

@@ -38,7 +38,7 @@ from osfleet.config import Settings
 from osfleet.errors import CommandFailedError, ConfigError
 from osfleet.imaging import oci
 from osfleet.imaging.host import Host
-from osfleet.tasks.jail import JAIL_USER
+from osfleet.tasks.jail.bubblewrap import JAIL_USER
 
 BUILDER_VERSION = "container-1"
 REPOSITORY = "localhost/osfleet"  # never pulled: a node that had to would ask this machine, never the network

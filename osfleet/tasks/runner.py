@@ -20,8 +20,8 @@ from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetErr
 from osfleet.protocol.actions import MAX_READ_BYTES, Action, ActionResult
 from osfleet.replicas import actions
 from osfleet.replicas.lifecycle import Timed
-from osfleet.tasks import sandbox
 from osfleet.tasks.assets import AssetStore
+from osfleet.tasks.jail import sandbox
 from osfleet.tasks.model import (
     CommandOutput,
     Criterion,

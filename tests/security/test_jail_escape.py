@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from osfleet.tasks.jail import JAIL_USER
-from osfleet.tasks.sandbox import Limits, Sandbox
+from osfleet.tasks.jail.bubblewrap import JAIL_USER
+from osfleet.tasks.jail.sandbox import Limits, Sandbox
 
 pytestmark = pytest.mark.integration
 

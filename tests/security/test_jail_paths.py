@@ -23,7 +23,7 @@ PROGRAM = textwrap.dedent(
     """
     import sys, tempfile
     from pathlib import Path
-    from osfleet.tasks.sandbox import Limits, Sandbox
+    from osfleet.tasks.jail.sandbox import Limits, Sandbox
     folder = Path(tempfile.mkdtemp())
     (folder / "suite.py").write_text(
         "import subprocess, sys\\n"

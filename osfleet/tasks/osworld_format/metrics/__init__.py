@@ -21,8 +21,8 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from osfleet.tasks import sandbox
 from osfleet.tasks.errors import UnsupportedTaskError
+from osfleet.tasks.jail import sandbox
 from osfleet.tasks.osworld_format.metrics import (
     archives,
     browser,
@@ -109,7 +109,7 @@ def require(func: str) -> None:
 
 
 def run_metric(func: str, result: Any, expected: Any, options: dict[str, Any], wall: float | None = None) -> Score:
-    """Score one metric in the evaluation sandbox (``osfleet.tasks.sandbox``), never in this process: whatever
+    """Score one metric in the evaluation sandbox (``osfleet.tasks.jail.sandbox``), never in this process: whatever
     goes wrong inside it (a value of the wrong kind, a corrupt or hostile file, a limit hit) scores 0 with the
     reason. ``wall``: at most this many seconds. Raises only when the sandbox itself fails (infrastructure)."""
     require(func)

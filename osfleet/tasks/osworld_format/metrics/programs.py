@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from osfleet.tasks.jail_seccomp import KILLED_BY
+from osfleet.tasks.jail.seccomp import KILLED_BY
 from osfleet.tasks.osworld_format.metrics.common import CannotScore, Metric, Score, file_path, scored, short
 
 TEST_SECONDS = 120

@@ -1,4 +1,4 @@
-"""Starts the evaluation jail for a root host agent: ``python -I -m osfleet.tasks.jail_launch SPEC``.
+"""Starts the evaluation jail for a root host agent: ``python -I -m osfleet.tasks.jail.launch SPEC``.
 
 bubblewrap runs as the jail's own unprivileged user, which cannot reach every path the jail must show (pyenv's
 Python under ``/root``, mode 0700, or a checkout in a private folder). So this launcher, still root, makes a

@@ -1,7 +1,7 @@
-"""The other side of the evaluation sandbox (``osfleet.tasks.sandbox``): a warm zygote in the evaluation jail
-(``osfleet.tasks.jail``), and one namespace set per evaluation.
+"""The other side of the evaluation sandbox (``osfleet.tasks.jail.sandbox``): a warm zygote in the evaluation jail
+(``osfleet.tasks.jail.bubblewrap``), and one namespace set per evaluation.
 
-Started by the host agent, through bubblewrap, as ``python -I -m osfleet.tasks.sandbox_worker FD``: the zygote
+Started by the host agent, through bubblewrap, as ``python -I -m osfleet.tasks.jail.zygote FD``: the zygote
 imports every metric module and the libraries they use once, and then only forks: the host sends it one end of
 a fresh socket pair per evaluation (``SCM_RIGHTS`` on the control socket ``FD``, a ``SOCK_SEQPACKET``) and it
 forks the evaluation for it. Why this shape:
@@ -16,7 +16,7 @@ One evaluation is one process, forked as PID 1 of a new PID namespace (the zygot
 ``CLONE_NEWPID`` before the fork and goes back to its own with ``setns`` after it). It makes new mount, network
 and IPC namespaces, binds its own folder of the spool read-only at ``/eval``, hides the rest of the spool, mounts
 a private ``/tmp`` (at most ``file_bytes``) and a ``/proc`` that shows only its namespace, drops every
-capability, loads the evaluation seccomp filter (``jail_seccomp``), sets its limits (address space, CPU seconds,
+capability, loads the evaluation seccomp filter (``seccomp``), sets its limits (address space, CPU seconds,
 file size, open files, no core dumps) and runs the metric in ``/eval``, writing one JSON line: ``{"score",
 "detail"}`` or ``{"error"}``. Whatever the metric raises becomes that error line; what it cannot raise (a
 crash, a limit, a denied system call) the zygote reports. When it ends, the kernel kills every process left in
@@ -52,7 +52,8 @@ import warnings
 from pathlib import PurePosixPath
 from typing import Any
 
-from osfleet.tasks import jail, jail_seccomp
+from osfleet.tasks.jail import bubblewrap
+from osfleet.tasks.jail import seccomp as jail_seccomp
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -65,10 +66,10 @@ PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 PR_CAPBSET_DROP, PR_SET_SECUREBITS = 24, 28
 SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED, SECBIT_NO_CAP_AMBIENT_RAISE = 1, 4, 32, 64
 CAPABILITY_VERSION_3 = 0x20080522
-JOBS, EVAL = "/jobs", "/eval"  # osfleet.tasks.jail's
+JOBS, EVAL = "/jobs", "/eval"  # bubblewrap's
 # The jail's read-only Python paths that a private /tmp would hide (a venv in a clone under /tmp), found once in
 # the zygote, before any evaluation forks.
-_PYTHON_UNDER_TMP = [p for p in jail.python_paths() if PurePosixPath(p).is_relative_to("/tmp")]
+_PYTHON_UNDER_TMP = [p for p in bubblewrap.python_paths() if PurePosixPath(p).is_relative_to("/tmp")]
 # Modules imported once in the zygote so that no child pays for them. The metric registry must import (a zygote
 # without it would score everything 0: it does not start instead); the libraries not installed are skipped.
 REGISTRY = "osfleet.tasks.osworld_format.metrics"
@@ -218,7 +219,7 @@ def _drop_capabilities() -> None:
 
 def _numba_cache(func: str) -> None:
     """A metric that uses numba (librosa's) gets a private, writable copy of the host-made cache in its ``/tmp``:
-    numba refuses a cache folder it cannot write, and the shared one must stay read-only (``jail_cache``)."""
+    numba refuses a cache folder it cannot write, and the shared one must stay read-only (``numba_cache``)."""
     from osfleet.tasks.osworld_format.metrics import NEEDS
 
     shared = os.environ.get("NUMBA_CACHE_DIR")

@@ -5,12 +5,12 @@ makes openpyxl walk 17 billion cells, a docx ``gridSpan`` of 2^31 makes python-d
 zip bomb or a YAML alias bomb expands to gigabytes, malformed XML or a deep nesting raises errors nobody
 listed. None of that may reach the host agent, which serves every other tenant's episodes. So a metric never
 runs in the host agent's process: ``Sandbox.run`` hands it to a child of a warm zygote
-(``osfleet.tasks.sandbox_worker``), which runs it with
+(``osfleet.tasks.jail.zygote``), which runs it with
 
 - an address-space limit (``RLIMIT_AS``: ``memory_bytes`` above the warm worker's own), CPU seconds
   (``RLIMIT_CPU``), a wall-time alarm, a file-size limit for anything it writes, an open-file limit and no
   core dumps;
-- the evaluation jail (``osfleet.tasks.jail``): the zygote runs under bubblewrap as an unprivileged user of
+- the evaluation jail (``osfleet.tasks.jail.bubblewrap``): the zygote runs under bubblewrap as an unprivileged user of
   its own, in new user, mount, PID, IPC, UTS and network namespaces, seeing only a read-only Python and its
   libraries, the spool of evaluation folders and nothing else of the host (no token, no ``$OSFLEET_HOME``, no
   UNIX socket, no network), under a seccomp filter and ``no_new_privs``;
@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from osfleet.errors import OsfleetError
-from osfleet.tasks import jail_seccomp
-from osfleet.tasks.jail import Jail, JailError, stage
+from osfleet.tasks.jail import seccomp as jail_seccomp
+from osfleet.tasks.jail.bubblewrap import Jail, JailError, stage
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Sandbox:
         err = open(jail.base / "stderr", "w+b")  # noqa: SIM115 - bwrap's complaints, for the error (closed below)
         try:
             seccomp = jail_seccomp.bpf_fd(evaluation=False)
-            inner = [sys.executable, "-I", "-m", "osfleet.tasks.sandbox_worker", str(theirs.fileno())]
+            inner = [sys.executable, "-I", "-m", "osfleet.tasks.jail.zygote", str(theirs.fileno())]
             argv, _ = jail.command(inner, seccomp, info_w)
             proc = subprocess.Popen(
                 argv,

@@ -2,7 +2,7 @@
 
 Everything that touches what a guest wrote (every metric, and ``check_python_file_by_test_suite``'s test suite,
 which imports the agent's own file) runs in the evaluation sandbox's zygote and its children
-(``osfleet.tasks.sandbox``); this module puts that zygote in a jail made by bubblewrap (Debian's ``bwrap``):
+(``osfleet.tasks.jail.sandbox``); this module puts that zygote in a jail made by bubblewrap (Debian's ``bwrap``):
 
 - **A user of its own.** On a host agent that runs as root the jail runs as ``osfleet-jail`` (a system user with
   no home and no shell, made by ``scripts/setup``), never as root and never as the host agent's user: a process
@@ -17,14 +17,14 @@ which imports the agent's own file) runs in the evaluation sandbox's zygote and 
   folder, nothing of ``$OSFLEET_HOME``, no ``/run``, no ``/var``, no ``/home``, no ``/root``), a fresh ``/proc``
   and ``/dev``, and the spool of evaluation folders. No UNIX socket of the host is in it, so neither libvirt's
   nor the host agent's can be reached, whatever the network namespace would allow.
-- **One evaluation, one namespace set.** The zygote (``sandbox_worker``) forks each evaluation as PID 1 of a new
+- **One evaluation, one namespace set.** The zygote (``zygote.py``) forks each evaluation as PID 1 of a new
   PID namespace with its own mount, network and IPC namespaces, where it sees only its own folder (read-only)
   and a private ``/tmp``; when the evaluation ends its PID 1 exits and the kernel kills everything left in that
   namespace (a ``setsid()`` and a double fork included). Its metric process has no capabilities and runs
-  under the evaluation seccomp filter (``jail_seccomp``) with ``no_new_privs``.
+  under the evaluation seccomp filter (``seccomp``) with ``no_new_privs``.
 - **The host's side of it.** Paths a root host agent may reach but the jail user may not (pyenv's Python under
   ``/root``, mode 0700; a checkout anywhere) are bound first, as root, into a staging tmpfs inside a private
-  mount namespace of the launcher (``jail_launch``), which then drops to the jail user and runs bwrap on the
+  mount namespace of the launcher (``launch``), which then drops to the jail user and runs bwrap on the
   staged copies: nothing is mounted in the host's own namespace, and nothing is left behind when it exits.
 
 What it relies on: bubblewrap; unprivileged user namespaces (``user.max_user_namespaces`` > 0, and on Ubuntu
@@ -46,7 +46,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from osfleet.errors import OsfleetError
-from osfleet.tasks import jail_cache
+from osfleet.tasks.jail import numba_cache
 
 JAIL_USER = "osfleet-jail"
 BWRAP = "bwrap"
@@ -131,10 +131,10 @@ class Jail:
         if self.bwrap is None:
             raise JailError("the evaluation jail needs bubblewrap (apt-get install bubblewrap; scripts/setup does)")
         self.who = identity()
-        self.numba_cache = jail_cache.folder()
+        self.numba_cache = numba_cache.folder()
         if self.numba_cache is not None:
             self.numba_cache.mkdir(parents=True, exist_ok=True, mode=0o755)
-            jail_cache.warm_soon(self.numba_cache)
+            numba_cache.warm_soon(self.numba_cache)
         self.base = Path(tempfile.mkdtemp(prefix="osfleet-jail-"))
         try:
             os.chmod(self.base, 0o711)
@@ -190,9 +190,9 @@ class Jail:
             elif os.path.isdir(link) and not any(PurePosixPath(link).is_relative_to(p) for p in self.readonly()):
                 argv += ["--ro-bind", self._staged(link, binds), link]
         argv += ["--ro-bind", self._staged(str(self.jobs), binds), JOBS, "--dir", EVAL]
-        if self.numba_cache is not None:  # compiled by the host, read-only here (osfleet.tasks.jail_cache)
-            argv += ["--ro-bind", self._staged(str(self.numba_cache), binds), jail_cache.JAIL_PATH]
-            argv += ["--setenv", "NUMBA_CACHE_DIR", jail_cache.JAIL_PATH]
+        if self.numba_cache is not None:  # compiled by the host, read-only here (osfleet.tasks.jail.numba_cache)
+            argv += ["--ro-bind", self._staged(str(self.numba_cache), binds), numba_cache.JAIL_PATH]
+            argv += ["--setenv", "NUMBA_CACHE_DIR", numba_cache.JAIL_PATH]
         argv += ["--chdir", "/"]
         # The root tmpfs read-only too: it is shared by every evaluation of this zygote, and a file one of them
         # left there (an /etc/ld.so.preload) would run in the next one's processes.
@@ -201,7 +201,7 @@ class Jail:
         if not self.who.switch:
             return argv, {}
         spec = {"uid": self.who.uid, "gid": self.who.gid, "view": str(self.view), "binds": binds, "argv": argv}
-        return [sys.executable, "-I", "-m", "osfleet.tasks.jail_launch", json.dumps(spec)], spec
+        return [sys.executable, "-I", "-m", "osfleet.tasks.jail.launch", json.dumps(spec)], spec
 
     def _staged(self, path: str, binds: list[list[str]]) -> str:
         """Where bwrap finds ``path``: itself when bwrap runs as the host agent's user, else its staged copy."""

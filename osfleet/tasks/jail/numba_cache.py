@@ -8,7 +8,7 @@ makes the cache itself, in a process of its own that runs the metric on two reco
 from a guest), into ``$OSFLEET_HOME/jail/numba-<version>``, and the jail binds that folder read-only with
 ``NUMBA_CACHE_DIR`` pointing at it; an evaluation whose metric uses librosa copies it into its own ``/tmp`` first
 (3 MB; numba refuses a cache folder it cannot write). ``scripts/setup`` warms it
-(``python -m osfleet.tasks.jail_cache``); a sandbox that finds it cold warms it in the background (evaluations
+(``python -m osfleet.tasks.jail.numba_cache``); a sandbox that finds it cold warms it in the background (evaluations
 meanwhile compile for themselves).
 """
 
@@ -52,7 +52,7 @@ def warm(where: Path) -> None:
             return
         env = {**os.environ, "NUMBA_CACHE_DIR": str(where)}
         subprocess.run(
-            [sys.executable, "-I", "-m", "osfleet.tasks.jail_cache", "--compile"],
+            [sys.executable, "-I", "-m", "osfleet.tasks.jail.numba_cache", "--compile"],
             env=env, check=True, capture_output=True, timeout=WARM_SECONDS,
         )  # fmt: skip
         for root, dirs, files in os.walk(where):  # readable by the jail's user
