@@ -5,8 +5,9 @@ Thunderbird and the accessibility tree in ``apps``, the system and multi-app tas
 
 Run ``python -m osfleet.tasks.suites.generate`` after changing a task here; the output (the bundle folder
 ``osfleet/tasks/suites/osworld/``: one JSON file per task and ``assets/`` with ``manifest.json``) is committed,
-so hosts need none of this at run time. Inputs and expected files are made with openpyxl and python-docx from
-the same rows, so each expected file is exactly what the instruction asks for.
+so hosts need none of this at run time. Inputs and expected files are made with openpyxl and python-docx, so each
+expected file is exactly what the instruction asks for. The Calc tasks are a table of data (``CALC_TASKS``): a
+workbook's rows, the rows an exact answer leaves and the oracle of each task side by side.
 
 Each task carries its oracle under ``osfleet_oracle`` (a key OSWorld ignores): shell commands in the guest
 (python3 with openpyxl/python-docx from the office image's Debian packages). They are CLI oracles because a
@@ -20,6 +21,7 @@ import io
 import json
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,148 +57,143 @@ PERCENT_SHARES: list[dict[str, Any]] = [
 ]
 
 
-def _calc_tasks(assets: Path) -> list[dict[str, Any]]:
-    tasks = []
-    sales: list[list[Any]] = [["Item", "Qty"], ["pens", 12], ["ink", 5], ["paper", 30]]
-    xlsx(assets / "sales.xlsx", sales)
-    xlsx(assets / "sales-total-gold.xlsx", [*sales, ["Total", 47]])
-    doc = f"{HOME}/sales.xlsx"
-    tasks.append(
-        task(
-            "calc-total-row",
-            "libreoffice_calc",
-            "In sales.xlsx, add a row under the items with 'Total' in column A and the sum of the quantities in "
-            "column B, then save the file in its format.",
-            [download("sales.xlsx", doc)],
-            table(doc, "sales-total-gold.xlsx", SHEET_DATA),
-            [
-                python(f"""
+@dataclass(frozen=True)
+class CalcTask:
+    """One Calc task as a row of data. The rows of a workbook, the file an exact answer leaves and the oracle
+    sit side by side, so a reader checks an instruction against its answer in one place and a new task is one
+    more row; ``_calc_task`` makes every row's files, evaluator and oracle the same way."""
+
+    task_id: str
+    instruction: str
+    book: str  # the workbook: asset ``<book>.xlsx``, downloaded to ``~/<book>.xlsx``
+    rows: list[list[Any]]
+    gold: str  # the expected file's asset name: a workbook, or a CSV export of ``expected`` (``.csv``)
+    expected: list[list[Any]]
+    oracle: str  # python3 in the guest; ``{doc!r}`` is the workbook's path there, ``{target!r}`` ``~/<book>.csv``
+    rules: list[dict[str, Any]] = field(default_factory=lambda: SHEET_DATA)  # compare_table's, for a workbook
+    title: str = "Sheet1"  # the expected workbook's sheet
+    formats: dict[str, str] | None = None  # the expected workbook's number formats, by cell
+
+
+CALC_TASKS = [
+    CalcTask(
+        "calc-total-row",
+        instruction="In sales.xlsx, add a row under the items with 'Total' in column A and the sum of the "
+        "quantities in column B, then save the file in its format.",
+        book="sales",
+        rows=[["Item", "Qty"], ["pens", 12], ["ink", 5], ["paper", 30]],
+        gold="sales-total-gold.xlsx",
+        expected=[["Item", "Qty"], ["pens", 12], ["ink", 5], ["paper", 30], ["Total", 47]],
+        oracle="""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
-ws.append(["Total", sum(r[1].value for r in ws.iter_rows(min_row=2))]); wb.save({doc!r})""")
-            ],
-        )
-    )
-    people: list[list[Any]] = [["Name", "Age"], ["Maria", 41], ["Ben", 29], ["Zoe", 35], ["Anil", 52]]
-    xlsx(assets / "people.xlsx", people)
-    xlsx(assets / "people-sorted-gold.xlsx", [people[0], *sorted(people[1:], key=lambda r: str(r[0]))])
-    doc = f"{HOME}/people.xlsx"
-    tasks.append(
-        task(
-            "calc-sort-by-name",
-            "libreoffice_calc",
-            "Sort the rows of people.xlsx by Name from A to Z (keep the header row on top) and save the file.",
-            [download("people.xlsx", doc)],
-            table(doc, "people-sorted-gold.xlsx", SHEET_DATA),
-            [
-                python(f"""
+ws.append(["Total", sum(r[1].value for r in ws.iter_rows(min_row=2))]); wb.save({doc!r})""",
+    ),
+    CalcTask(
+        "calc-sort-by-name",
+        instruction="Sort the rows of people.xlsx by Name from A to Z (keep the header row on top) and save the file.",
+        book="people",
+        rows=[["Name", "Age"], ["Maria", 41], ["Ben", 29], ["Zoe", 35], ["Anil", 52]],
+        gold="people-sorted-gold.xlsx",
+        expected=[["Name", "Age"], ["Anil", 52], ["Ben", 29], ["Maria", 41], ["Zoe", 35]],
+        oracle="""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 rows = sorted(([c.value for c in r] for r in ws.iter_rows(min_row=2)), key=lambda r: str(r[0]))
 ws.delete_rows(2, ws.max_row)
 for r in rows: ws.append(r)
-wb.save({doc!r})""")
-            ],
-        )
-    )
-    votes: list[list[Any]] = [["Team", "Votes"], ["North", 30], ["South", 10]]
-    xlsx(assets / "votes.xlsx", votes)
-    xlsx(
-        assets / "votes-share-gold.xlsx",
-        [["Team", "Votes", "Share"], ["North", 30, 0.75], ["South", 10, 0.25]],
-        formats={"C2": "0%", "C3": "0%"},
-    )
-    doc = f"{HOME}/votes.xlsx"
-    tasks.append(
-        task(
-            "calc-percent-share",
-            "libreoffice_calc",
-            "In votes.xlsx, add a column C headed 'Share' with each team's share of all votes, shown as a whole "
-            "percentage (like 75%), and save the file.",
-            [download("votes.xlsx", doc)],
-            table(doc, "votes-share-gold.xlsx", PERCENT_SHARES),
-            [
-                python(f"""
+wb.save({doc!r})""",
+    ),
+    CalcTask(
+        "calc-percent-share",
+        instruction="In votes.xlsx, add a column C headed 'Share' with each team's share of all votes, shown as a "
+        "whole percentage (like 75%), and save the file.",
+        book="votes",
+        rows=[["Team", "Votes"], ["North", 30], ["South", 10]],
+        gold="votes-share-gold.xlsx",
+        expected=[["Team", "Votes", "Share"], ["North", 30, 0.75], ["South", 10, 0.25]],
+        oracle="""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 total = sum(r[1].value for r in ws.iter_rows(min_row=2))
 ws["C1"] = "Share"
 for r in range(2, ws.max_row + 1):
     ws.cell(r, 3, ws.cell(r, 2).value / total).number_format = "0%"
-wb.save({doc!r})""")
-            ],
-        )
-    )
-    budget: list[list[Any]] = [["Month", "Spent"], ["Jan", 120], ["Feb", 95]]
-    xlsx(assets / "budget.xlsx", budget)
-    xlsx(assets / "budget-renamed-gold.xlsx", budget, title="Budget")
-    doc = f"{HOME}/budget.xlsx"
-    tasks.append(
-        task(
-            "calc-rename-sheet",
-            "libreoffice_calc",
-            "Rename the sheet of budget.xlsx from 'Sheet1' to 'Budget' and save the file.",
-            [download("budget.xlsx", doc)],
-            table(
-                doc,
-                "budget-renamed-gold.xlsx",
-                [{"type": "sheet_name"}, {"type": "sheet_data", "sheet_idx0": "RNBudget", "sheet_idx1": "ENBudget"}],
-            ),
-            [
-                python(f"""
+wb.save({doc!r})""",
+        rules=PERCENT_SHARES,
+        formats={"C2": "0%", "C3": "0%"},
+    ),
+    CalcTask(
+        "calc-rename-sheet",
+        instruction="Rename the sheet of budget.xlsx from 'Sheet1' to 'Budget' and save the file.",
+        book="budget",
+        rows=[["Month", "Spent"], ["Jan", 120], ["Feb", 95]],
+        gold="budget-renamed-gold.xlsx",
+        expected=[["Month", "Spent"], ["Jan", 120], ["Feb", 95]],
+        oracle="""
 import openpyxl
-wb = openpyxl.load_workbook({doc!r}); wb.active.title = "Budget"; wb.save({doc!r})""")
-            ],
-        )
-    )
-    contacts: list[list[Any]] = [["name", "city"], ["Ana", "Lisbon"], ["Kofi", "Accra"]]
-    xlsx(assets / "contacts.xlsx", contacts)
-    xlsx(assets / "contacts-upper-gold.xlsx", [["NAME", "CITY"], *contacts[1:]])
-    doc = f"{HOME}/contacts.xlsx"
-    tasks.append(
-        task(
-            "calc-uppercase-header",
-            "libreoffice_calc",
-            "Change the column headings of contacts.xlsx to capital letters (NAME, CITY) and save the file.",
-            [download("contacts.xlsx", doc)],
-            table(doc, "contacts-upper-gold.xlsx", SHEET_DATA),
-            [
-                python(f"""
+wb = openpyxl.load_workbook({doc!r}); wb.active.title = "Budget"; wb.save({doc!r})""",
+        rules=[{"type": "sheet_name"}, {"type": "sheet_data", "sheet_idx0": "RNBudget", "sheet_idx1": "ENBudget"}],
+        title="Budget",
+    ),
+    CalcTask(
+        "calc-uppercase-header",
+        instruction="Change the column headings of contacts.xlsx to capital letters (NAME, CITY) and save the file.",
+        book="contacts",
+        rows=[["name", "city"], ["Ana", "Lisbon"], ["Kofi", "Accra"]],
+        gold="contacts-upper-gold.xlsx",
+        expected=[["NAME", "CITY"], ["Ana", "Lisbon"], ["Kofi", "Accra"]],
+        oracle="""
 import openpyxl
 wb = openpyxl.load_workbook({doc!r}); ws = wb.active
 for c in ws[1]: c.value = c.value.upper()
-wb.save({doc!r})""")
-            ],
-        )
-    )
-    cities: list[list[Any]] = [["City", "Country"], ["Lagos", "Nigeria"], ["Lima", "Peru"], ["Oslo", "Norway"]]
-    xlsx(assets / "cities.xlsx", cities)
-    out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows(cities)
-    (assets / "cities-gold.csv").write_text(out.getvalue())
-    doc, target = f"{HOME}/cities.xlsx", f"{HOME}/cities.csv"
-    tasks.append(
-        task(
-            "calc-export-csv",
-            "libreoffice_calc",
-            "Export the sheet of cities.xlsx as comma-separated text to ~/cities.csv (same rows, no quotes needed).",
-            [download("cities.xlsx", doc)],
-            {
-                "func": "compare_text_file",
-                "result": {"type": "vm_file", "path": target, "dest": "cities.csv"},
-                "expected": {"type": "cloud_file", "path": URL_BASE + "cities-gold.csv", "dest": "gold.csv"},
-                "options": {"ignore_blanks": True},
-            },
-            [
-                python(f"""
+wb.save({doc!r})""",
+    ),
+    CalcTask(
+        "calc-export-csv",
+        instruction="Export the sheet of cities.xlsx as comma-separated text to ~/cities.csv (same rows, no quotes "
+        "needed).",
+        book="cities",
+        rows=[["City", "Country"], ["Lagos", "Nigeria"], ["Lima", "Peru"], ["Oslo", "Norway"]],
+        gold="cities-gold.csv",
+        expected=[["City", "Country"], ["Lagos", "Nigeria"], ["Lima", "Peru"], ["Oslo", "Norway"]],
+        oracle="""
 import csv, openpyxl
 ws = openpyxl.load_workbook({doc!r}).active
 with open({target!r}, "w", newline="") as f:
-    csv.writer(f, lineterminator="\\n").writerows([[c.value for c in r] for r in ws.iter_rows()])""")
-            ],
-        )
+    csv.writer(f, lineterminator="\\n").writerows([[c.value for c in r] for r in ws.iter_rows()])""",
+    ),
+]
+
+
+def _calc_evaluator(assets: Path, row: CalcTask, doc: str, target: str) -> dict[str, Any]:
+    """The evaluator of ``row``, its expected file written: a CSV has no sheets for compare_table's rules, so an
+    export is compared as text (compare_text_file); a workbook is compared with compare_table under the rules."""
+    if not row.gold.endswith(".csv"):
+        xlsx(assets / row.gold, row.expected, title=row.title, formats=row.formats)
+        return table(doc, row.gold, row.rules)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(row.expected)
+    (assets / row.gold).write_text(out.getvalue())
+    return {
+        "func": "compare_text_file",
+        "result": {"type": "vm_file", "path": target, "dest": Path(target).name},
+        "expected": {"type": "cloud_file", "path": URL_BASE + row.gold, "dest": "gold.csv"},
+        "options": {"ignore_blanks": True},
+    }
+
+
+def _calc_task(assets: Path, row: CalcTask) -> dict[str, Any]:
+    xlsx(assets / f"{row.book}.xlsx", row.rows)
+    doc, target = f"{HOME}/{row.book}.xlsx", f"{HOME}/{row.book}.csv"
+    return task(
+        row.task_id,
+        "libreoffice_calc",
+        row.instruction,
+        [download(f"{row.book}.xlsx", doc)],
+        _calc_evaluator(assets, row, doc, target),
+        [python(row.oracle.format(doc=doc, target=target))],
     )
-    return tasks
 
 
 def _docx_eval(doc: str, gold: str) -> dict[str, Any]:
@@ -362,7 +359,7 @@ def generate(bundle: Path = BUNDLE) -> list[dict[str, Any]]:
         shutil.rmtree(bundle)
     assets = bundle / "assets"
     assets.mkdir(parents=True)
-    tasks = _calc_tasks(assets) + _writer_tasks(assets) + _terminal_tasks(assets)
+    tasks = [_calc_task(assets, row) for row in CALC_TASKS] + _writer_tasks(assets) + _terminal_tasks(assets)
     tasks += documents.tasks(assets) + apps.tasks(assets) + system.tasks(assets)
     for t in tasks:
         (bundle / f"{t['id']}.json").write_text(json.dumps(t, indent=2) + "\n")
