@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.replicas.guest_tunnel import CLOSE, DATA, HEADER, HELLO, MAX_PAYLOAD, OPENED, Relay, frame
+from osfleet.replicas.guest_tunnel import CLOSE, DATA, HEADER, HELLO, MAX_PAYLOAD, OPEN, OPENED, Relay, frame
 from osfleet.replicas.tunnels import (
     MAX_BUFFERED,
     Mux,
@@ -194,14 +194,18 @@ def test_a_hostile_guest_cannot_flood_the_host_or_speak_for_other_streams(channe
         kind, _, length = HEADER.unpack_from(buf)
         assert kind == HELLO
         g.sendall(frame(HELLO, 0, buf[HEADER.size : HEADER.size + length]))
-        while True:  # answer every OPEN with OPENED
-            head = g.recv(HEADER.size)
-            if len(head) < HEADER.size:
-                return
-            kind, conn, length = HEADER.unpack(head)
-            if length:
-                g.recv(length)
-            g.sendall(frame(OPENED, conn))
+        try:
+            while True:  # answer every OPEN with OPENED
+                head = g.recv(HEADER.size)
+                if len(head) < HEADER.size:
+                    return
+                kind, conn, length = HEADER.unpack(head)
+                if length:
+                    g.recv(length)
+                if kind == OPEN:
+                    g.sendall(frame(OPENED, conn))
+        except OSError:  # the host ended the channel (the test's point): this guest is done
+            return
 
     threading.Thread(target=fake_guest, daemon=True).start()
     mux.connect()
