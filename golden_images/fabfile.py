@@ -15,9 +15,9 @@ from invoke.exceptions import Exit
 
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
-from osfleet.images import find_image
 from osfleet.imaging import builder, publisher
 from osfleet.imaging.host import Host
+from osfleet.vm.images import find_image
 
 
 def _fail(exc: OsfleetError) -> Exit:

@@ -1,6 +1,6 @@
 """``osfleet plan``: how many hosts of which priced types hold N replicas, and what a replica-day costs.
 
-Density per host type comes from ``osfleet.cost`` (the one cost model: usable CPU, RAM and disk divided by
+Density per host type comes from ``osfleet.measure.cost`` (the one cost model: usable CPU, RAM and disk divided by
 the measured footprint per replica; the smallest quotient binds). The plan adds the fleet on top: the
 cheapest mix of host types whose capacity covers N replicas (a small exact knapsack), each homogeneous
 option beside it, and the cost per replica-day of the planned fleet (hosts' price x 24 / N, so unused
@@ -22,8 +22,8 @@ from typing import Any
 import click
 
 from osfleet.cli_support import friendly
-from osfleet.cost import PRICES, PRICES_NAME, Footprint, HostType, load_prices, replicas_per_host
 from osfleet.errors import ConfigError, OsfleetError
+from osfleet.measure.cost import PRICES, PRICES_NAME, Footprint, HostType, load_prices, replicas_per_host
 
 # Measured on the development machine (2 cores, 24 GiB, QEMU TCG, one snapshot replica on template memory,
 # 2026-11-30): its QEMU used 0.43 of a core while stepping (a click, typed text and a guest shell command,
@@ -54,7 +54,7 @@ class Option:
     hosts: int
     usd_per_hour: float  # the fleet's
     usd_per_replica_day: float  # the fleet's, over N replicas
-    usd_per_replica_day_full_host: float  # a full host's (osfleet.cost's figure)
+    usd_per_replica_day_full_host: float  # a full host's (osfleet.measure.cost's figure)
     source: str
 
 

@@ -36,7 +36,7 @@ HASH_LENGTH = 16
 # Recipes and guest files are data shipped in the ``golden_images`` package (beside its Fabric tasks): read
 # as package resources, never imported as code, so ``osfleet`` does not depend on the Fabric tasks. The guest
 # files are here, not only in the builder (``osfleet.imaging``), because they are part of an image's name:
-# whoever looks an image up by its recipe (``osfleet.images``, the suites) hashes them without the builder.
+# whoever looks an image up by its recipe (``osfleet.vm.images``, the suites) hashes them without the builder.
 ASSETS_PACKAGE = "golden_images"
 DEFAULT_RECIPE = Path(str(resources.files(ASSETS_PACKAGE) / "recipes" / "desktop.yaml"))
 GUEST_FILES = ("init", "initrd-init", "shutdown", "xorg.conf", "xsession")

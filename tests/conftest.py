@@ -20,7 +20,7 @@ from fabric import Connection
 from osfleet.cli_support import interrupt_on_signals
 from osfleet.config import NAME_PREFIX, Settings
 from osfleet.errors import ImageNotFoundError
-from osfleet.images import GoldenImage, load
+from osfleet.vm.images import GoldenImage, load
 
 if TYPE_CHECKING:
     from osfleet.bench.load import LocalAgent
@@ -238,7 +238,7 @@ def office_image(sshd: Sshd, settings: Settings) -> GoldenImage:
 @pytest.fixture
 def no_leftovers(settings: Settings) -> Iterator[None]:
     """Fail the test if it leaves an osfleet domain or scratch file behind."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     def state() -> tuple[list[str], list[str]]:
         with Virt(settings.libvirt_uri) as v:  # lab hosts have their own prefix and their own tests

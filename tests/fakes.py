@@ -39,7 +39,7 @@ from osfleet.replicas.lifecycle import Child, Forked, Timed
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Counters, Registry
 from osfleet.replicas.tunnels import Stream, Tunnels
-from osfleet.screen import encode
+from osfleet.vm.screen import encode
 from tests.fake_guest_channels import FakeGuestChannels
 
 

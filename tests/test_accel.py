@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from osfleet import accel
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
+from osfleet.vm import accel
+from osfleet.vm.images import GoldenImage
 
 
 @pytest.mark.vm

@@ -18,8 +18,8 @@ from PIL import Image
 
 from osfleet.api.app import create_app
 from osfleet.config import AgentConfig, Settings
-from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
+from osfleet.vm.images import GoldenImage
 from tests.conftest import VENV_BIN, free_port
 
 pytestmark = pytest.mark.vm

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from osfleet import qcow2, screen
-from osfleet.accel import detect_accelerator
 from osfleet.config import NAME_PREFIX, Settings
-from osfleet.domain_xml import DiskSpec, DomainSpec
-from osfleet.images import GoldenImage
-from osfleet.readiness import wait_until_ready
-from osfleet.virt import Virt
+from osfleet.vm import qcow2, screen
+from osfleet.vm.accel import detect_accelerator
+from osfleet.vm.domain_xml import DiskSpec, DomainSpec
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.readiness import wait_until_ready
+from osfleet.vm.virt import Virt
 from tests.conftest import VENV_BIN, Sshd
 
 pytestmark = pytest.mark.vm

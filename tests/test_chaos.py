@@ -21,12 +21,12 @@ from osfleet.chaos import faults as F
 from osfleet.chaos.hosts import ChaosHost, lab_hosts, local_host, resolve
 from osfleet.chaos.runner import FAULTS_FILE, ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
 from osfleet.lab.lab import _host, lab_root
 from osfleet.lab.state import LabState, save
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import RecordStore, ReplicaRecord, State
-from osfleet.virt import GuestAgentUnavailableError
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.virt import GuestAgentUnavailableError
 from tests.conftest import VENV_BIN
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import pytest
 
 from osfleet.bench import chaos as chaos_bench
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
+from osfleet.vm.images import GoldenImage
 
 pytestmark = pytest.mark.vm
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import osfleet
-from osfleet.cost import PRICES, Footprint, HostType, cost_table, load_prices, replicas_per_host
 from osfleet.errors import OsfleetError
+from osfleet.measure.cost import PRICES, Footprint, HostType, cost_table, load_prices, replicas_per_host
 
 pytestmark = pytest.mark.unit
 

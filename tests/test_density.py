@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from osfleet.cost import Footprint, footprint_from_density, replicas_per_host
 from osfleet.errors import OsfleetError
+from osfleet.measure.cost import Footprint, footprint_from_density, replicas_per_host
 from osfleet.report import load, render
 from tests.conftest import VENV_BIN
 
@@ -43,7 +43,7 @@ DENSITY = {
 def test_cost_uses_the_measured_density_and_names_the_binding_resource() -> None:
     fp = footprint_from_density(DENSITY)
     assert fp == Footprint(cpu_cores=0.004, memory_bytes=60 * 2**20, disk_bytes=0.0)
-    from osfleet.cost import HostType
+    from osfleet.measure.cost import HostType
 
     host = HostType("h", vcpus=2, memory_gib=24, usd_per_hour=1.0, source="unit")
     # (24 - 4) GiB / 60 MiB = 341 by RAM; (2 - 1) cores / 0.004 = 250 by CPU: CPU binds

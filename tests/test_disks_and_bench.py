@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from osfleet import disks, qcow2
 from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage
-from osfleet.stats import distribution, percentile
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import distribution, percentile
+from osfleet.vm import disks, qcow2
+from osfleet.vm.images import GoldenImage
 from tests.conftest import VENV_BIN
 
 

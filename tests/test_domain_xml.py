@@ -8,8 +8,8 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from osfleet.domain_xml import METADATA_NS, DiskSpec, DomainSpec
-from osfleet.virt import DomainNotFoundError, Virt, VirtError, translate
+from osfleet.vm.domain_xml import METADATA_NS, DiskSpec, DomainSpec
+from osfleet.vm.virt import DomainNotFoundError, Virt, VirtError, translate
 
 
 def spec(**kw: object) -> DomainSpec:

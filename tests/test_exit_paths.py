@@ -93,7 +93,7 @@ def test_fleet_serve_shuts_down_gracefully_on_sighup_as_on_sigterm(tmp_path: Pat
 # --- a real benchmark, stopped mid-run ------------------------------------------------------------------------
 def leftovers(settings: Settings) -> dict[str, list[str]]:
     """What this helper's prefix owns now: domains, replica folders, fork folders, fork RAM files, QEMUs."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     with Virt(settings.libvirt_uri) as v:
         domains = sorted(v.names(settings.name_prefix))

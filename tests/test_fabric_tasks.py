@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from invoke import Context
 
-from osfleet import qcow2
 from osfleet.config import Settings
 from osfleet.errors import CommandFailedError, DiskFullError, HostUnreachableError, ImageInUseError
-from osfleet.images import GoldenImage, find_image, load
 from osfleet.imaging import builder, publisher
 from osfleet.imaging.host import Host
+from osfleet.vm import qcow2
+from osfleet.vm.images import GoldenImage, find_image, load
 from tests.conftest import REPO, VENV_BIN, Sshd, free_port
 
 

@@ -18,8 +18,8 @@ import pytest
 from osfleet.bench.load import LocalAgent
 from osfleet.client import Fleet, ForbiddenError, InvalidRequestError, NotFoundError, Session
 from osfleet.config import DEFAULT_MAX_BODY_BYTES
-from osfleet.images import GoldenImage
 from osfleet.protocol.actions import MAX_READ_BYTES
+from osfleet.vm.images import GoldenImage
 from tests.conftest import local_agent
 from tests.test_sdk_vm import example
 

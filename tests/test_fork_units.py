@@ -184,9 +184,9 @@ class SlotVirt:
 
 
 def test_ready_slots_wait_on_the_next_forks_files_and_the_fork_fills_them_in_place(tmp_path: Path) -> None:
-    from osfleet import qcow2
-    from osfleet.images import GoldenImage
     from osfleet.replicas.saved_state import SavedState
+    from osfleet.vm import qcow2
+    from osfleet.vm.images import GoldenImage
 
     shm = Path("/dev/shm") / f"osfleet-unit-slots-{os.getpid()}"
     settings = Settings(home=tmp_path / "home", memory_dir=shm)

@@ -20,7 +20,7 @@ from osfleet.replicas import actions
 from osfleet.tasks import runner
 from osfleet.tasks.model import Task
 from osfleet.tasks.osworld_format.convert import from_osworld
-from osfleet.virt import GuestAgentUnavailableError, Virt
+from osfleet.vm.virt import GuestAgentUnavailableError, Virt
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
 pytestmark = pytest.mark.integration

@@ -31,7 +31,7 @@ from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
 from osfleet.replicas.records import Lease, RecordStore, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 from tests.fakes import FakeImage
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.

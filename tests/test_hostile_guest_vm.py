@@ -23,10 +23,10 @@ from openpyxl import Workbook
 
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
-from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks import runner
 from osfleet.tasks.osworld_format.convert import from_osworld
+from osfleet.vm.images import GoldenImage
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 

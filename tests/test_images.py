@@ -12,7 +12,7 @@ import pytest
 
 from osfleet.config import Settings
 from osfleet.errors import BadRecipeError, ImageNotFoundError
-from osfleet.images import find_image, image_folders, list_images
+from osfleet.vm.images import find_image, image_folders, list_images
 from tests.conftest import VENV_BIN
 
 pytestmark = pytest.mark.unit

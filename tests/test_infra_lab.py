@@ -126,7 +126,7 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
     from pulumi import automation as auto
 
     from osfleet.bench.infra import infra_leftovers
-    from osfleet.cost import HostType, replicas_per_host
+    from osfleet.measure.cost import HostType, replicas_per_host
     from osfleet.report.load import load as load_run
 
     run_dir = REPO / "tests" / "data" / "run-sample"

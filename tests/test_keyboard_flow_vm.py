@@ -10,10 +10,10 @@ import time
 import pytest
 
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
 from osfleet.replicas.actions import shell
 from osfleet.replicas.input import Input, key_for_char
 from osfleet.replicas.manager import ReplicaHost
+from osfleet.vm.images import GoldenImage
 
 pytestmark = pytest.mark.vm
 

@@ -124,10 +124,10 @@ def test_subnet_avoids_this_machines_networks(lab: LabState) -> None:
 @pytest.mark.vm
 def test_replicas_down_all_on_one_host_leaves_the_others(lab: LabState, settings: Settings) -> None:
     """Needs a built golden image and replicas that honour OSFLEET_NAME_PREFIX."""
-    from osfleet.images import list_images
     from osfleet.imaging.host import Host
     from osfleet.imaging.publisher import publish
-    from osfleet.virt import Virt
+    from osfleet.vm.images import list_images
+    from osfleet.vm.virt import Virt
 
     images = list_images(settings)
     if not images:

@@ -14,8 +14,8 @@ import pytest
 
 from osfleet import loadtest
 from osfleet.bench.load import LocalAgent, run_locust
-from osfleet.images import GoldenImage
 from osfleet.loadtest import SCENARIOS, locustfile
+from osfleet.vm.images import GoldenImage
 from tests.conftest import REPO
 
 USERS = {"trajectories": "Agent", "bringup": "Bringup"}

@@ -20,7 +20,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from osfleet.bench.load import LocalAgent
-from osfleet.images import GoldenImage
+from osfleet.vm.images import GoldenImage
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent

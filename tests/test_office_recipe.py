@@ -87,8 +87,8 @@ def test_osworld_recipe_fields_are_checked(tmp_path: Path, old: str, new: str, p
 
 
 def test_readiness_waits_for_the_prestarted_apps_only_where_the_image_has_them(tmp_path: Path) -> None:
-    from osfleet.images import GoldenImage
-    from osfleet.readiness import prestarted_apps
+    from osfleet.vm.images import GoldenImage
+    from osfleet.vm.readiness import prestarted_apps
 
     office = GoldenImage(tmp_path / "o.json", {"recipe": load_recipe(OFFICE).model_dump()})
     desktop = GoldenImage(tmp_path / "d.json", {"recipe": load_recipe(builder.DEFAULT_RECIPE).model_dump()})

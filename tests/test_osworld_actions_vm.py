@@ -19,10 +19,10 @@ from PIL import ImageChops
 from osfleet.api.observe import observe
 from osfleet.api.state import LeasedHost
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
 from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.leases import Claim
 from osfleet.replicas.manager import ReplicaHost
+from osfleet.vm.images import GoldenImage
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 

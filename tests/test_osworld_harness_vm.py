@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from osfleet.bench.load import LocalAgent
-from osfleet.images import GoldenImage
+from osfleet.vm.images import GoldenImage
 from tests.conftest import local_agent
 
 pytestmark = pytest.mark.vm

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.osworld_format import getters
 from osfleet.tasks.osworld_format.convert import from_osworld
+from osfleet.vm.images import GoldenImage
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 PAGE = "https://pages.test/shop.html"

@@ -1,4 +1,5 @@
-"""The capacity plan against hand-computed expectations; density itself is osfleet.cost's (tests/test_cost.py)."""
+"""The capacity plan against hand-computed expectations; density itself is osfleet.measure.cost's
+(tests/test_cost.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.cost import Footprint, HostType
 from osfleet.errors import OsfleetError
+from osfleet.measure.cost import Footprint, HostType
 from osfleet.plan import (
     DEFAULT_CPU_CORES,
     DEFAULT_DISK_BYTES,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from osfleet import qcow2
 from osfleet.errors import CommandFailedError
+from osfleet.vm import qcow2
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from osfleet.config import ReplicaShape, Settings
-from osfleet.domain_xml import DiskSpec, DomainSpec, NicSpec
 from osfleet.errors import ConfigError
-from osfleet.images import GoldenImage
 from osfleet.replicas import network
 from osfleet.replicas.network import AddressBook, NetworkPolicy
+from osfleet.vm.domain_xml import DiskSpec, DomainSpec, NicSpec
+from osfleet.vm.images import GoldenImage
 
 INTERNET = "198.51.100.1"
 UPLINK_HOST = "198.51.100.2"

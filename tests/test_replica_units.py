@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from osfleet.domain_xml import QEMU_NS, DiskSpec, DomainSpec
 from osfleet.errors import OsfleetError
 from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.replicas.records import InvalidTransitionError, Lease, RecordStore, ReplicaRecord, State
+from osfleet.vm.domain_xml import QEMU_NS, DiskSpec, DomainSpec
 
 pytestmark = pytest.mark.unit
 

@@ -16,11 +16,11 @@ import pytest
 from PIL import ImageChops
 
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
 from osfleet.protocol.actions import ACTIONS
 from osfleet.replicas.manager import NoReplicaAvailableError, ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
+from osfleet.vm.images import GoldenImage
 from tests.conftest import VENV_BIN
 
 pytestmark = pytest.mark.vm

@@ -26,10 +26,10 @@ from osfleet.api.models import StepRequest
 from osfleet.bench import step as bench_step
 from osfleet.config import AgentConfig
 from osfleet.errors import VirtError
+from osfleet.measure.timing import Stages, collecting, parse_server_timing, stage
 from osfleet.protocol.models import DEFAULT_QUALITY
 from osfleet.replicas.capture import ScreenCapture
-from osfleet.screen import encode
-from osfleet.timing import Stages, collecting, parse_server_timing, stage
+from osfleet.vm.screen import encode
 from tests.conftest import free_port
 from tests.fakes import FakeHost
 

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from osfleet.config import Settings
-from osfleet.images import GoldenImage
+from osfleet.measure.timing import collecting
 from osfleet.protocol.actions import Click
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.timing import collecting
+from osfleet.vm.images import GoldenImage
 
 pytestmark = pytest.mark.vm
 

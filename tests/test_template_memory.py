@@ -15,12 +15,12 @@ import pytest
 
 from osfleet.bench.density import cpu_seconds, process_memory
 from osfleet.config import ReplicaShape, Settings
-from osfleet.domain_xml import MEMORY_BACKEND_ID, QEMU_NS, MemoryFile
 from osfleet.errors import ConfigError, OsfleetError
-from osfleet.host_tune import apply_ksm, ksm_status, wanted_ksm
-from osfleet.images import GoldenImage
 from osfleet.replicas import saved_state, template_memory
 from osfleet.replicas.spec import replica_spec
+from osfleet.vm.domain_xml import MEMORY_BACKEND_ID, QEMU_NS, MemoryFile
+from osfleet.vm.host_tune import apply_ksm, ksm_status, wanted_ksm
+from osfleet.vm.images import GoldenImage
 
 SHM = Path("/dev/shm")
 
@@ -74,7 +74,7 @@ def test_template_and_clone_domains_are_the_same_but_for_share_and_incoming(tmp_
 
 @pytest.mark.unit
 def test_libvirt_accepts_a_domain_with_template_memory(tmp_path: Path) -> None:
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     image = fake_image(tmp_path)
     spec = replica_spec(

@@ -15,7 +15,7 @@ import pytest
 
 from osfleet.bench.load import LocalAgent
 from osfleet.client import ConflictError, Fleet, NotFoundError, Session
-from osfleet.images import GoldenImage
+from osfleet.vm.images import GoldenImage
 from tests.conftest import local_agent
 
 pytestmark = pytest.mark.vm

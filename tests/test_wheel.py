@@ -126,7 +126,8 @@ def test_an_installed_wheel_works_without_the_checkout(tmp_path: Path) -> None:
     assert found["osfleet"].startswith(str(venv))
     assert found["missing"] == NEEDS_AN_EXTRA, found["missing"]
     probe = (
-        "from osfleet.imaging import builder; from osfleet.loadtest import locustfile; from osfleet.cost import PRICES;"
+        "from osfleet.imaging import builder; from osfleet.loadtest import locustfile;"
+        "from osfleet.measure.cost import PRICES;"
         "import sys; assert len(builder.guest_files()) == 5 and builder.DEFAULT_RECIPE.is_file() and PRICES.is_file();"
         "assert all(locustfile(s).is_file() for s in ('trajectories', 'bringup')); print(builder.DEFAULT_RECIPE)"
     )

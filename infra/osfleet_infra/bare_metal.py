@@ -71,8 +71,8 @@ def deploy_bare_metal(targets: list[HostTarget], common: Common, tune_kernel: bo
 
 
 def _capacity(h: KvmHost, common: Common) -> pulumi.Output[tuple[int, str]]:
-    """Replicas the host holds by the measured footprint, and the resource that binds first (osfleet.cost)."""
-    from osfleet.cost import HostType, replicas_per_host
+    """Replicas the host holds by the measured footprint, and the resource that binds first (osfleet.measure.cost)."""
+    from osfleet.measure.cost import HostType, replicas_per_host
 
     def compute(v: list[Any]) -> tuple[int, str]:
         host = HostType(

@@ -118,7 +118,7 @@ class KvmHostArgs:
     target: HostTarget
     packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
     tune_kernel: bool = True  # sysctls + KSM; off in the lab, whose hosts share this machine's kernel
-    tenancy: str = "multi"  # KSM on only for "single" (osfleet.host_tune's rule)
+    tenancy: str = "multi"  # KSM on only for "single" (osfleet.vm.host_tune's rule)
 
 
 class KvmHost(pulumi.ComponentResource):

@@ -20,8 +20,8 @@ from typing import Any
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from osfleet.errors import CommandFailedError, ImageInUseError
-from osfleet.host_tune import ksm_for_tenancy, ksm_writes
 from osfleet.imaging.host import Host
+from osfleet.vm.host_tune import ksm_for_tenancy, ksm_writes
 from osfleet_infra.remote import CONN_KEYS, host_of
 
 q = shlex.quote
@@ -81,7 +81,7 @@ class HostPrepProvider(ResourceProvider):
 def prep_steps(packages: list[str], tune_kernel: bool, home: str, tenancy: str = "multi") -> list[tuple[str, str]]:
     """The host preparation as (what, shell command) steps, each idempotent: run over SSH by ``KvmHost`` and
     as cloud-init ``runcmd`` on EC2, so both prepare a host the same way. KSM as ``osfleet host tune`` would
-    set it for ``tenancy`` (``osfleet.host_tune``'s rule: on only when every replica serves one user)."""
+    set it for ``tenancy`` (``osfleet.vm.host_tune``'s rule: on only when every replica serves one user)."""
     pk = " ".join(q(p) for p in packages)
     steps = [
         (
@@ -164,8 +164,8 @@ class ImageBuildProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         from invoke import Context
 
-        from osfleet.images import load
         from osfleet.imaging import builder
+        from osfleet.vm.images import load
 
         files = builder.build(Host(Context(), echo=False), Path(props["recipe"]), props.get("build_dir") or None)
         image = load(Path(files.manifest))
@@ -197,8 +197,8 @@ class ImagePublishProvider(ResourceProvider):
     KEYS = [*CONN_KEYS, "name", "manifest", "disk_sha256", "store"]
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from osfleet.images import load
         from osfleet.imaging.publisher import publish
+        from osfleet.vm.images import load
 
         image = load(Path(props["manifest"]))
         with host_of(props) as host:

@@ -17,7 +17,7 @@ NS = "osfleet"
 PLATFORMS = ("lab", "onprem", "aws", "k8s")
 MODES = ("snapshot", "cold")
 TENANCIES = ("single", "multi")
-# Who the replicas of a stack's hosts serve, and so whether KSM may merge their memory (osfleet.host_tune's rule):
+# Who the replicas of a stack's hosts serve, and so whether KSM may merge their memory (osfleet.vm.host_tune's rule):
 # "multi" unless said otherwise, because a fleet with client tokens serves tenants that must not learn what each
 # other's desktops hold (KSM's merge timing is such a channel). A stack whose every client is one team's RL run
 # sets "single" to get KSM's density.
@@ -45,7 +45,7 @@ class Common:
     """Keys every stack reads."""
 
     platform: str
-    footprint: Any  # osfleet.cost.Footprint measured in osfleet:footprintRun, or None
+    footprint: Any  # osfleet.measure.cost.Footprint measured in osfleet:footprintRun, or None
     usd_per_host_hour: float | None
     recipe: Path
     recipe_hash: str

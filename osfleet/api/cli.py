@@ -106,8 +106,8 @@ def host_serve(
     from osfleet.api.app import create_app
     from osfleet.api.auth import load_clients
     from osfleet.config import AgentConfig
-    from osfleet.images import find_image
     from osfleet.replicas.manager import ReplicaHost
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     if replica_network is not None:
@@ -166,7 +166,7 @@ def host_serve(
 @_friendly
 def host_tune(ksm: bool | None, as_json: bool) -> None:
     """Host settings for density: KSM with sane scan rates (kept off when replicas serve different users)."""
-    from osfleet.host_tune import tune
+    from osfleet.vm.host_tune import tune
 
     result = tune(Settings.from_env(), ksm)
     if as_json:

@@ -9,9 +9,9 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from osfleet import qcow2
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import State
+from osfleet.vm import qcow2
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 

@@ -16,9 +16,9 @@ from collections.abc import Collection
 from osfleet.api.models import Observation, ObservationPart
 from osfleet.api.state import LeasedHost
 from osfleet.errors import GuestTimeoutError
+from osfleet.measure.timing import stage
 from osfleet.protocol.models import DEFAULT_QUALITY, ImageFormat
 from osfleet.tasks.osworld_format import guest_query
-from osfleet.timing import stage
 
 DESKTOP_QUERY_SECONDS = 120.0  # one accessibility tree (a full LibreOffice window takes tens of seconds under TCG)
 

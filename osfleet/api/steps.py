@@ -18,11 +18,11 @@ from osfleet.api.observe import observe
 from osfleet.api.policy import refuse_root_actions
 from osfleet.api.state import AgentState, LeasedHost, LiveEpisode
 from osfleet.errors import OsfleetError
+from osfleet.measure.timing import stage
 from osfleet.replicas.actions import declares_infeasible, ends_episode
 from osfleet.replicas.episodes import AppliedStep
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.input import InputError
-from osfleet.timing import stage
 
 # Refused before anything reached the guest: the step may be sent again with the same action id.
 REFUSED_BEFORE_THE_GUEST = (InputError, ReplicaBusyError, LeaseError, ReplicaNotFoundError)

@@ -38,10 +38,10 @@ from osfleet.chaos.hosts import ChaosHost
 from osfleet.chaos.runner import ChaosPlan, ChaosRunner, FaultSpec
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage
-from osfleet.stats import percentile
-from osfleet.virt import Virt
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import percentile
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.virt import Virt
 
 Say = Callable[[str], None]
 KINDS = ("kill_qemu", "freeze_qemu", "delete_overlay", "kill_host_agent", "fill_image_store")

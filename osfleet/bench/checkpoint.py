@@ -18,10 +18,10 @@ from typing import Any
 
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import percentile
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import percentile
+from osfleet.vm.images import GoldenImage
 
 Say = Callable[[str], None]
 MARKER_PATH = "/var/tmp/osfleet-checkpoint-marker"
@@ -117,7 +117,7 @@ def _shell(host: ReplicaHost, rid: str, command: str) -> str:
 
 def _leaks(settings: Settings) -> dict[str, int]:
     from osfleet.replicas.checkpoints import CheckpointBook
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     with Virt(settings.libvirt_uri) as virt:
         templates = len(virt.names(f"{settings.template_prefix}f-"))

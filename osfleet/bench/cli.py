@@ -43,7 +43,7 @@ def bench_disk(replicas: int, image_ref: str | None, boot: int, as_json: bool, o
     """Provision N replica disks by overlay, reflink and full copy, side by side, in one run."""
     from osfleet.bench import disk as disk_bench
     from osfleet.bench.tables import disk_table
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
@@ -123,7 +123,7 @@ def bench_reset(
     from osfleet.bench import reset as reset_bench
     from osfleet.bench.recipe_image import recipe_image
     from osfleet.bench.tables import reset_table
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     if image_ref and recipe:
         raise OsfleetError("give --image or --recipe, not both")
@@ -152,7 +152,7 @@ def bench_fork(children: int, ready: bool, image_ref: str | None, as_json: bool,
     """Fork a replica mid-task N ways: same state in every child, diverging input, timings, clean-up."""
     from osfleet.bench import fork as fork_bench
     from osfleet.bench.tables import fork_table
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
@@ -171,7 +171,7 @@ def bench_fork(children: int, ready: bool, image_ref: str | None, as_json: bool,
 def bench_checkpoint(copies: int, rounds: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
     """Save a checkpoint mid-task, start 1 and N copies from it, fork N ways: timings and bytes side by side."""
     from osfleet.bench import checkpoint as checkpoint_bench
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
@@ -214,7 +214,7 @@ def bench_density(
     """Ready desktops held at once until memory runs out: each answers; memory, idle CPU, bring-up per replica."""
     from osfleet.bench import density
     from osfleet.bench.tables import density_table
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
@@ -251,7 +251,7 @@ def bench_chaos(
     import time as _time
 
     from osfleet.bench import chaos as chaos_bench
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
@@ -283,7 +283,7 @@ def bench_soak(
     import time as _time
 
     from osfleet.bench import chaos as chaos_bench
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     seconds = _seconds(duration)
     settings = Settings.from_env()
@@ -346,7 +346,7 @@ def bench_sandbox(rounds: int, fresh_rounds: int, as_json: bool, out: Path | Non
 def bench_read_path(rounds: int, image_ref: str | None, as_json: bool, out: Path | None) -> None:
     """A getter's guest file read through the guest agent vs from the replica's disk on the host, on a replica."""
     from osfleet.bench import read_path
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo

@@ -31,16 +31,16 @@ from typing import Any
 
 import psutil
 
-from osfleet import screen
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.host_facts import describe
-from osfleet.host_tune import ksm_status
-from osfleet.images import GoldenImage
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import percentile
 from osfleet.replicas.manager import ReplicaHost, Timed
 from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
-from osfleet.stats import percentile
+from osfleet.vm import screen
+from osfleet.vm.host_tune import ksm_status
+from osfleet.vm.images import GoldenImage
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from osfleet import disks, qcow2
 from osfleet.config import Settings
-from osfleet.disks import Strategy
 from osfleet.errors import OsfleetError
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage
-from osfleet.stats import distribution
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import distribution
+from osfleet.vm import disks, qcow2
+from osfleet.vm.disks import Strategy
+from osfleet.vm.images import GoldenImage
 
 FULL_COPY_SAMPLE = 4
 # Full copies may use at most this share of the free disk; beyond it they are sampled.
@@ -212,7 +212,7 @@ def _boot_overlays(
     image: GoldenImage, overlay_dir: Path, count: int, settings: Settings, say: Progress
 ) -> dict[str, Any]:
     """Boot ``count`` of the overlays once each; their growth is what a replica writes while booting."""
-    from osfleet.verify import boot_overlay
+    from osfleet.imaging.verify import boot_overlay
 
     grown: list[int] = []
     seconds: list[float] = []

@@ -32,12 +32,12 @@ from PIL import Image, ImageChops
 
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import distribution, percentile
 from osfleet.replicas.forks import SCREEN
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import distribution, percentile
+from osfleet.vm.images import GoldenImage
 
 Say = Callable[[str], None]
 MARKER_PATH = "/var/tmp/osfleet-fork-marker"
@@ -213,7 +213,7 @@ def _small(area: tuple[int, int, int, int] | None, screen: Image.Image) -> bool:
 
 def _leaks(settings: Settings, made: list[str]) -> dict[str, int]:
     """What this run left behind: its replicas' domains and folders, fork templates, forks, RAM files."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     with Virt(settings.libvirt_uri) as virt:
         domains = sum(len(virt.names(f"{settings.name_prefix}{rid}-")) for rid in made)

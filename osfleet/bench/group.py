@@ -27,8 +27,8 @@ from osfleet.bench.load import LocalAgent
 from osfleet.cli_support import emit, friendly
 from osfleet.client import AsyncFleet, AsyncSession
 from osfleet.errors import OsfleetError
-from osfleet.host_facts import describe
-from osfleet.stats import distribution
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import distribution
 
 Say = Callable[[str], None]
 DEFAULT_TASK = "cli-write-note"

@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from osfleet.errors import OsfleetError
-from osfleet.stats import percentile
+from osfleet.measure.stats import percentile
 
 ROUNDS = 300
 WARMUP = 20
@@ -219,7 +219,7 @@ async def _rounds(
 
 def run(rounds: int = ROUNDS, warmup: int = WARMUP, tls: tuple[bool, ...] = (False, True)) -> dict[str, Any]:
     """Both clients on the same calls, over plain HTTP and over TLS; see the module docstring."""
-    from osfleet.host_facts import describe
+    from osfleet.measure.host_facts import describe
 
     _aiohttp()  # fail before starting anything when it is missing
 

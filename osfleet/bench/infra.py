@@ -51,7 +51,7 @@ def infra_leftovers(state: Any, settings: Settings) -> dict[str, int]:
     """What a destroyed stack must not leave on the lab hosts: domains, agent processes, agent folders,
     published images and saved states."""
     from osfleet.lab import net
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     out = {"domains": 0, "agent_processes": 0, "agent_folders": 0, "published_images": 0}
     with Virt(settings.libvirt_uri) as virt:

@@ -97,8 +97,8 @@ class LocalAgent:
         finally:
             made = sorted(_replica_ids(self.settings) - self.before)
             if made:
-                from osfleet.images import find_image
                 from osfleet.replicas.manager import ReplicaHost
+                from osfleet.vm.images import find_image
 
                 with ReplicaHost(find_image(self.image, self.settings), self.settings, auto_recover=False) as host:
                     host.adopt()

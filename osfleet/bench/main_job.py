@@ -21,8 +21,8 @@ from osfleet.bench import disk as disk_bench
 from osfleet.bench.tables import disk_table
 from osfleet.config import Settings
 from osfleet.errors import OsfleetError
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage, load
+from osfleet.measure.host_facts import describe
+from osfleet.vm.images import GoldenImage, load
 
 if TYPE_CHECKING:
     from osfleet.bench.lab_fleet import LabFleet
@@ -121,7 +121,7 @@ def _golden_image(settings: Settings, timings: dict[str, float]) -> GoldenImage:
 def _boot(image: GoldenImage, run_dir: Path, settings: Settings, timings: dict[str, float]) -> dict[str, Any]:
     """One replica booted to a drawn desktop before anything is measured at scale; the machine it names (with the
     accelerator the boot used) goes with every result of the run."""
-    from osfleet.verify import verify_image
+    from osfleet.imaging.verify import verify_image
 
     t = _stage(2, "boot one replica to a drawn desktop and save its screenshot")
     boot = verify_image(image, run_dir / "screenshot.png", settings)

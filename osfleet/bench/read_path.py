@@ -25,10 +25,10 @@ from typing import Any
 
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import MissingToolError, OsfleetError
-from osfleet.images import GoldenImage
+from osfleet.measure.stats import distribution
 from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import distribution
+from osfleet.vm.images import GoldenImage
 
 Say = Callable[[str], None]
 SIZES = {"small": 4844, "large": 2**20}  # the acceptance check's workbook; a 1 MiB document
@@ -105,7 +105,7 @@ def _put(host: ReplicaHost, rid: str, path: str, blob: bytes) -> None:
 
 
 def run(image: GoldenImage, rounds: int = 5, settings: Settings | None = None, say: Say = print) -> dict[str, Any]:
-    from osfleet.host_facts import describe
+    from osfleet.measure.host_facts import describe
 
     for tool, package in (("qemu-storage-daemon", "qemu-system-x86"), ("debugfs", "e2fsprogs")):
         if shutil.which(tool) is None:

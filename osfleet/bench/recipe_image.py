@@ -1,7 +1,7 @@
 """The golden image of a recipe for a benchmark (``--recipe``): found by the recipe's hash, built if missing.
 
 A recipe's image is named by its hash (recipe values + guest files + builder version), so the image of
-an unchanged recipe is found wherever osfleet builds images (``osfleet.images.image_folders``: the image
+an unchanged recipe is found wherever osfleet builds images (``osfleet.vm.images.image_folders``: the image
 store, ``$OSFLEET_HOME/build``, ``$OSFLEET_HOME/build-<recipe name>``). A missing one is built into
 ``build-<recipe name>``, beside the default build folder rather than in it: benches without ``--image`` take the
 newest image of ``build/``, and a second recipe's image there would silently become everyone's default.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from osfleet.config import GOLDEN_PREFIX, Settings
 from osfleet.errors import ImageNotFoundError, OsfleetError
-from osfleet.images import GoldenImage, image_folders, load
+from osfleet.vm.images import GoldenImage, image_folders, load
 
 
 def recipe_image(path: Path, settings: Settings, say: Callable[[str], None], build: bool = True) -> GoldenImage:

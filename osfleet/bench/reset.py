@@ -19,13 +19,13 @@ from PIL import ImageChops
 from osfleet.bench.density import process_memory
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.host_facts import describe
-from osfleet.images import GoldenImage
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import distribution, percentile
+from osfleet.measure.timing import collecting
 from osfleet.protocol.models import MODES, Mode
 from osfleet.replicas.input import Input
 from osfleet.replicas.manager import ReplicaHost
-from osfleet.stats import distribution, percentile
-from osfleet.timing import collecting
+from osfleet.vm.images import GoldenImage
 
 LATENCY_SAMPLES = 20
 KEY_SAMPLES = 8
@@ -133,7 +133,7 @@ def _mode_run(
     result = _dist(samples)
     result["rounds"] = rounds
     result["bringup_seconds"] = _dist(bringup)
-    # where a reset's time goes (osfleet.timing stages; ``clock`` overlaps ``screen``)
+    # where a reset's time goes (osfleet.measure.timing stages; ``clock`` overlaps ``screen``)
     result["stages_p50_ms"] = {k: round(percentile(v, 50) * 1000, 2) for k, v in stages.items()}
     result["rss_bytes_per_replica"] = sum(rss) / len(rss)
     result["pss_bytes_per_replica"] = sum(m.get("pss", 0) for m in mem) / len(mem)

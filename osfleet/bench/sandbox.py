@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from osfleet.stats import distribution
+from osfleet.measure.stats import distribution
 
 Say = Callable[[str], None]
 FRESH = (
@@ -47,7 +47,7 @@ def _cases(folder: Path) -> list[tuple[str, Any, Any, dict[str, Any]]]:
 
 
 def run(rounds: int = 20, fresh_rounds: int = 5, say: Say = print) -> dict[str, Any]:
-    from osfleet.host_facts import describe
+    from osfleet.measure.host_facts import describe
     from osfleet.tasks.jail.sandbox import Sandbox
     from osfleet.tasks.osworld_format.metrics import METRICS
 

@@ -34,10 +34,10 @@ import psutil
 from osfleet.bench.load import LocalAgent
 from osfleet.cli_support import friendly
 from osfleet.errors import OsfleetError
-from osfleet.host_facts import describe
+from osfleet.measure.host_facts import describe
+from osfleet.measure.stats import distribution, percentile
+from osfleet.measure.timing import parse_server_timing
 from osfleet.protocol.models import FORMATS, ImageFormat
-from osfleet.stats import distribution, percentile
-from osfleet.timing import parse_server_timing
 
 Say = Callable[[str], None]
 GOAL_P50_SECONDS = 0.2  # issue 11: click + observation p50 on an idle host

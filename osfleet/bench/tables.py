@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from osfleet.stats import human_bytes as human_bytes  # shared with the report, so in osfleet.stats
-from osfleet.stats import seconds as seconds
+from osfleet.measure.stats import human_bytes as human_bytes  # shared with the report, so in osfleet.measure.stats
+from osfleet.measure.stats import seconds as seconds
 
 
 def disk_table(r: dict[str, Any]) -> str:

@@ -172,7 +172,7 @@ QemuPidOf = Callable[[ChaosHost, ReplicaRecord], int]
 
 def libvirt_qemu_pid(host: ChaosHost, record: ReplicaRecord) -> int:
     """The QEMU pid of the record's domain, from libvirt's pid file, checked to be that domain's QEMU."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     where = f"{host.name}/{record.id}"
     if not record.domain:

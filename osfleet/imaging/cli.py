@@ -101,8 +101,8 @@ def image_container(out: Path | None, import_: bool) -> None:
 @_friendly
 def image_publish(image_ref: str | None, store: str | None, host: str | None, port: int, key: str | None) -> None:
     """Put a built image into a host's read-only image store (skipped when already there)."""
-    from osfleet.images import find_image
     from osfleet.imaging import publisher
+    from osfleet.vm.images import find_image
 
     img = find_image(image_ref, Settings.from_env())
     click.echo(publisher.publish(_host(host, port, key), img, store))
@@ -113,7 +113,7 @@ def image_publish(image_ref: str | None, store: str | None, host: str | None, po
 @_friendly
 def image_ls(as_json: bool) -> None:
     """List golden images on this machine (published first)."""
-    from osfleet.images import list_images
+    from osfleet.vm.images import list_images
 
     imgs = list_images(Settings.from_env())
     if as_json:
@@ -138,8 +138,8 @@ def image_ls(as_json: bool) -> None:
 @_friendly
 def image_verify(image_ref: str | None, screenshot: Path, timeout: float) -> None:
     """Boot a throwaway replica, wait for guest agent and drawn desktop, save its screenshot."""
-    from osfleet.images import find_image
-    from osfleet.verify import verify_image
+    from osfleet.imaging.verify import verify_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     res = verify_image(find_image(image_ref, settings), screenshot, settings, timeout)
@@ -164,8 +164,8 @@ def disk() -> None:
 @_friendly
 def disk_provision(image_ref: str, dest_dir: Path, strategy: str, count: int) -> None:
     """Create COUNT replica disks of an image in DEST_DIR; prints each path."""
-    from osfleet import disks
-    from osfleet.images import find_image
+    from osfleet.vm import disks
+    from osfleet.vm.images import find_image
 
     img = find_image(image_ref, Settings.from_env())
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -183,8 +183,8 @@ def disk_provision(image_ref: str, dest_dir: Path, strategy: str, count: int) ->
 @_friendly
 def accel_cmd(image_ref: str | None, refresh: bool) -> None:
     """Print the accelerator guests really run under here: kvm, or qemu (TCG)."""
-    from osfleet.accel import cached_reason, detect_accelerator
-    from osfleet.images import find_image
+    from osfleet.vm.accel import cached_reason, detect_accelerator
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     accel = detect_accelerator(find_image(image_ref, settings).kernel, settings, refresh=refresh)

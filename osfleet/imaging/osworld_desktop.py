@@ -10,7 +10,7 @@ desktop (openbox, no systemd, no network); this module installs them, and stages
   registry; the guest has no network) without running their install scripts; the image's chroot then builds
   the native modules against Debian's own nodejs (``build-code-server``) and the compilers are removed again.
 - **Pre-started applications** (``prestart``): the session script ``osfleet-apps`` starts them and writes
-  ``/run/user/<uid>/osfleet-apps-ready`` once each answers; ``osfleet.readiness`` waits for that file before a
+  ``/run/user/<uid>/osfleet-apps-ready`` once each answers; ``osfleet.vm.readiness`` waits for that file before a
   running state is saved, so every replica restored from it has them up.
 - **The session's environment** (``session.env``: PATH with /usr/local/bin, session bus, runtime folder,
   accessibility on) reaches every command osfleet runs as the desktop user: ``runuser`` and ``su`` read it

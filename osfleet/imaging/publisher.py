@@ -15,8 +15,8 @@ from pathlib import Path
 
 from osfleet.config import GOLDEN_PREFIX, Settings
 from osfleet.errors import CommandFailedError, ImageInUseError
-from osfleet.images import GoldenImage
 from osfleet.imaging.host import Host
+from osfleet.vm.images import GoldenImage
 
 
 def pids_using(host: Host, path: str) -> list[int]:

@@ -125,7 +125,7 @@ def _is_our_sshd(h: LabHost) -> bool:
 
 def _destroy_domains(prefixes: list[str], libvirt_uri: str | None, say: Say) -> int:
     """Destroy the lab hosts' replica domains (their overlays go with the hosts' folders)."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     count = 0
     try:
@@ -142,7 +142,7 @@ def _destroy_domains(prefixes: list[str], libvirt_uri: str | None, say: Say) -> 
 
 def leftovers(root: Path, libvirt_uri: str | None = None) -> dict[str, int]:
     """What of a lab exists on this machine now, by kind (all zero after ``down``)."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     state = load(root) if state_path(root).exists() else None
     namespaces = net.lab_namespaces()

@@ -41,7 +41,7 @@ from osfleet.protocol.osworld_paths import GUEST_USER
 from osfleet.replicas import computer13, pyautogui_code
 from osfleet.replicas.input import Input, InputError, key_for_char, qcode
 from osfleet.replicas.pyautogui_code import CodeFailedError
-from osfleet.virt import GuestAgentUnavailableError, Virt
+from osfleet.vm.virt import GuestAgentUnavailableError, Virt
 
 READ_FILE_SECONDS = 60.0  # one guest file read, whatever the guest agent does
 READ_CHUNK_BYTES = 1 << 20

@@ -27,7 +27,7 @@ from osfleet.replicas.records import (
     owned_by_other_live_process,
 )
 from osfleet.replicas.registry import Registry
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 
 ADOPT_LOCK = ".adopt.lock"
 

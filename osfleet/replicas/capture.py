@@ -17,8 +17,8 @@ from pathlib import Path
 from PIL import Image
 
 from osfleet.errors import VirtError
-from osfleet.timing import stage
-from osfleet.virt import Virt
+from osfleet.measure.timing import stage
+from osfleet.vm.virt import Virt
 
 log = logging.getLogger(__name__)
 

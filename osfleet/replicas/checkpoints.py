@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from osfleet import qcow2
 from osfleet.errors import OsfleetError
 from osfleet.protocol.models import CHECKPOINT_NAME_PATTERN
 from osfleet.replicas.saved_state import SavedState
+from osfleet.vm import qcow2
 
 # Letters, digits, ``.``, ``_`` and ``-``, 1..64 characters, not starting with a punctuation mark: a name is a
 # file name on the host and a path segment in the API, so nothing that could climb out of either.

@@ -25,8 +25,8 @@ def replicas() -> None:
 
 
 def _replica_host(image_ref: str | None, mode: Mode = "snapshot") -> Any:
-    from osfleet.images import find_image
     from osfleet.replicas.manager import ReplicaHost
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     return ReplicaHost(find_image(image_ref, settings), settings, mode=mode, say=lambda m: click.echo(m, err=True))
@@ -82,7 +82,7 @@ def replicas_up(count: int, mode: Mode, image_ref: str | None) -> None:
 def replicas_ls(as_json: bool) -> None:
     """List this host's replicas from their records, with whether their domain is running."""
     from osfleet.replicas.records import RecordStore
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     settings = Settings.from_env()
     records, _ = RecordStore(settings.replicas_dir).load_all()
@@ -116,7 +116,7 @@ def replicas_screenshot(replica_id: str, out: Path | None, jpeg: bool) -> None:
         raise OsfleetError(f"no replica {replica_id} (see 'osfleet replicas ls')")
     import io
 
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     with Virt(settings.libvirt_uri) as virt:
         if not virt.is_running(rec.domain):

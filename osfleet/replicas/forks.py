@@ -58,19 +58,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from osfleet import qcow2
 from osfleet.config import ReplicaShape, Settings
-from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.images import GoldenImage
 from osfleet.replicas import guest_control, saved_state, template_memory
 from osfleet.replicas.capture import ScreenCapture
 from osfleet.replicas.errors import CapacityError
 from osfleet.replicas.records import ReplicaRecord
 from osfleet.replicas.saved_state import IGNORE_SHARED, SavedState
 from osfleet.replicas.spec import replica_spec
-from osfleet.tenant_storage import private_dir, shared_layer
-from osfleet.virt import Virt, VirtError
+from osfleet.vm import qcow2
+from osfleet.vm.domain_xml import Accel, MemoryFile
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.tenant_storage import private_dir, shared_layer
+from osfleet.vm.virt import Virt, VirtError
 
 log = logging.getLogger(__name__)
 

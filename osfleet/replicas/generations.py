@@ -26,20 +26,20 @@ from pathlib import Path
 
 from PIL import Image
 
-from osfleet import qcow2, screen
 from osfleet.config import ReplicaShape, Settings
-from osfleet.domain_xml import Accel
 from osfleet.errors import GuestTimeoutError, OsfleetError, as_osfleet
-from osfleet.images import GoldenImage
+from osfleet.measure.timing import stage
 from osfleet.protocol.models import Mode
-from osfleet.readiness import wait_until_ready
 from osfleet.replicas import guest_clock, guest_control, saved_state
 from osfleet.replicas.forks import Slot
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
-from osfleet.timing import stage
-from osfleet.virt import Virt, VirtError
+from osfleet.vm import qcow2, screen
+from osfleet.vm.domain_xml import Accel
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.readiness import wait_until_ready
+from osfleet.vm.virt import Virt, VirtError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from osfleet.errors import OsfleetError
 from osfleet.replicas import guest_control
 from osfleet.replicas.guest_control import ControlError
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 
 POLL_SECONDS = 0.01
 SET_TIMEOUT_SECONDS = 10.0

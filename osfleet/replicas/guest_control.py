@@ -27,7 +27,7 @@ from pathlib import Path
 
 from osfleet.errors import GuestTimeoutError, OsfleetError
 from osfleet.replicas import guest_helper
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 
 CHANNEL = guest_helper.PORT_NAME
 REQUEST_TIMEOUT_SECONDS = 10.0

@@ -34,7 +34,7 @@ from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.protocol.models import FILE_ROOTS
 from osfleet.replicas.actions import GUEST_TIMEOUT_SLACK_SECONDS, KILLED_BY_TIMEOUT, VERIFIER_ENV, read_file
 from osfleet.replicas.errors import GuestFileConflictError, GuestFileNotFoundError, GuestPathRefusedError
-from osfleet.virt import GuestAgentUnavailableError, Virt
+from osfleet.vm.virt import GuestAgentUnavailableError, Virt
 
 FILE_SECONDS = 120.0  # one upload or download, guest agent calls and the user's copy together
 MAX_DOWNLOAD_BYTES = MAX_READ_BYTES  # the most a host reads from a guest file (a download over it is refused)

@@ -14,7 +14,7 @@ from typing import Any
 from osfleet.errors import OsfleetError
 from osfleet.protocol.keys import KEY_NAMES, PLAIN, PYAUTOGUI_KEYS, SHIFTED
 from osfleet.replicas import keyboard_flow
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 
 ABS_MAX = 32767
 KEY_GAP_SECONDS = 0.008

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osfleet.errors import OsfleetError, as_osfleet
+from osfleet.measure.timing import collecting, stage
 from osfleet.protocol.models import Mode
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
@@ -29,8 +30,7 @@ from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
 from osfleet.replicas.registry import Registry
 from osfleet.replicas.saved_state import SavedState
-from osfleet.tenant_storage import private_dir
-from osfleet.timing import collecting, stage
+from osfleet.vm.tenant_storage import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Child:
     record: ReplicaRecord
     lease: Lease | None
     seconds: float
-    stages: dict[str, float] = field(default_factory=dict)  # where its bring-up went (osfleet.timing)
+    stages: dict[str, float] = field(default_factory=dict)  # where its bring-up went (osfleet.measure.timing)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from osfleet.errors import OsfleetError
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from osfleet import screen
-from osfleet.accel import detect_accelerator
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError
-from osfleet.images import GoldenImage
+from osfleet.measure.timing import stage
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.protocol.models import FORMATS, MODES, ImageFormat, Mode
 from osfleet.replicas import adoption, guest_files, network, saved_state, template_memory
@@ -51,8 +49,10 @@ from osfleet.replicas.registry import Counters, Registry
 from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.replicas.tunnels import Stream, Tunnels
-from osfleet.timing import stage
-from osfleet.virt import Virt
+from osfleet.vm import screen
+from osfleet.vm.accel import detect_accelerator
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.virt import Virt
 
 log = logging.getLogger(__name__)
 

@@ -31,16 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from osfleet import qcow2
 from osfleet.config import ReplicaShape, Settings
-from osfleet.domain_xml import Accel, MemoryFile
 from osfleet.errors import GuestTimeoutError, OsfleetError
-from osfleet.images import GoldenImage
-from osfleet.readiness import wait_until_ready
 from osfleet.replicas import guest_control, template_memory
 from osfleet.replicas.spec import replica_spec
 from osfleet.replicas.template_memory import MemoryMode
-from osfleet.virt import Virt
+from osfleet.vm import qcow2
+from osfleet.vm.domain_xml import Accel, MemoryFile
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.readiness import wait_until_ready
+from osfleet.vm.virt import Virt
 
 STATE_FORMAT = "4"  # 3: the control channel, a VM generation ID and the resident helper; 4: the tunnel channel
 MIGRATION_TIMEOUT_SECONDS = 120.0

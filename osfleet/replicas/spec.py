@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 
 from osfleet.config import ReplicaShape
-from osfleet.domain_xml import Accel, DiskSpec, DomainSpec, MemoryFile, NicSpec
-from osfleet.images import GoldenImage
 from osfleet.replicas.network import port_name
+from osfleet.vm.domain_xml import Accel, DiskSpec, DomainSpec, MemoryFile, NicSpec
+from osfleet.vm.images import GoldenImage
 
 INCOMING_ARGS = ("-incoming", "defer")
 

@@ -35,7 +35,7 @@ Why it is safe.
   file is opened read-only and mapped writable privately; then it is root's and read-only (0444).
 - Tenants: the only pages clones share through this file are the template's, which are the same public
   golden state for everyone; a page a clone writes is private to it. (KSM, which merges pages clones wrote,
-  is a different matter: ``osfleet.host_tune``.)
+  is a different matter: ``osfleet.vm.host_tune``.)
 - tmpfs is lost at reboot: the state directory keeps a sparse copy of the RAM file on disk and it is put
   back on tmpfs the first time the state is used again.
 

@@ -35,7 +35,7 @@ from typing import Protocol, cast
 from osfleet.errors import OsfleetError
 from osfleet.replicas import guest_tunnel
 from osfleet.replicas.guest_tunnel import CLOSE, DATA, HEADER, HELLO, MAX_PAYLOAD, OPEN, OPENED, frame
-from osfleet.virt import Virt
+from osfleet.vm.virt import Virt
 
 log = logging.getLogger(__name__)
 

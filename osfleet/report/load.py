@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from osfleet.cost import Footprint, cost_table, footprint_from_density, load_prices
 from osfleet.errors import OsfleetError
+from osfleet.measure.cost import Footprint, cost_table, footprint_from_density, load_prices
 
 # What a report is made of; a run directory with none of them has nothing to show.
 RESULT_FILES = (

@@ -13,10 +13,10 @@ from typing import Any, Literal
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
-from osfleet.cost import PRICES_NAME
+from osfleet.measure.cost import PRICES_NAME
+from osfleet.measure.stats import human_bytes, seconds
 from osfleet.report.figures import Figure
 from osfleet.report.load import RunResults, caption, machine_of, trajectory_summary
-from osfleet.stats import human_bytes, seconds
 
 HERE = "measured here"
 TITLE = "osfleet run report"
@@ -270,7 +270,7 @@ def _resets(r: dict[str, Any], key: list[list[str]]) -> Section:
     ]
     stages = r["snapshot"].get("stages_p50_ms")
     if stages:
-        blocks.append(Text("Where a snapshot reset's time goes (p50 of each stage, osfleet.timing):"))
+        blocks.append(Text("Where a snapshot reset's time goes (p50 of each stage, osfleet.measure.timing):"))
         blocks.append(Table(["stage", "p50", "source"], [[k, f"{v:.1f} ms", HERE] for k, v in stages.items()]))
     return Section("Resets", blocks)
 

@@ -168,11 +168,11 @@ def tasks_validate(
     task_ids: tuple[str, ...], files: tuple[Path, ...], suite: str | None, image_ref: str | None, as_json: bool
 ) -> None:
     """Check each task on a real replica: verifier 0 on the initial state, 1 after the oracle, 0 after a reset."""
-    from osfleet.images import find_image
     from osfleet.replicas.manager import ReplicaHost
     from osfleet.tasks import runner
     from osfleet.tasks.model import Task, builtin_tasks, find_task, load_task_file
     from osfleet.tasks.suites import load_suite, suite_image
+    from osfleet.vm.images import find_image
 
     settings = Settings.from_env()
     chosen: list[tuple[Task, list[str]]] = [(find_task(t), []) for t in task_ids]

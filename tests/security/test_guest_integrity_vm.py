@@ -22,8 +22,8 @@ from fastapi.testclient import TestClient
 from osfleet.api.app import create_app
 from osfleet.api.auth import load_clients
 from osfleet.config import AgentConfig, Settings
-from osfleet.images import GoldenImage
 from osfleet.replicas.manager import ReplicaHost
+from osfleet.vm.images import GoldenImage
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 

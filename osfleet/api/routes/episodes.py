@@ -33,10 +33,10 @@ from osfleet.api.observe import observe
 from osfleet.api.operations import EVALUATE, FORK, OBSERVATION, RESET, STEP
 from osfleet.api.policy import refuse_root_task
 from osfleet.api.state import AgentState
+from osfleet.measure.timing import Stages, collecting, stage
 from osfleet.tasks import runner
 from osfleet.tasks.model import Evaluation, Task, TaskError, find_task
 from osfleet.tasks.osworld_format.convert import OsworldTask, from_osworld
-from osfleet.timing import Stages, collecting, stage
 
 
 def _timed(response: Response, stages: Stages) -> None:

@@ -187,7 +187,7 @@ def _start_kwok(s: KubeLabState, n: int, kvm: bool, say: Say) -> None:
 
 def _prepare_node_store(s: KubeLabState, say: Say) -> None:
     """The node as a prepared KVM host: its store holds the newest golden image (hard links: read-only files)."""
-    from osfleet.images import find_image
+    from osfleet.vm.images import find_image
 
     try:
         image = find_image(None, Settings.from_env())
@@ -465,7 +465,7 @@ def _unmount_under(root: Path) -> int:
 
 def _destroy_domains(libvirt_uri: str | None, say: Say) -> int:
     """The node's replicas (its host agent's prefix): QEMU runs under the machine's libvirtd, outside the pods."""
-    from osfleet.virt import Virt
+    from osfleet.vm.virt import Virt
 
     count = 0
     try:

@@ -15,13 +15,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from osfleet.config import Settings
 from osfleet.errors import ImageNotFoundError, first_problem
-from osfleet.images import GoldenImage, image_folders, load
 from osfleet.protocol.actions import Action
 from osfleet.recipe import DEFAULT_RECIPE, image_hash_for, load_recipe
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.model import Task, TaskError
 from osfleet.tasks.osworld_format.convert import from_osworld
 from osfleet.tasks.osworld_format.importer import task_files
+from osfleet.vm.images import GoldenImage, image_folders, load
 
 SUITES = {"osworld": Path(__file__).parent / "osworld"}
 # The image each suite runs on: its recipe, and the folder it is built into beside the default build folder

@@ -7,8 +7,8 @@ import io
 
 from PIL import Image
 
+from osfleet.measure.timing import stage
 from osfleet.protocol.models import DEFAULT_QUALITY, ImageFormat
-from osfleet.timing import stage
 
 PNG_LEVEL = 1  # zlib's fastest: a desktop compresses nearly as well as at 6, in a fraction of the time
 WEBP_METHOD = 0  # libwebp's fastest effort: ~20 ms for 1280x800 here instead of ~200 ms at its default (4)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from osfleet import screen
 from osfleet.errors import GuestTimeoutError, OsfleetError
-from osfleet.images import GoldenImage
-from osfleet.virt import GuestAgentUnavailableError, Virt, VirtError
+from osfleet.vm import screen
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.virt import GuestAgentUnavailableError, Virt, VirtError
 
 POLL_SECONDS = 0.5
 APPS_POLL_SECONDS = 3.0

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from osfleet.config import Settings
-from osfleet.domain_xml import Accel
 from osfleet.errors import MissingToolError
+from osfleet.vm.domain_xml import Accel
 
 PROBE_TIMEOUT_SECONDS = 20.0
 PROBE_MARKER = b"Kernel panic"

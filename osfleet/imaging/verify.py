@@ -8,14 +8,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from osfleet import qcow2
-from osfleet.accel import detect_accelerator
 from osfleet.config import NAME_PREFIX, Settings
-from osfleet.domain_xml import Accel
-from osfleet.images import GoldenImage
-from osfleet.readiness import wait_until_ready
 from osfleet.replicas.spec import replica_spec
-from osfleet.virt import Virt
+from osfleet.vm import qcow2
+from osfleet.vm.accel import detect_accelerator
+from osfleet.vm.domain_xml import Accel
+from osfleet.vm.images import GoldenImage
+from osfleet.vm.readiness import wait_until_ready
+from osfleet.vm.virt import Virt
 
 BOOT_TIMEOUT_SECONDS = 180.0
 

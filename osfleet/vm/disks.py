@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from osfleet import qcow2
 from osfleet.errors import DiskFullError, OsfleetError
+from osfleet.vm import qcow2
 
 Strategy = Literal["overlay", "reflink", "full"]
 STRATEGIES: tuple[Strategy, ...] = ("overlay", "reflink", "full")

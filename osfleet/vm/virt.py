@@ -25,8 +25,8 @@ import libvirt_qemu
 import psutil
 from PIL import Image
 
-from osfleet.domain_xml import DomainSpec
 from osfleet.errors import GuestTimeoutError, OsfleetError, VirtError
+from osfleet.vm.domain_xml import DomainSpec
 
 log = logging.getLogger(__name__)
 _handler_lock = threading.Lock()
