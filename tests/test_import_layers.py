@@ -268,3 +268,33 @@ def test_no_cycle_between_groups_but_the_known_ones() -> None:
     found = {frozenset(c) for c in cycles(graph)}
     assert found - set(KNOWN_GROUP_CYCLES) == set(), "new cycles between packages"
     assert set(KNOWN_GROUP_CYCLES) - found == set(), "a known cycle is gone: remove it from KNOWN_GROUP_CYCLES"
+
+
+# The tooling: what measures, drives or reports on osfleet, as opposed to osfleet itself. The runtime (what a host
+# or a gateway runs, and the client) never imports it, so the tooling can leave the runtime wheel (an extra or a
+# package of its own) without the runtime noticing; the command line mounts both.
+TOOLING = frozenset({"osfleet.bench", "osfleet.chaos", "osfleet.lab", "osfleet.loadtest", "osfleet.report"})
+RUNTIME = frozenset(
+    {
+        "osfleet.api",
+        "osfleet.client",
+        "osfleet.fleet",
+        "osfleet.gym",
+        "osfleet.imaging",
+        "osfleet.mcp",
+        "osfleet.openenv",
+        "osfleet.osworld",
+        "osfleet.protocol",
+        "osfleet.recording",
+        "osfleet.replicas",
+        "osfleet.tasks",
+        "osfleet.ui",
+        "osfleet.vm",
+    }
+)
+
+
+def test_the_runtime_never_imports_the_tooling() -> None:
+    assert TOOLING <= {group(m) for m in MODULES} and RUNTIME <= {group(m) for m in MODULES}  # names still exist
+    wrong = [str(i) for i in ALL_IMPORTS if group(i.importer) in RUNTIME and group(i.imported) in TOOLING]
+    assert not wrong, "the runtime imports the tooling (bench, chaos, lab, loadtest, report):\n" + "\n".join(wrong)
