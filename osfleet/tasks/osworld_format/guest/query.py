@@ -709,61 +709,18 @@ def _showing_cells(node, depth, budget, pyatspi, flag):
 
 def _a11y_node(node, depth, budget, pyatspi, flag=None):
     """One AT-SPI node as OSWorld's server writes it: the role as the tag, ``name``, states, attributes,
-    screen position and size of what is showing, text, value and actions, in its namespaces."""
+    screen position and size of what is showing, text, value and actions, in its namespaces. The attributes
+    keep OSWorld's order, and each part an application refuses is left out alone."""
     budget[0] -= 1
     attrs = {"name": node.name or ""}
-    states = node.getState().getStates()
-    for st in states:
-        name = pyatspi.StateType._enum_lookup.get(st, "")  # noqa: SLF001 (pyatspi's own table of names)
-        name = name.split("_", 1)[1].lower() if "_" in name else ""
-        if name:
-            attrs[f"{{{NS['st']}}}{name}"] = "true"
-    try:
-        for key, value in (
-            node.getAttributes().items()
-            if hasattr(node.getAttributes(), "items")
-            else (a.split(":", 1) for a in node.getAttributes())
-        ):
-            if key:
-                attrs[f"{{{NS['attr']}}}{key}"] = value
-    except Exception:  # noqa: BLE001 (an application may refuse a call)
-        pass
+    attrs.update(_a11y_states(node, pyatspi))
+    attrs.update(_a11y_attributes(node))
     if attrs.get(f"{{{NS['st']}}}visible") == "true" and attrs.get(f"{{{NS['st']}}}showing") == "true":
-        try:
-            box = node.queryComponent().getExtents(pyatspi.XY_SCREEN)
-            attrs[f"{{{NS['cp']}}}screencoord"] = str((box.x, box.y))
-            attrs[f"{{{NS['cp']}}}size"] = str((box.width, box.height))
-        except Exception:  # noqa: BLE001 (NotImplementedError: no component)
-            pass
-    text = ""
-    try:
-        t = node.queryText()
-        text = t.getText(0, t.characterCount).replace("\ufffc", "").replace("\ufffd", "")
-    except Exception:  # noqa: BLE001
-        pass
-    for what, key in (("queryImage", "image"), ("querySelection", "selection")):
-        try:
-            getattr(node, what)()
-            attrs[key] = "true"
-        except Exception:  # noqa: BLE001
-            pass
-    try:
-        v = node.queryValue()
-        fields = [("value", "currentValue"), ("min", "minimumValue"), ("max", "maximumValue")]
-        fields.append(("step", "minimumIncrement"))
-        for key, get in fields:
-            with contextlib.suppress(Exception):
-                attrs[f"{{{NS['val']}}}{key}"] = str(getattr(v, get))
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        action = node.queryAction()
-        for i in range(action.nActions):
-            name = action.getName(i).replace(" ", "-")
-            attrs[f"{{{NS['act']}}}{name}_desc"] = action.getDescription(i)
-            attrs[f"{{{NS['act']}}}{name}_kb"] = action.getKeyBinding(i)
-    except Exception:  # noqa: BLE001
-        pass
+        attrs.update(_a11y_extents(node, pyatspi))
+    text = _a11y_text(node)
+    attrs.update(_a11y_interfaces(node))
+    attrs.update(_a11y_value(node))
+    attrs.update(_a11y_actions(node))
     raw = (node.getRoleName() or "").strip()
     role = (raw or "unknown").replace(" ", "-")
     flag = flag or ("calc" if raw == "document spreadsheet" else None)
@@ -771,18 +728,116 @@ def _a11y_node(node, depth, budget, pyatspi, flag=None):
     if text:
         element.text = text
     if depth < MAX_DEPTH:
-        try:
-            if flag == "calc" and role == "table":
-                element.extend(_showing_cells(node, depth, budget, pyatspi, flag))
-                return element
-            for i, child in enumerate(node):
-                if i == MAX_WIDTH or budget[0] <= 0:
-                    break
-                if child is not None:
-                    element.append(_a11y_node(child, depth + 1, budget, pyatspi, flag))
-        except Exception:  # noqa: BLE001 (an application went away while it was read)
-            pass
+        element.extend(_a11y_children(node, role, depth, budget, pyatspi, flag))
     return element
+
+
+def _a11y_states(node, pyatspi):
+    """The node's states as ``st:`` attributes, named as pyatspi names them without the prefix (STATE_SHOWING is
+    showing). Not guarded: a node whose states cannot be read is not written at all."""
+    out = {}
+    for st in node.getState().getStates():
+        name = pyatspi.StateType._enum_lookup.get(st, "")  # noqa: SLF001 (pyatspi's own table of names)
+        name = name.split("_", 1)[1].lower() if "_" in name else ""
+        if name:
+            out[f"{{{NS['st']}}}{name}"] = "true"
+    return out
+
+
+def _a11y_attributes(node):
+    """The node's object attributes as ``attr:``: a dict from newer pyatspi, ``key:value`` strings from older.
+    The ones read before a refusal are kept (each part below alike)."""
+    out = {}
+    try:
+        for key, value in (
+            node.getAttributes().items()
+            if hasattr(node.getAttributes(), "items")
+            else (a.split(":", 1) for a in node.getAttributes())
+        ):
+            if key:
+                out[f"{{{NS['attr']}}}{key}"] = value
+    except Exception:  # noqa: BLE001 (an application may refuse a call)
+        pass
+    return out
+
+
+def _a11y_extents(node, pyatspi):
+    """Where a showing node is on the screen, as ``cp:screencoord`` and ``cp:size``."""
+    out = {}
+    try:
+        box = node.queryComponent().getExtents(pyatspi.XY_SCREEN)
+        out[f"{{{NS['cp']}}}screencoord"] = str((box.x, box.y))
+        out[f"{{{NS['cp']}}}size"] = str((box.width, box.height))
+    except Exception:  # noqa: BLE001 (NotImplementedError: no component)
+        pass
+    return out
+
+
+def _a11y_text(node):
+    """The node's text without the object replacement and replacement characters; empty without a text."""
+    try:
+        t = node.queryText()
+        return t.getText(0, t.characterCount).replace("\ufffc", "").replace("\ufffd", "")
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _a11y_interfaces(node):
+    """``image`` and ``selection``, "true" for a node that has that interface."""
+    out = {}
+    for what, key in (("queryImage", "image"), ("querySelection", "selection")):
+        try:
+            getattr(node, what)()
+            out[key] = "true"
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def _a11y_value(node):
+    """A value's current, minimum, maximum and step as ``val:``, each left out alone when it cannot be read."""
+    out = {}
+    try:
+        v = node.queryValue()
+        fields = [("value", "currentValue"), ("min", "minimumValue"), ("max", "maximumValue")]
+        fields.append(("step", "minimumIncrement"))
+        for key, get in fields:
+            with contextlib.suppress(Exception):
+                out[f"{{{NS['val']}}}{key}"] = str(getattr(v, get))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _a11y_actions(node):
+    """Each action's description and key binding as ``act:<name>_desc`` and ``act:<name>_kb``."""
+    out = {}
+    try:
+        action = node.queryAction()
+        for i in range(action.nActions):
+            name = action.getName(i).replace(" ", "-")
+            out[f"{{{NS['act']}}}{name}_desc"] = action.getDescription(i)
+            out[f"{{{NS['act']}}}{name}_kb"] = action.getKeyBinding(i)
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _a11y_children(node, role, depth, budget, pyatspi, flag):
+    """The node's children, up to MAX_WIDTH and while the budget lasts; a spreadsheet's table gives only its
+    showing cells. The children read before an application went away are kept."""
+    children = []
+    try:
+        if flag == "calc" and role == "table":
+            return _showing_cells(node, depth, budget, pyatspi, flag)
+        for i, child in enumerate(node):
+            if i == MAX_WIDTH or budget[0] <= 0:
+                break
+            if child is not None:
+                children.append(_a11y_node(child, depth + 1, budget, pyatspi, flag))
+    except Exception:  # noqa: BLE001 (an application went away while it was read)
+        pass
+    return children
 
 
 def _reachable_bus(address):
