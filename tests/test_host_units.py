@@ -220,10 +220,17 @@ def test_recoveries_are_bounded_and_not_queued_twice(tmp_path: Path) -> None:
     assert not rounds
     while time.monotonic() < deadline and running[0] < 2:  # both workers picked up their job
         time.sleep(0.01)
-    time.sleep(0.1)  # (give a wrongly started third job the chance to show up)
+    # A wrongly started third job would show within the monitor's next rounds (it submits on its own thread):
+    # wait for ten more of them rather than for a time, which a slow machine could spend before any round ran.
+    ticks = mon.ticks
+    while time.monotonic() < deadline and mon.ticks < ticks + 10:
+        time.sleep(0.01)
+    assert mon.ticks >= ticks + 10 and mon.busy() == 4  # c and d queued behind a and b, none dropped
     with lock:
         assert running[0] == 2 and sorted(calls) == ["a", "b"]  # two at a time; c and d wait their turn
     gate.set()
+    while time.monotonic() < deadline and mon.busy():  # (stop drops queued jobs: let c and d run first)
+        time.sleep(0.01)
     mon.stop()
     assert most[0] == 2 and sorted(calls) == ["a", "b", "c", "d"]  # each once, though seen five times
 
