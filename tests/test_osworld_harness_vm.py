@@ -20,7 +20,7 @@ from osfleet.bench.load import LocalAgent
 from osfleet.vm.images import GoldenImage
 from tests.conftest import local_agent
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.heavy]  # ~10-20 min here: out of CI's slow run (.ci/run)
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "osfleet" / "tasks" / "suites" / "osworld"
 TASKS = ["os-archive-folder", "calc-total-row", "vlc-play-file", "chrome-open-tabs"]
