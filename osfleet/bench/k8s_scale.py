@@ -33,6 +33,7 @@ from typing import Any
 
 import click
 
+from osfleet.cli_support import emit
 from osfleet.config import Settings
 from osfleet.errors import ConfigError, OsfleetError
 
@@ -343,7 +344,4 @@ def bench_k8s_scale(sizes_text: str, sample_seconds: float, as_json: bool, out: 
     except OsfleetError as exc:
         click.echo(f"osfleet: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    click.echo(json.dumps(result, indent=2) if as_json else table(result))
+    emit(result, as_json, out, table)
