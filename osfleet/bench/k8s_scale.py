@@ -18,10 +18,7 @@ and the stack destroyed. The labels are put back as they were, whatever happens.
 from __future__ import annotations
 
 import json
-import secrets
-import shutil
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,22 +30,16 @@ from typing import Any
 
 import click
 
+from osfleet.bench.k8s_stack import Kubectl, built_image, lab_kubectl, refuse_if_stack_up, throwaway_stack
 from osfleet.cli_support import emit
 from osfleet.config import Settings
 from osfleet.errors import ConfigError, OsfleetError
 
 Say = Callable[[str], None]
 STACK = "bench-k8s"
-NAMESPACE = "osfleet"  # the stack's default: the bench refuses to run while a k8s stack holds it
 KVM_LABEL = "osfleet.io/kvm"
 DISCOVERY_TIMEOUT = 600.0
 CLK_TCK = 100  # /proc's clock ticks per second on Linux (os.sysconf("SC_CLK_TCK"), fixed at 100 on x86)
-# The lab's node store, replica prefix and RAM folder (as in Pulumi.k8s.yaml: apart from this machine's osfleet).
-LAB_CONFIG = {
-    "osfleet:imageStorePath": "/var/lib/osfleet/k8s-lab/node",
-    "osfleet:namePrefix": "osfleet-k8s-",
-    "osfleet:memoryDir": "/dev/shm/osfleet-k8s",
-}
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -178,13 +169,7 @@ def wait_for_gateway(
 
 
 # --- one run ------------------------------------------------------------------------------------------------------
-def _kubectl(state: Any) -> Callable[..., str]:
-    from osfleet.lab.kube.cluster import kubectl
-
-    return lambda args, timeout=120: kubectl(state, args, timeout)
-
-
-def kwok_nodes(kubectl: Callable[..., str]) -> dict[str, bool]:
+def kwok_nodes(kubectl: Kubectl) -> dict[str, bool]:
     """The kwok nodes and whether each carries the KVM label now."""
     out = json.loads(kubectl(["get", "nodes", "-o", "json"]))
     nodes = {}
@@ -195,7 +180,7 @@ def kwok_nodes(kubectl: Callable[..., str]) -> dict[str, bool]:
     return nodes
 
 
-def set_labels(kubectl: Callable[..., str], label: list[str], unlabel: list[str]) -> None:
+def set_labels(kubectl: Kubectl, label: list[str], unlabel: list[str]) -> None:
     for i in range(0, len(label), 100):
         if chunk := label[i : i + 100]:
             kubectl(["label", "node", "--overwrite", *chunk, f"{KVM_LABEL}=true"])
@@ -205,7 +190,7 @@ def set_labels(kubectl: Callable[..., str], label: list[str], unlabel: list[str]
 
 
 @contextmanager
-def labels_put_back(kubectl: Callable[..., str], before: dict[str, bool], say: Say) -> Iterator[None]:
+def labels_put_back(kubectl: Kubectl, before: dict[str, bool], say: Say) -> Iterator[None]:
     try:
         yield
     finally:
@@ -216,29 +201,18 @@ def labels_put_back(kubectl: Callable[..., str], before: dict[str, bool], say: S
             say(f"could not put the labels back: {exc}")
 
 
-def _preflight(settings: Settings, sizes: list[int]) -> tuple[Any, Callable[..., str], dict[str, bool], str]:
-    from osfleet.imaging.container import newest_reference
-    from osfleet.lab.kube.state import lab_root, load
-
-    state = load(lab_root(settings))
-    if state is None or not state.ready:
-        raise ConfigError(f"no k8s lab is up: osfleet lab k8s up --kwok-nodes {max(sizes) - 1}")
-    kubectl = _kubectl(state)
-    namespaces = json.loads(kubectl(["get", "namespaces", "-o", "json"])).get("items", [])
-    if any(ns.get("metadata", {}).get("name") == NAMESPACE for ns in namespaces):
-        raise ConfigError(f"namespace {NAMESPACE!r} exists (a k8s stack is up): pulumi destroy --stack k8s first")
+def _preflight(settings: Settings, sizes: list[int]) -> tuple[Kubectl, dict[str, bool], str]:
+    _, kubectl = lab_kubectl(settings, f"osfleet lab k8s up --kwok-nodes {max(sizes) - 1}")
+    refuse_if_stack_up(kubectl)
     nodes = kwok_nodes(kubectl)
     label_plan(list(nodes), max(sizes))  # enough kwok nodes for the largest size, or say how to get them
-    image = newest_reference(settings)
-    if image is None:
-        raise ConfigError("no container image built on this machine: osfleet image container")
-    return state, kubectl, nodes, image
+    return kubectl, nodes, built_image(settings)
 
 
 def run(sizes: list[int], settings: Settings, say: Say, sample_seconds: float = 30.0) -> dict[str, Any]:
     from osfleet.lab.engine import engine_root, engine_version
 
-    state, kubectl, before, image = _preflight(settings, sizes)
+    kubectl, before, image = _preflight(settings, sizes)
     result: dict[str, Any] = {
         "engine": engine_version(engine_root(settings)),
         "image": image,
@@ -257,31 +231,14 @@ def run(sizes: list[int], settings: Settings, say: Say, sample_seconds: float = 
 
 def one_size(hosts: int, image: str, settings: Settings, say: Say, sample_seconds: float) -> dict[str, Any]:
     """Up, the gateway's discovery, its cost while polling, preview, destroy: one size's row."""
-    from pulumi import automation as auto
+    from osfleet.lab.engine import call
 
-    from osfleet.bench.infra import _changes
-    from osfleet.lab.engine import call, purge_stack_files, stack
-    from osfleet.tls import client_context
-
-    work = Path(tempfile.mkdtemp(prefix="osfleet-bench-k8s-"))
     row: dict[str, Any] = {"hosts": hosts}
     echo = lambda line: say("    " + line.rstrip())  # noqa: E731
-    st = stack(STACK, settings, work_dir=work)
-    try:
-        config = {"osfleet:platform": "k8s", "osfleet:containerImage": image, "osfleet:warm": "0",
-                  "osfleet:locustWorkers": "0", **LAB_CONFIG}  # fmt: skip
-        for key, value in config.items():
-            st.set_config(key, auto.ConfigValue(value))
-        st.set_config("osfleet:agentToken", auto.ConfigValue(secrets.token_hex(16), secret=True))
-        say("  pulumi up")
-        t = time.monotonic()
-        up = call(st.up, on_output=echo)
-        row["up_seconds"] = round(time.monotonic() - t, 2)
-        row["up_changes"] = _changes(up.summary)
-        url, token = up.outputs["fleetUrl"].value, up.outputs["gatewayToken"].value
-        context = client_context(ca_pem=up.outputs["caCert"].value)
+    with throwaway_stack(STACK, image, settings, say, {"osfleet:warm": "0", "osfleet:locustWorkers": "0"}) as d:
+        row["up_seconds"], row["up_changes"] = d.up_seconds, d.up_changes
         say(f"  the gateway's discovery of {hosts} hosts")
-        row.update(wait_for_gateway(url, token, context, hosts))
+        row.update(wait_for_gateway(d.url, d.token, d.context, hosts))
         say(f"  the gateway's and the API server's cost while polling, {sample_seconds:.0f} s")
         gateways = find_processes(("osfleet", "fleet", "serve"))
         apiserver = find_processes(("kube-apiserver",))
@@ -290,19 +247,10 @@ def one_size(hosts: int, image: str, settings: Settings, say: Say, sample_second
         row["apiserver"] = [c for c in costs if c["pid"] in apiserver]
         say("  pulumi preview --expect-no-changes")
         t = time.monotonic()
-        preview = call(st.preview, expect_no_changes=True, on_output=echo)
+        preview = call(d.stack.preview, expect_no_changes=True, on_output=echo)
         row["preview_seconds"] = round(time.monotonic() - t, 2)
         row["preview_changes"] = sum(n for k, n in (preview.change_summary or {}).items() if k != "same")
-    finally:
-        say("  pulumi destroy")
-        t = time.monotonic()
-        try:
-            call(st.destroy, on_output=echo)
-            row["destroy_seconds"] = round(time.monotonic() - t, 2)
-            call(st.workspace.remove_stack, STACK)
-            purge_stack_files(STACK, settings)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    row["destroy_seconds"] = d.destroy_seconds
     return row
 
 
