@@ -331,10 +331,7 @@ class K8sFleet(pulumi.ComponentResource):
                                 volume_mounts=mounts,
                                 liveness_probe=probe,
                                 readiness_probe=probe,
-                                resources=core.ResourceRequirementsArgs(
-                                    requests=agent_resources(common.warm, k)["requests"],
-                                    limits=agent_resources(common.warm, k)["limits"],
-                                ),
+                                resources=core.ResourceRequirementsArgs(**agent_resources(common.warm, k)),
                             )
                         ],
                         volumes=volumes,
