@@ -5,14 +5,30 @@ pod, its table and its CLI's errors. The faults themselves need a k8s lab: ``tes
 
 from __future__ import annotations
 
+import http.server
+import json
+import ssl
+import threading
 import time
+import urllib.error
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from osfleet.bench.k8s_faults import Probe, is_ready, outcome, pod_processes, restarts, retry_until, summarise, table
+from osfleet.bench.k8s_faults import (
+    Probe,
+    fresh_step,
+    is_ready,
+    outcome,
+    pod_processes,
+    restarts,
+    retry_until,
+    summarise,
+    table,
+)
 from osfleet.cli import cli
 from osfleet.client.errors import CapacityError, InfrastructureError
 from osfleet.errors import OsfleetError
@@ -112,18 +128,64 @@ def test_the_table_names_each_fault_and_what_the_held_lease_got() -> None:
     result = {
         "agent_pod_deleted": {"new_pod_ready_seconds": 8.1, "held_lease_back_seconds": 12.0,
                               "episode_again_seconds": 14.5, "held_lease_errors": {"InfrastructureError 503": 9}},
-        "gateway_pod_killed": {"calls": 90, "failed": 2, "failures": {"InfrastructureError 503": 2},
-                               "longest_without_answer_seconds": 0.6, "pod_ready_again_seconds": 5.0},
+        "gateway_pod_killed": {"pod_ready_again_seconds": 5.0,
+                               "sdk": {"calls": 90, "failed": 0, "failures": {},
+                                       "longest_without_answer_seconds": 0.0},
+                               "fresh_connections": {"calls": 88, "failed": 2,
+                                                     "failures": {"ConnectionRefusedError": 2},
+                                                     "longest_without_answer_seconds": 0.6}},
         "node_drained": {"held_lease_ended_seconds": 2.5, "episode_again_seconds": 4.0,
                          "evaluate_answer": "InfrastructureError 503: node osfleet-node is cordoned or drained"},
+        "destroy_seconds": 16.3, "replica_domains_after_destroy": 0,
     }  # fmt: skip
     lines = table(result).splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 6
+    assert lines[5] == "| `pulumi destroy` | 16.3 s | 0 replica domain(s) left on the node |"
     assert "held lease answers again 12.0 s" in lines[2] and "InfrastructureError 503 x9" in lines[2]
-    assert "2 of 90 calls failed; longest without an answer 0.6 s" in lines[3]
+    assert "SDK: 0 of 90 calls failed, 0.0 s without; a connection per call: 2 of 88 calls failed, 0.6 s" in lines[3]
+    assert "ConnectionRefusedError x2" in lines[3]
     assert "evaluate: InfrastructureError 503" in lines[4]
     result["agent_pod_deleted"].pop("held_lease_back_seconds")
     assert "held lease answers again never" in table(result)
+
+
+class _Gateway(http.server.BaseHTTPRequestHandler):
+    seen: list[tuple[str, dict[str, Any], str | None]] = []
+    status = 200
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((self.path, body, self.headers.get("Authorization")))
+        data = b'{"reason": "no"}'
+        self.send_response(self.status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_fresh_connection_step_names_what_failed() -> None:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url, ctx = f"http://127.0.0.1:{srv.server_address[1]}", ssl.create_default_context()
+    try:
+        fresh_step(url, "t", ctx, "node-1.r-1", "lease-1")
+        path, body, auth = _Gateway.seen[-1]
+        assert (path, auth) == ("/v1/replicas/node-1.r-1/step", "Bearer t")
+        assert body["lease_id"] == "lease-1" and body["actions"] == [{"type": "wait", "seconds": 0}]
+        assert body["observe"] is False and len(body["action_id"]) == 32
+        _Gateway.status = 503
+        with pytest.raises(urllib.error.HTTPError) as answered:
+            fresh_step(url, "t", ctx, "node-1.r-1", "lease-1")
+        assert outcome(answered.value) == "HTTPError 503"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    with pytest.raises(ConnectionRefusedError) as refused:  # nothing listens there now
+        fresh_step(url, "t", ctx, "node-1.r-1", "lease-1")
+    assert outcome(refused.value) == "ConnectionRefusedError"
 
 
 def test_without_a_lab_the_command_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

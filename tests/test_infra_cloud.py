@@ -433,28 +433,41 @@ def test_k8s_with_discovery_runs_two_gateways_that_find_the_agents_with_a_read_o
     assert cmd[cmd.index("--hosts-tls-name") + 1] == "osfleet-agent.osfleet.svc"
     assert c["imagePullPolicy"] == "IfNotPresent"
     # Least privilege: read the agent pods of its namespace and the nodes; nothing else, no write.
-    (role,) = mocks.of("kubernetes:rbac.authorization.k8s.io/v1:Role")
-    assert role.inputs["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    roles = {r.inputs["metadata"]["name"]: r for r in mocks.of("kubernetes:rbac.authorization.k8s.io/v1:Role")}
+    assert roles["osfleet-gateway-pods"].inputs["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
     (cluster_role,) = mocks.of("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
     assert cluster_role.inputs["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
     ]
-    for binding in mocks.of("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding") + mocks.of(
-        "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
-    ):
-        assert binding.inputs["subjects"] == [
-            {"kind": "ServiceAccount", "name": "osfleet-gateway", "namespace": "osfleet"}
-        ]
+    subjects = {
+        b.inputs["metadata"]["name"]: b.inputs["subjects"]
+        for b in mocks.of("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        + mocks.of("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+    }
+    gateway = [{"kind": "ServiceAccount", "name": "osfleet-gateway", "namespace": "osfleet"}]
+    assert subjects == {
+        "osfleet-gateway-pods": gateway,
+        "osfleet-gateway-nodes-osfleet": gateway,
+        "osfleet-agent": [{"kind": "ServiceAccount", "name": "osfleet-agent", "namespace": "osfleet"}],
+    }
+    # The agent may read its own DaemonSet alone: at shutdown, there or not tells a restart from an uninstall.
+    assert roles["osfleet-agent"].inputs["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["osfleet-agent"], "verbs": ["get"]}
+    ]
     services = {s.inputs["metadata"]["name"]: s.inputs["spec"] for s in mocks.of("kubernetes:core/v1:Service")}
     assert services["osfleet-gateway"]["type"] == "NodePort"
     # The agents answer on their pods' addresses (not the nodes'), on every KVM-labelled node whatever its taints,
     # with the node's replica prefix and RAM-file folder at the node's own path.
     (ds,) = mocks.of("kubernetes:apps/v1:DaemonSet")
     agent = ds.inputs["spec"]["template"]["spec"]
-    assert "hostNetwork" not in agent and agent["automountServiceAccountToken"] is False
+    assert "hostNetwork" not in agent
+    assert agent["serviceAccountName"] == "osfleet-agent" and agent["automountServiceAccountToken"] is True
     assert agent["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
     env = {e["name"]: e.get("value") for e in agent["containers"][0]["env"]}
     assert env["OSFLEET_NAME_PREFIX"] == "osfleet-k8s-" and env["OSFLEET_MEMORY_DIR"] == "/dev/shm/osfleet-k8s"
+    assert env["OSFLEET_K8S_DAEMONSET"] == "osfleet-agent" == ds.inputs["metadata"]["name"]
     assert {v["name"]: v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}[
         "memory"
     ] == "/dev/shm/osfleet-k8s"

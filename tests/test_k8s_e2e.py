@@ -79,8 +79,9 @@ def test_the_k8s_stack_recovers_from_what_kubernetes_does_to_it(lab: Path, tmp_p
 
     # One gateway killed: the Service moves to the other; a few calls may fail while it does, never for long.
     assert "pod_ready_again_seconds" in gateway, gateway
-    assert gateway["longest_without_answer_seconds"] < 30, gateway
-    assert gateway["failed"] < gateway["calls"] / 2, gateway
+    for probe in (gateway["sdk"], gateway["fresh_connections"]):
+        assert probe["longest_without_answer_seconds"] < 30, gateway
+        assert probe["failed"] < probe["calls"] / 4, gateway
 
     # The node drained: the held lease ends as an infrastructure failure naming the node, never as a reward.
     assert "held_lease_ended_seconds" in drained, drained
@@ -91,3 +92,4 @@ def test_the_k8s_stack_recovers_from_what_kubernetes_does_to_it(lab: Path, tmp_p
 
     assert result["ok"] is True and bench.returncode == 0, tail(bench)
     assert result["destroy_seconds"] is not None
+    assert result["replica_domains_after_destroy"] == 0  # an uninstall takes the node's replicas with it

@@ -73,6 +73,7 @@ sys.exit(f"{url} did not answer in 10 minutes")
 """
 LOCUSTFILE = REPO / "loadtest" / "trajectories.py"
 AGENT_LABELS = {"app.kubernetes.io/name": "osfleet-agent", "app.kubernetes.io/part-of": "osfleet"}
+AGENT_ACCOUNT = "osfleet-agent"  # its service account and Role: read its own DaemonSet (osfleet/api/uninstall.py)
 GATEWAY_LABELS = {"app.kubernetes.io/name": "osfleet-gateway", "app.kubernetes.io/part-of": "osfleet"}
 
 
@@ -259,7 +260,8 @@ class K8sFleet(pulumi.ComponentResource):
         kube, port, ns = self._kube(), self.agent_port, self.ns
         meta, core = kube.meta.v1.ObjectMetaArgs, kube.core.v1
         env, mounts, volumes = self._agent_node_access()
-        self.daemonset = self._agent_daemonset(env, mounts, volumes)
+        account = self._agent_account()
+        self.daemonset = self._agent_daemonset(env, mounts, volumes, account)
         self.agent_service = core.Service(
             f"{self.name}-agent-svc",
             metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
@@ -272,7 +274,8 @@ class K8sFleet(pulumi.ComponentResource):
         """The agent's environment, mounts and volumes: what of the node it reaches, each at the node's own path."""
         core, k, common = self._kube().core.v1, self.k, self.common
         env = [_secret_env(core, "osfleet-agent-token"), core.EnvVarArgs(name="OSFLEET_HOME", value=k.store),
-               core.EnvVarArgs(name="OSFLEET_TENANCY", value=common.tenancy)]  # fmt: skip
+               core.EnvVarArgs(name="OSFLEET_TENANCY", value=common.tenancy),
+               core.EnvVarArgs(name="OSFLEET_K8S_DAEMONSET", value="osfleet-agent")]  # fmt: skip
         mounts = [
             core.VolumeMountArgs(name="kvm", mount_path="/dev/kvm"),
             core.VolumeMountArgs(name="store", mount_path=k.store),
@@ -294,7 +297,28 @@ class K8sFleet(pulumi.ComponentResource):
             volumes.append(_host_path(core, "memory", k.memory_dir, "DirectoryOrCreate"))
         return env, mounts, volumes
 
-    def _agent_daemonset(self, env: list[Any], mounts: list[Any], volumes: list[Any]) -> Any:
+    def _agent_account(self) -> list[Any]:
+        """The agent's service account: it may ``get`` its own DaemonSet, nothing else, so that at shutdown it
+        tells a restart (the DaemonSet is there: the next pod adopts the node's replicas) from an uninstall (it is
+        being deleted or gone: it tears them down; ``osfleet/api/uninstall.py``). The DaemonSet depends on these,
+        so ``destroy`` deletes it, and its pods shut down, while the account may still read it."""
+        kube, name, ns, child = self._kube(), self.name, self.ns, self.child
+        meta, core, rbac = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.rbac.v1
+        sa = core.ServiceAccount(f"{name}-agent-sa", metadata=meta(name=AGENT_ACCOUNT, namespace=ns), opts=child)
+        role = rbac.Role(
+            f"{name}-agent-owner", metadata=meta(name=AGENT_ACCOUNT, namespace=ns),
+            rules=[rbac.PolicyRuleArgs(api_groups=["apps"], resources=["daemonsets"], resource_names=["osfleet-agent"],
+                                       verbs=["get"])],
+            opts=child,
+        )  # fmt: skip
+        binding = rbac.RoleBinding(
+            f"{name}-agent-owner", metadata=meta(name=AGENT_ACCOUNT, namespace=ns),
+            role_ref=rbac.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=AGENT_ACCOUNT),
+            subjects=[rbac.SubjectArgs(kind="ServiceAccount", name=AGENT_ACCOUNT, namespace=ns)], opts=child,
+        )  # fmt: skip
+        return [sa, role, binding]
+
+    def _agent_daemonset(self, env: list[Any], mounts: list[Any], volumes: list[Any], account: list[Any]) -> Any:
         kube, k, common, port, ns = self._kube(), self.k, self.common, self.agent_port, self.ns
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
         probe = core.ProbeArgs(
@@ -315,7 +339,8 @@ class K8sFleet(pulumi.ComponentResource):
                         # With a static host list, each agent answers on its node's address (the gateway's list).
                         host_network=bool(k.kvm_nodes) or None,
                         dns_policy="ClusterFirstWithHostNet" if k.kvm_nodes else None,
-                        automount_service_account_token=False,
+                        service_account_name=AGENT_ACCOUNT,
+                        automount_service_account_token=True,  # to read its own DaemonSet at shutdown
                         termination_grace_period_seconds=30,
                         containers=[
                             core.ContainerArgs(
@@ -338,7 +363,7 @@ class K8sFleet(pulumi.ComponentResource):
                     ),
                 ),
             ),
-            opts=self.child,
+            opts=pulumi.ResourceOptions.merge(self.child, pulumi.ResourceOptions(depends_on=account)),
         )  # fmt: skip
 
     def _gateway(self, fleet_address: str | None) -> None:

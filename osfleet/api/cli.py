@@ -105,6 +105,7 @@ def host_serve(
     """Serve lease/reset/observe/step/evaluate/release and OSGym's endpoints until interrupted."""
     from osfleet.api.app import create_app
     from osfleet.api.auth import load_clients
+    from osfleet.api.uninstall import DaemonSetOwner, check_at_start, uninstalled
     from osfleet.config import AgentConfig
     from osfleet.replicas.manager import ReplicaHost
     from osfleet.vm.images import find_image
@@ -156,8 +157,18 @@ def host_serve(
     tenants = f", {len(clients)} client(s)" if clients else ""
     where = listener.url(bind, port)
     click.echo(f"osfleet host agent on {where} ({image.name}, {mode} resets, {warm} warm{tenants})", err=True)
+    say = lambda m: click.echo(m, err=True)  # noqa: E731
+    owner = DaemonSetOwner.from_env()  # in a pod of the k8s stack's DaemonSet: an uninstall takes the replicas
+    readable = check_at_start(owner, say)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()  # from --log-level
-    serve(app, bind, port, level, **listener.uvicorn_options())  # graceful shutdown on SIGHUP too
+    try:
+        serve(app, bind, port, level, **listener.uvicorn_options())  # graceful shutdown on SIGHUP too
+    finally:  # uvicorn raises the signal that stopped it again once it has shut down: SIGTERM ends here too
+        if uninstalled(owner, readable, say):
+            from osfleet.replicas.adoption import teardown_all
+
+            domains, records = teardown_all(settings)
+            say(f"destroyed {domains} domain(s), removed {records} replica record(s)")
 
 
 @host.command("tune")

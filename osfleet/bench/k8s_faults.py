@@ -9,14 +9,17 @@ faults follow one another:
   is Ready, until the *held* lease answers again (the same replica, not a new one), until a new episode runs.
 - **gateway pod killed**: SIGKILL to one gateway's process, as an out-of-memory kill or a crash would. The held
   lease is stepped every 0.2 s through the Service with no client retry, so every failed call is counted, and
-  the longest stretch without a good answer is timed; then the seconds until the killed pod is Ready again.
+  the longest stretch without a good answer is timed, both through the client's pooled connection (what an agent
+  on the SDK sees) and with a new connection per call (the Service picks a pod for each); then the seconds until
+  the killed pod is Ready again.
 - **node drained**: ``kubectl drain --ignore-daemonsets`` (cordon, then evict). In a cluster of several nodes the
   gateway pods would move elsewhere; the lab has one real node, so they are kept there (a pod selector), and only
   the agent's node is drained. Measured: seconds until the held lease's calls end as 503 infrastructure failures
   naming the node, what ``evaluate`` answers then (a 503, never a reward: a drained node is not the agent's
   fault), what a new lease gets; after ``kubectl uncordon``, seconds until a new episode runs again.
 
-The stack is destroyed and the node uncordoned whatever happens.
+The stack is destroyed and the node uncordoned whatever happens; after ``destroy`` no replica domain of the stack
+may be left on the node (an uninstall tears them down, where a restart keeps them for the next agent pod).
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +44,7 @@ import click
 
 from osfleet.bench.k8s_scale import find_processes
 from osfleet.bench.k8s_stack import (
+    LAB_CONFIG,
     NAMESPACE,
     Deployed,
     Kubectl,
@@ -214,7 +222,27 @@ def agent_deleted(kubectl: Kubectl, node: str, fleet: Any, held: Any, task: str,
     return row
 
 
-def gateway_killed(kubectl: Kubectl, held: Any, timeout: float, say: Say) -> dict:
+def fresh_step(url: str, token: str, context: ssl.SSLContext, replica_id: str, lease_id: str) -> None:
+    """One step on a connection of its own, as a client without keep-alive makes: the Service picks a gateway pod
+    for each, so the killed one is tried as often as its sibling until Kubernetes takes it out of the Service."""
+    body = {"lease_id": lease_id, "action_id": uuid.uuid4().hex, "actions": [WAIT], "observe": False}
+    req = urllib.request.Request(
+        f"{url}/v1/replicas/{replica_id}/step",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Connection": "close"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:  # an answer: the gateway's status is what is counted
+        exc.close()
+        raise
+    except urllib.error.URLError as exc:  # the cause by its own kind: ConnectionRefusedError, TimeoutError...
+        raise exc.reason if isinstance(exc.reason, BaseException) else exc from None
+
+
+def gateway_killed(d: Deployed, kubectl: Kubectl, held: Any, timeout: float, say: Say) -> dict:
     gateways = [p for p in pods(kubectl, GATEWAY) if is_ready(p)]
     if len(gateways) < 2:
         raise OsfleetError(f"{len(gateways)} Ready gateway pod(s); the stack runs 2")
@@ -223,26 +251,32 @@ def gateway_killed(kubectl: Kubectl, held: Any, timeout: float, say: Say) -> dic
     pids = pod_processes(uid, ("osfleet", "fleet", "serve"))
     if not pids:
         raise OsfleetError(f"no 'osfleet fleet serve' process of pod {name} on this machine")
-    probe = Probe(lambda: held.step(WAIT, observe=False))
-    probe.start()
-    time.sleep(2.0)  # good answers before the kill, so the stretch is measured from the last one
+    probes = {
+        "sdk": Probe(lambda: held.step(WAIT, observe=False)),  # the client's pooled connection, as an agent's
+        "fresh_connections": Probe(lambda: fresh_step(d.url, d.token, d.context, held.replica_id, held.lease_id)),
+    }
+    for probe in probes.values():
+        probe.start()
+    time.sleep(2.0)  # good answers before the kill, so a stretch is measured from the last one
     say(f"  SIGKILL to gateway pod {name}'s process {pids[0]}")
     killed_at = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
     row: dict[str, Any] = {"pod": name}
     try:
         while time.monotonic() - killed_at < timeout:
-            now = {p["metadata"]["uid"]: p for p in pods(kubectl, GATEWAY)}
-            back = now.get(uid)
+            back = {p["metadata"]["uid"]: p for p in pods(kubectl, GATEWAY)}.get(uid)
             if back is not None and restarts(back) > before and is_ready(back):
                 row["pod_ready_again_seconds"] = round(time.monotonic() - killed_at, 2)
                 break
             time.sleep(0.5)
         time.sleep(max(0.0, GATEWAY_WATCH_SECONDS - (time.monotonic() - killed_at)))
     finally:
-        probe.stop()
-    row.update(summarise(probe.calls))
-    row["ok"] = "pod_ready_again_seconds" in row and probe.calls[-1][1] is None
+        for probe in probes.values():
+            probe.stop()
+    for key, probe in probes.items():
+        row[key] = summarise(probe.calls)
+    last_good = all(p.calls and p.calls[-1][1] is None for p in probes.values())
+    row["ok"] = "pod_ready_again_seconds" in row and last_good
     return row
 
 
@@ -304,8 +338,19 @@ def run(settings: Settings, say: Say, task: str = "cli-write-note", timeout: flo
         finally:
             fleet.close()
     result["destroy_seconds"] = d.destroy_seconds
-    result["ok"] = all(result[k]["ok"] for k in ("agent_pod_deleted", "gateway_pod_killed", "node_drained"))
+    result["replica_domains_after_destroy"] = replica_domains(settings)
+    faults_ok = all(result[k]["ok"] for k in ("agent_pod_deleted", "gateway_pod_killed", "node_drained"))
+    result["ok"] = faults_ok and result["replica_domains_after_destroy"] == 0
     return result
+
+
+def replica_domains(settings: Settings) -> int:
+    """The stack's replica domains on this machine's node: an uninstall must leave none running (the agent tears
+    them down when its DaemonSet goes, ``osfleet/api/uninstall.py``)."""
+    from osfleet.vm.virt import Virt
+
+    with Virt(settings.libvirt_uri) as virt:
+        return len(virt.names(LAB_CONFIG["osfleet:namePrefix"]))
 
 
 def _faults(d: Deployed, kubectl: Kubectl, node: str, fleet: Any, task: str, timeout: float, say: Say) -> dict:
@@ -321,13 +366,17 @@ def _faults(d: Deployed, kubectl: Kubectl, node: str, fleet: Any, task: str, tim
         say("[1/3] the agent pod deleted")
         out["agent_pod_deleted"] = agent_deleted(kubectl, node, fleet, held, task, timeout, say)
         say("[2/3] a gateway pod killed")
-        out["gateway_pod_killed"] = gateway_killed(kubectl, held, timeout, say)
+        out["gateway_pod_killed"] = gateway_killed(d, kubectl, held, timeout, say)
         say("[3/3] the node drained")
         out["node_drained"] = node_drained(kubectl, node, fleet, held, task, timeout, say)
     finally:
         with contextlib.suppress(Exception):  # the lease may have ended with the drain; destroy removes the rest
             held.release()
     return out
+
+
+def _calls(probe: dict[str, Any]) -> str:
+    return f"{probe['failed']} of {probe['calls']} calls failed, {probe['longest_without_answer_seconds']} s without"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -337,14 +386,17 @@ def table(result: dict[str, Any]) -> str:
         ("agent pod deleted", f"new pod Ready {a.get('new_pod_ready_seconds', '-')} s; held lease answers again "
          f"{a.get('held_lease_back_seconds', 'never')} s; new episode {a['episode_again_seconds']} s",
          ", ".join(f"{k} x{v}" for k, v in a["held_lease_errors"].items()) or "none"),
-        ("gateway pod killed", f"{g['failed']} of {g['calls']} calls failed; longest without an answer "
-         f"{g['longest_without_answer_seconds']} s; pod Ready again {g.get('pod_ready_again_seconds', '-')} s",
-         ", ".join(f"{k} x{v}" for k, v in g["failures"].items()) or "none"),
+        ("gateway pod killed", f"SDK: {_calls(g['sdk'])}; a connection per call: {_calls(g['fresh_connections'])}; "
+         f"pod Ready again {g.get('pod_ready_again_seconds', '-')} s",
+         ", ".join(f"{k} x{v}" for k, v in {**g["sdk"]["failures"], **g["fresh_connections"]["failures"]}.items())
+         or "none"),
         ("node drained", f"held lease ended {n.get('held_lease_ended_seconds', 'never')} s; new episode "
          f"{n['episode_again_seconds']} s after uncordon", f"evaluate: {n['evaluate_answer']}"),
     ]  # fmt: skip
     lines = ["| fault | recovery | what the held lease got |", "|---|---|---|"]
     lines += [f"| {f} | {r} | {e} |" for f, r, e in rows]
+    lines.append(f"| `pulumi destroy` | {result['destroy_seconds']} s | "
+                 f"{result['replica_domains_after_destroy']} replica domain(s) left on the node |")  # fmt: skip
     return "\n".join(lines)
 
 
