@@ -6,9 +6,6 @@ on a real cluster (``pulumi destroy`` leaves no replica domain) is in ``osfleet 
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,44 +13,33 @@ from typing import Any
 import pytest
 
 from osfleet.api.uninstall import DAEMONSET_ENV, DaemonSetOwner, check_at_start, uninstalled
+from tests.json_server import Request, json_server
 
 pytestmark = pytest.mark.unit
 
 
-class _ApiServer(http.server.BaseHTTPRequestHandler):
-    answer: tuple[int, dict[str, Any]] = (200, {})
-    seen: list[tuple[str, str | None]] = []
+class _ApiServer:
+    """What the API server answers now (a test sets it), and what it was asked."""
 
-    def do_GET(self) -> None:  # noqa: N802
-        self.seen.append((self.path, self.headers.get("Authorization")))
-        status, body = self.answer
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    answer: tuple[int, Any] = (200, {})
+    seen: list[Request] = []
 
 
 @pytest.fixture
 def owner(tmp_path: Path) -> Iterator[DaemonSetOwner]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ApiServer)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     (tmp_path / "token").write_text("sa-token\n")
-    yield DaemonSetOwner(f"http://127.0.0.1:{srv.server_address[1]}", "osfleet", "osfleet-agent",
-                         tmp_path / "token", None)  # fmt: skip
-    srv.shutdown()
-    srv.server_close()
+    with json_server(lambda _request: _ApiServer.answer) as (url, seen):
+        _ApiServer.seen = seen
+        yield DaemonSetOwner(url, "osfleet", "osfleet-agent", tmp_path / "token", None)
 
 
 def test_the_daemonset_there_is_a_restart_and_the_replicas_stay(owner: DaemonSetOwner) -> None:
     said: list[str] = []
     _ApiServer.answer = (200, {"kind": "DaemonSet", "metadata": {"name": "osfleet-agent"}})
     assert check_at_start(owner, said.append) is True and said == []
-    assert _ApiServer.seen[-1] == ("/apis/apps/v1/namespaces/osfleet/daemonsets/osfleet-agent", "Bearer sa-token")
+    asked = _ApiServer.seen[-1]
+    assert (asked.method, asked.path) == ("GET", "/apis/apps/v1/namespaces/osfleet/daemonsets/osfleet-agent")
+    assert asked.headers["Authorization"] == "Bearer sa-token"
     assert owner.verdict(True) == "present"
     assert uninstalled(owner, True, said.append) is False
     assert "a restart" in said[-1]

@@ -5,15 +5,11 @@ pod, its table and its CLI's errors. The faults themselves need a k8s lab: ``tes
 
 from __future__ import annotations
 
-import http.server
-import json
 import ssl
-import threading
 import time
 import urllib.error
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -32,6 +28,7 @@ from osfleet.bench.k8s_faults import (
 from osfleet.cli import cli
 from osfleet.client.errors import CapacityError, InfrastructureError
 from osfleet.errors import OsfleetError
+from tests.json_server import json_server
 
 pytestmark = pytest.mark.unit
 
@@ -149,40 +146,20 @@ def test_the_table_names_each_fault_and_what_the_held_lease_got() -> None:
     assert "held lease answers again never" in table(result)
 
 
-class _Gateway(http.server.BaseHTTPRequestHandler):
-    seen: list[tuple[str, dict[str, Any], str | None]] = []
-    status = 200
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.seen.append((self.path, body, self.headers.get("Authorization")))
-        data = b'{"reason": "no"}'
-        self.send_response(self.status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_a_fresh_connection_step_names_what_failed() -> None:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url, ctx = f"http://127.0.0.1:{srv.server_address[1]}", ssl.create_default_context()
-    try:
+    status = [200]
+    ctx = ssl.create_default_context()
+    with json_server(lambda _request: (status[0], {"reason": "no"})) as (url, seen):
         fresh_step(url, "t", ctx, "node-1.r-1", "lease-1")
-        path, body, auth = _Gateway.seen[-1]
-        assert (path, auth) == ("/v1/replicas/node-1.r-1/step", "Bearer t")
-        assert body["lease_id"] == "lease-1" and body["actions"] == [{"type": "wait", "seconds": 0}]
-        assert body["observe"] is False and len(body["action_id"]) == 32
-        _Gateway.status = 503
+        asked = seen[-1]
+        assert (asked.method, asked.path) == ("POST", "/v1/replicas/node-1.r-1/step")
+        assert asked.headers["Authorization"] == "Bearer t"
+        assert asked.body["lease_id"] == "lease-1" and asked.body["actions"] == [{"type": "wait", "seconds": 0}]
+        assert asked.body["observe"] is False and len(asked.body["action_id"]) == 32
+        status[0] = 503
         with pytest.raises(urllib.error.HTTPError) as answered:
             fresh_step(url, "t", ctx, "node-1.r-1", "lease-1")
         assert outcome(answered.value) == "HTTPError 503"
-    finally:
-        srv.shutdown()
-        srv.server_close()
     with pytest.raises(ConnectionRefusedError) as refused:  # nothing listens there now
         fresh_step(url, "t", ctx, "node-1.r-1", "lease-1")
     assert outcome(refused.value) == "ConnectionRefusedError"

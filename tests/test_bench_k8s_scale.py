@@ -4,10 +4,7 @@ HTTP server on loopback), and its table. The run itself needs a k8s lab (docs/be
 
 from __future__ import annotations
 
-import http.server
-import json
 import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from osfleet.bench.k8s_scale import (
 )
 from osfleet.cli import cli
 from osfleet.errors import ConfigError, OsfleetError
+from tests.json_server import Request, json_server
 
 pytestmark = pytest.mark.unit
 
@@ -68,29 +66,21 @@ def test_a_process_is_read_from_proc(tmp_path: Path) -> None:
     assert row == {"pid": 4242, "cpu_percent": 0.0, "rss_mib": 2.0}
 
 
-class _Gateway(http.server.BaseHTTPRequestHandler):
+class _Gateway:
+    """The gateway's next answers, in order (the last one repeats); only token ``t`` gets the body."""
+
     answers: list[tuple[int, dict[str, Any]]] = []
 
-    def do_GET(self) -> None:  # noqa: N802
-        status, body = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        data = json.dumps(body).encode() if self.headers.get("Authorization") == "Bearer t" else b"{}"
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    @classmethod
+    def answer(cls, request: Request) -> tuple[int, dict[str, Any]]:
+        status, body = cls.answers.pop(0) if len(cls.answers) > 1 else cls.answers[0]
+        return status, body if request.headers.get("Authorization") == "Bearer t" else {}
 
 
 @pytest.fixture
 def gateway() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with json_server(_Gateway.answer) as (url, _):
+        yield url
 
 
 def test_the_gateway_is_waited_for_until_every_host_is_listed_and_judged(gateway: str) -> None:
