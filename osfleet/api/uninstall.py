@@ -14,8 +14,9 @@ only ``get`` that one object (the ``k8s`` stack's ``osfleet-agent`` Role):
 - anything else (API server unreachable, a timeout, 403 since start-up): keep, and say so. A wrong teardown loses
   episodes; a replica wrongly kept is adopted by the next agent or removed by ``osfleet replicas down --all``.
 
-Checkpoints and saved states stay on the node's disk (user data and caches for the next install), only the
-replicas go: their domains, overlays and records.
+Only the replicas go: their domains, overlays and records. Checkpoints are clients' data and stay, with the saved
+states they are layered on, whose memory files sit in the node's RAM folder (``OSFLEET_MEMORY_DIR``);
+``osfleet replicas down --all --states`` on the node frees those too.
 """
 
 from __future__ import annotations
