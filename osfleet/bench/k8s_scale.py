@@ -30,7 +30,7 @@ from typing import Any
 
 import click
 
-from osfleet.bench.k8s_stack import Kubectl, built_image, lab_kubectl, refuse_if_stack_up, throwaway_stack
+from osfleet.bench.k8s_stack import Kubectl, built_image, is_kwok, lab_kubectl, refuse_if_stack_up, throwaway_stack
 from osfleet.cli_support import emit
 from osfleet.config import Settings
 from osfleet.errors import ConfigError, OsfleetError
@@ -175,7 +175,7 @@ def kwok_nodes(kubectl: Kubectl) -> dict[str, bool]:
     nodes = {}
     for node in out.get("items", []):
         meta = node.get("metadata", {})
-        if meta.get("annotations", {}).get("kwok.x-k8s.io/node") == "fake":
+        if is_kwok(node):
             nodes[meta["name"]] = meta.get("labels", {}).get(KVM_LABEL) == "true"
     return nodes
 

@@ -26,7 +26,6 @@ from osfleet.errors import ConfigError
 Say = Callable[[str], None]
 Kubectl = Callable[..., str]
 NAMESPACE = "osfleet"  # the stack's default
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 # The lab's node store, replica prefix and RAM folder (as in Pulumi.k8s.yaml: apart from this machine's osfleet).
 LAB_CONFIG = {
     "osfleet:imageStorePath": "/var/lib/osfleet/k8s-lab/node",
@@ -74,14 +73,18 @@ def built_image(settings: Settings) -> str:
     return image
 
 
+def is_kwok(node: dict[str, Any]) -> bool:
+    """A node kwok plays (the annotation the lab gives its simulated nodes)."""
+    from osfleet.lab.kube.state import KWOK_ANNOTATION
+
+    key, value = KWOK_ANNOTATION
+    return bool(node.get("metadata", {}).get("annotations", {}).get(key) == value)
+
+
 def real_nodes(kubectl: Kubectl) -> list[str]:
     """The nodes a real kubelet runs (not kwok's): in the lab, this machine's."""
     items = json.loads(kubectl(["get", "nodes", "-o", "json"])).get("items", [])
-    return sorted(
-        n["metadata"]["name"]
-        for n in items
-        if n.get("metadata", {}).get("annotations", {}).get(KWOK_ANNOTATION) != "fake"
-    )
+    return sorted(n["metadata"]["name"] for n in items if not is_kwok(n))
 
 
 @contextmanager
