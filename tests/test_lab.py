@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from fabric import Connection
 
 from osfleet.config import Settings
 from osfleet.lab import net
-from osfleet.lab.lab import lab_root
+from osfleet.lab.lab import lab_root, running
 from osfleet.lab.proc import alive
 from osfleet.lab.state import LabState, load
 
@@ -41,8 +43,10 @@ def connect(state: LabState, addr: str) -> Connection:
 @pytest.fixture(scope="module")
 def lab() -> Iterator[LabState]:
     root = lab_root()
-    assert load(root) is None, f"a lab is already up ({root}); these tests make and remove their own"
-    done = osfleet("lab", "up", "--hosts", "2")
+    existing = load(root)
+    if existing is not None and running(existing):
+        pytest.skip(f"a lab is up on this machine ({root}); these tests make their own: 'osfleet lab down' first")
+    done = osfleet("lab", "up", "--hosts", "2")  # clears a dead lab's leftovers itself
     assert done.returncode == 0, done.stderr
     state = load(root)
     assert state is not None
@@ -157,7 +161,7 @@ def test_down_leaves_nothing() -> None:
     """Runs last in this module: its own lab, taken down, then every trace checked."""
     root = lab_root()
     state = load(root)
-    if state is None:
+    if state is None or not running(state):
         done = osfleet("lab", "up", "--hosts", "2")
         assert done.returncode == 0, done.stderr
         state = load(root)
@@ -172,3 +176,30 @@ def test_down_leaves_nothing() -> None:
     assert not root.exists()
     again = osfleet("lab", "down")
     assert again.returncode == 0 and "nothing to remove" in again.stderr
+
+
+@pytest.mark.integration
+def test_up_clears_a_lab_whose_hosts_died() -> None:
+    """A restart or a killed run leaves the state file, namespaces and links but no sshd: up clears, not refuses."""
+    root = lab_root()
+    done = osfleet("lab", "up", "--hosts", "2")
+    assert done.returncode == 0, done.stderr
+    try:
+        dead = load(root)
+        assert dead is not None
+        for h in dead.hosts:
+            os.kill(h.sshd_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(alive(h.sshd_pid) for h in dead.hosts) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listed = osfleet("lab", "ls", "--json")
+        assert [h["sshd_running"] for h in json.loads(listed.stdout)["hosts"]] == [False, False]
+        again = osfleet("lab", "up", "--hosts", "1")
+        assert again.returncode == 0, again.stderr
+        assert "clearing it first" in again.stderr
+        state = load(root)
+        assert state is not None and len(state.hosts) == 1 and running(state)
+        assert net.lab_namespaces() == [state.hosts[0].netns]
+    finally:
+        osfleet("lab", "down")
+    assert not root.exists()

@@ -25,7 +25,10 @@ def lab() -> None:
 @click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 63), help="number of lab hosts")
 @friendly
 def lab_up(hosts: int) -> None:
-    """Make the lab: per host a network namespace, a veth link, an sshd (lab key), an OSFLEET_HOME and a prefix."""
+    """Make the lab: per host a network namespace, a veth link, an sshd (lab key), an OSFLEET_HOME and a prefix.
+
+    A lab already up is refused; one whose sshds all stopped (a restart, a killed run) is cleared first.
+    """
     from osfleet.lab.lab import lab_root, up
 
     state = up(hosts, lab_root(), _say)

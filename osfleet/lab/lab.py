@@ -43,10 +43,13 @@ def up(hosts: int, root: Path, say: Say) -> LabState:
     if not 1 <= hosts <= net.MAX_HOSTS:
         raise ConfigError(f"--hosts must be between 1 and {net.MAX_HOSTS}")
     existing = load(root)
-    if existing is not None:
+    if existing is not None and running(existing):
         raise ConfigError(
             f"a lab of {len(existing.hosts)} hosts is already up ({state_path(root)}); run 'osfleet lab down' first"
         )
+    if existing is not None:
+        say("lab: the lab recorded here has no host running (a restart or a killed run left it); clearing it first")
+        down(root, say)
     if net.lab_namespaces() or net.lab_links():
         raise ConfigError("leftovers of an earlier lab exist (osfl-lab* namespaces or links); run 'osfleet lab down'")
     subnet = net.pick_subnet()
@@ -114,11 +117,24 @@ def down(root: Path, say: Say, libvirt_uri: str | None = None) -> dict[str, int]
     return removed
 
 
+def running(state: LabState) -> bool:
+    """True while any host of the lab still runs its sshd.
+
+    Processes do not outlive a restart or a killed run, while the state file, namespaces and links do: such a lab
+    is a leftover that ``up`` clears, not a lab in use that it must refuse to replace.
+    """
+    return any(h.sshd_pid and alive(h.sshd_pid) and _is_our_sshd(h) for h in state.hosts)
+
+
 def _is_our_sshd(h: LabHost) -> bool:
-    """True when the pid recorded for the host still runs our sshd (pids are reused)."""
+    """True when the pid recorded for the host still runs our sshd (pids are reused).
+
+    A listening sshd retitles itself ("sshd: /usr/sbin/sshd -f <config> ... [listener]"), one string in place of its
+    arguments, so the config path is looked for inside the command line, not among its arguments.
+    """
     try:
-        cmdline = Path(f"/proc/{h.sshd_pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
+        cmdline = Path(f"/proc/{h.sshd_pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
         return False
     return str(Path(h.dir) / "sshd_config").encode() in cmdline
 
@@ -165,7 +181,7 @@ def status(state: LabState) -> list[dict[str, object]]:
         {
             **h.__dict__,
             "ssh": f"root@{h.addr}",
-            "sshd_running": bool(h.sshd_pid and alive(h.sshd_pid)),
+            "sshd_running": bool(h.sshd_pid and alive(h.sshd_pid) and _is_our_sshd(h)),
         }
         for h in state.hosts
     ]
