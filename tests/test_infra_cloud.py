@@ -498,3 +498,19 @@ def test_k8s_bad_config_names_the_key(mocks: Mocks, over: dict[str, str], expect
         run()
     assert str(err.value).startswith(expected)
     assert mocks.resources == []
+
+
+def test_k8s_pods_wait_for_the_rbac_objects_of_their_accounts(mocks: Mocks) -> None:
+    """``up`` starts no pod whose account cannot act yet; ``destroy`` deletes the pods before their account's RBAC
+    (an agent reads its own DaemonSet as it shuts down, to tell an uninstall from a restart)."""
+    _stack(mocks, "k8s", {"containerImage": "localhost/osfleet:0.1.0-abc", "checkCluster": "false"})
+    depends: dict[str, set[str]] = {}
+
+    def record(args: pulumi.ResourceTransformationArgs) -> None:
+        depends[args.name] = {d._name for d in args.opts.depends_on or []}  # type: ignore[union-attr,misc]
+        return None
+
+    pulumi.runtime.register_stack_transformation(record)
+    _run_program()
+    assert depends["osfleet-gateway"] == {"osfleet-gateway-sa", "osfleet-gateway-pods", "osfleet-gateway-nodes"}
+    assert depends["osfleet-agent"] == {"osfleet-agent-sa", "osfleet-agent-owner"}

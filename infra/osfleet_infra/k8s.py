@@ -372,8 +372,8 @@ class K8sFleet(pulumi.ComponentResource):
         with a service account that may read only those."""
         address = self.k.fleet_address or fleet_address
         self._gateway_secrets(address)
-        hosts, account = self._gateway_hosts()
-        self.gateway = self._gateway_deployment(hosts, account)
+        hosts, account, rbac_objects = self._gateway_hosts()
+        self.gateway = self._gateway_deployment(hosts, account, rbac_objects)
         self._gateway_service(address)
 
     def _gateway_secrets(self, address: str | None) -> None:
@@ -392,17 +392,21 @@ class K8sFleet(pulumi.ComponentResource):
             opts=child,
         )  # fmt: skip
 
-    def _gateway_hosts(self) -> tuple[list[str], str | None]:
-        """How the gateway finds its hosts (``fleet serve`` arguments), and the service account discovery needs."""
+    def _gateway_hosts(self) -> tuple[list[str], str | None, list[Any]]:
+        """How the gateway finds its hosts (``fleet serve`` arguments), and the service account discovery needs with
+        its RBAC objects."""
         k = self.k
         if k.discover:
             hosts = ["--discover-pods", ",".join(f"{a}={b}" for a, b in AGENT_LABELS.items()),
                      "--discover-port", str(self.agent_port),
                      "--hosts-tls-name", f"osfleet-agent.{k.namespace}.svc"]  # fmt: skip
-            return hosts, self._gateway_account()
-        return [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")], None
+            return hosts, *self._gateway_account()
+        static = [a for node, addr in k.kvm_nodes for a in ("--host", f"{node}=https://{addr}:{self.agent_port}")]
+        return static, None, []
 
-    def _gateway_deployment(self, hosts: list[str], account: str | None) -> Any:
+    def _gateway_deployment(self, hosts: list[str], account: str | None, rbac_objects: list[Any]) -> Any:
+        """The gateway's pods; they depend on their account's RBAC objects, so that ``up`` starts no pod whose
+        watches are refused yet, and ``destroy`` takes the pods down before what they read with."""
         kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
         probe = core.ProbeArgs(
@@ -443,7 +447,7 @@ class K8sFleet(pulumi.ComponentResource):
                     ),
                 ),
             ),
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=rbac_objects)),
         )  # fmt: skip
 
     def _gateway_service(self, address: str | None) -> None:
@@ -465,35 +469,35 @@ class K8sFleet(pulumi.ComponentResource):
         else:
             self.fleet_url = pulumi.Output.concat("https://osfleet-gateway.", ns, f".svc:{GATEWAY_PORT}")
 
-    def _gateway_account(self) -> str:
+    def _gateway_account(self) -> tuple[str, list[Any]]:
         """The gateway's service account: it may list and watch the agent pods of its namespace and the nodes (a
         node cordoned or gone drains its host), nothing else."""
         kube, name, ns, child = self._kube(), self.name, self.ns, self.child
         meta, core, rbac = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.rbac.v1
         account = "osfleet-gateway"
-        core.ServiceAccount(f"{name}-gateway-sa", metadata=meta(name=account, namespace=ns), opts=child)
+        sa = core.ServiceAccount(f"{name}-gateway-sa", metadata=meta(name=account, namespace=ns), opts=child)
         watch = ["get", "list", "watch"]
-        rbac.Role(
+        role = rbac.Role(
             f"{name}-gateway-pods", metadata=meta(name="osfleet-gateway-pods", namespace=ns),
             rules=[rbac.PolicyRuleArgs(api_groups=[""], resources=["pods"], verbs=watch)], opts=child,
         )  # fmt: skip
         subject = rbac.SubjectArgs(kind="ServiceAccount", name=account, namespace=ns)
-        rbac.RoleBinding(
+        binding = rbac.RoleBinding(
             f"{name}-gateway-pods", metadata=meta(name="osfleet-gateway-pods", namespace=ns),
             role_ref=rbac.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name="osfleet-gateway-pods"),
             subjects=[subject], opts=child,
         )  # fmt: skip
         cluster_role = f"osfleet-gateway-nodes-{self.k.namespace}"
-        rbac.ClusterRole(
+        cluster = rbac.ClusterRole(
             f"{name}-gateway-nodes", metadata=meta(name=cluster_role),
             rules=[rbac.PolicyRuleArgs(api_groups=[""], resources=["nodes"], verbs=watch)], opts=child,
         )  # fmt: skip
-        rbac.ClusterRoleBinding(
+        cluster_binding = rbac.ClusterRoleBinding(
             f"{name}-gateway-nodes", metadata=meta(name=cluster_role),
             role_ref=rbac.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role),
             subjects=[subject], opts=child,
         )  # fmt: skip
-        return account
+        return account, [sa, role, binding, cluster, cluster_binding]
 
     def _locust(self, client_secret: str) -> None:
         kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
