@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from osfleet.lab.kube import configs
-from osfleet.lab.kube.cluster import down, leftovers
+from osfleet.lab.kube.cluster import down, leftovers, running, up
 from osfleet.lab.kube.state import Addresses, KubeLabState, load, save
 
 pytestmark = pytest.mark.unit
@@ -119,3 +122,50 @@ def test_down_with_nothing_up_removes_nothing(tmp_path: Path) -> None:
     removed = down(root, said.append, libvirt_uri="test:///default")
     assert removed["namespaces"] == removed["folders"] == removed["processes"] == 0
     assert leftovers(root) == {"processes": 0, "namespaces": 0, "links": 0, "mounts": 0, "cgroups": 0, "files": 0}
+
+
+THIS_BIN = str(Path(os.path.realpath(sys.executable)).parent)  # this interpreter stands for a lab binary
+
+
+def test_a_lab_runs_while_one_of_its_own_processes_does(tmp_path: Path) -> None:
+    state = lab(tmp_path)
+    state.tools = THIS_BIN
+    state.pids = {"etcd": os.getpid()}
+    assert running(state)
+    state.tools = "/nonexistent/bin"  # the pid was reused by a process that is not the lab's
+    assert not running(state)
+    state.pids = {"etcd": 0, "kube-apiserver": _dead_pid()}
+    assert not running(state)
+
+
+def test_up_refuses_a_running_lab_and_clears_a_dead_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from osfleet.errors import ConfigError
+    from osfleet.lab.kube.cluster import _namespaces
+    from osfleet.lab.kube.state import NETNS
+
+    if NETNS in _namespaces():  # clearing removes a lab's namespace by name: it would take a real lab down
+        pytest.skip(f"a k8s lab is up on this machine (namespace {NETNS}): 'osfleet lab k8s down' first")
+    monkeypatch.setenv("OSFLEET_LIBVIRT_URI", "test:///default")
+    root, tools = tmp_path / "k8s-lab", tmp_path / "tools"
+    tools.mkdir()
+    live = KubeLabState(root=str(root), subnet="10.233.9.0/24", tools=THIS_BIN)
+    live.pids = {"etcd": os.getpid()}
+    root.mkdir()
+    save(live)
+    with pytest.raises(ConfigError, match="already up"):
+        up(1, False, root, tools, lambda m: None)
+    assert load(root) == live
+    live.pids = {"etcd": _dead_pid()}
+    save(live)
+    said: list[str] = []
+    with pytest.raises(ConfigError, match="no cluster binaries"):  # got past the dead lab, which is gone
+        up(1, False, root, tools, said.append)
+    assert any("clearing it" in m for m in said)
+    assert load(root) is None
+
+
+def _dead_pid() -> int:
+    """A pid that ran and has ended."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid

@@ -27,7 +27,8 @@ def k8s_up(kwok_nodes: int, kwok_kvm: bool) -> None:
     """Build the cluster's binaries if needed (scripts/build-k8s, once per machine), then start etcd, the API server,
     controller manager, scheduler, containerd, a kubelet (node osfleet-node, labelled osfleet.io/kvm=true, its
     store holding the newest golden image), kube-proxy, CoreDNS and kwok; prints the kubeconfig
-    (``osfleet infra env`` exports it)."""
+    (``osfleet infra env`` exports it). A lab already up is refused; one whose processes all stopped (a restart, a
+    killed run) is cleared first."""
     from osfleet.lab.kube import tools
     from osfleet.lab.kube.cluster import up
     from osfleet.lab.kube.state import lab_root

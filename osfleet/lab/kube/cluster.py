@@ -58,8 +58,12 @@ STOP_ORDER = ("kwok", "coredns", "kube-proxy", "kubelet", "kube-controller-manag
 # --- up ---------------------------------------------------------------------------------------------------------
 def up(kwok_nodes: int, kwok_kvm: bool, root: Path, tools: Path, say: Say) -> KubeLabState:
     """Start the cluster (the binaries in ``tools``); on any failure or interrupt remove what was made, re-raise."""
-    if load(root) is not None:
+    existing = load(root)
+    if existing is not None and running(existing):
         raise ConfigError(f"a k8s lab is already up ({state_path(root)}); run 'osfleet lab k8s down' first")
+    if existing is not None:
+        say("k8s lab: the lab recorded here has no process running (a restart or a killed run left it); clearing it")
+        down(root, say)
     if NETNS in _namespaces() or _mounts_under(root):
         raise ConfigError("leftovers of an earlier k8s lab exist; run 'osfleet lab k8s down'")
     if not (tools / "osfleet-k8s").exists():
@@ -369,6 +373,15 @@ def down(root: Path, say: Say, libvirt_uri: str | None = None) -> dict[str, int]
         removed["folders"] += 1
     say("k8s lab: down: " + (", ".join(f"{v} {k}" for k, v in removed.items() if v) or "nothing to remove"))
     return removed
+
+
+def running(s: KubeLabState) -> bool:
+    """True while any of the lab's recorded processes still runs.
+
+    Processes do not outlive a restart or a killed run, while the state file, the namespace, mounts and cgroups
+    may: such a lab is a leftover that ``up`` clears, not a lab in use that it must refuse to replace.
+    """
+    return any(pid and alive(pid) and _is_ours(pid, s) for pid in s.pids.values())
 
 
 def _is_ours(pid: int, s: KubeLabState) -> bool:
