@@ -7,6 +7,10 @@ do something other than wait for it to finish:
 - ``<!-- docs-test: background until=URL -->``: the reader leaves it running (a server) and goes on once ``URL``
   answers 200; it is stopped with SIGINT, as Ctrl-C in its terminal, at ``stop`` or at the end of the page.
 - ``<!-- docs-test: stop -->``: the background commands are stopped (SIGINT, then waited for) before this block.
+- ``<!-- docs-test: cleanup -->``: the reader's clean-up (``destroy``, ``down``). It runs in its place, and also
+  when any block before it failed, as a reader who hit an error would still take down what they made, so that a
+  broken page leaves no lab or stack to the tests after it. It must therefore hold when what it removes was never
+  made. Its own failure is reported beside, never instead of, the first one.
 - ``<!-- docs-test: ci -->``: the block is what CI runs; each of its lines must be a line of ``.ci/run``.
 - ``<!-- docs-test: skip REASON -->``: not run here, and the reason is shown (never on README or a tutorial).
 
@@ -201,12 +205,27 @@ class Runner:
         """Every shell block in order; ``ci`` and ``skip`` blocks are returned (checked and reported elsewhere)."""
         not_run = []
         kept = {name: (self.cwd / name).read_bytes() for name in self.page.restores}
+        cleanups = [b for b in self.page.shell_blocks if b.kind == "cleanup"]  # those not run yet
         try:
             for block in self.page.shell_blocks:
                 if block.kind in ("ci", "skip"):
                     not_run.append(f"{self.where(block)}: {block.directive}")
                     continue
+                if block.kind == "cleanup":
+                    cleanups.remove(block)
                 self.run(block)
+        except BaseException as exc:
+            if cleanups:  # a reader would Ctrl-C the servers first
+                try:
+                    self.stop_background()
+                except AssertionError as also:
+                    exc.add_note(str(also))
+            for block in cleanups:
+                try:
+                    self.run(block)
+                except AssertionError as also:
+                    exc.add_note(f"and its clean-up failed too: {also}")
+            raise
         finally:
             try:
                 self.stop_background()

@@ -44,7 +44,9 @@ def test_every_shell_block_says_how_it_runs(path: Path) -> None:
     assert not skipped, f"{path.name} may not skip a command: {skipped}"
     ci = {line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()}
     for block in page.shell_blocks:
-        assert block.kind in ("run", "background", "stop", "ci"), f"{path.name}:{block.line}: {block.directive}"
+        assert block.kind in ("run", "background", "stop", "cleanup", "ci"), (
+            f"{path.name}:{block.line}: {block.directive}"
+        )
         if block.kind == "ci":
             lines = [x for x in block.code.splitlines() if x.strip() and not x.startswith("#")]
             assert all(x.strip() in ci for x in lines), f"{path.name}:{block.line} is not what .ci/run runs"
@@ -217,3 +219,44 @@ def test_a_failing_block_fails_the_page_with_its_output(tmp_path: Path) -> None:
 def test_a_console_blocks_output_is_not_taken_for_a_command() -> None:
     block = Block("console", "$ osfleet mcp serve --transport http \\\n  --port 8765\nosfleet mcp: serving\n", 1)
     assert osfleet_command_lines(typed_lines(block)) == [["mcp", "serve", "--transport", "http", "--port", "8765"]]
+
+
+CLEANUP_PAGE = """```sh
+echo up > made.txt
+```
+
+```sh
+echo half-way
+false
+```
+
+```sh
+echo never > never.txt
+```
+
+<!-- docs-test: cleanup -->
+```sh
+rm made.txt
+echo cleaned > cleaned.txt
+```
+"""
+
+
+@pytest.mark.integration
+def test_a_pages_cleanup_runs_when_a_block_before_it_fails(tmp_path: Path) -> None:
+    """A broken page still takes down what it made, and the first failure is the one reported."""
+    page_file = tmp_path / "page.md"
+    page_file.write_text(CLEANUP_PAGE)
+    with pytest.raises(AssertionError, match=r"page.md:5 failed \(exit 1\)[\s\S]*half-way"):
+        Runner(parse(page_file), tmp_path, dict(os.environ)).run_page()
+    assert not (tmp_path / "made.txt").exists() and (tmp_path / "cleaned.txt").read_text() == "cleaned\n"
+    assert not (tmp_path / "never.txt").exists()
+    cleanup_fails = CLEANUP_PAGE.replace("rm made.txt", "rm made.txt\nfalse")
+    page_file.write_text(cleanup_fails.replace("false\n", "", 1))  # the page passes, its clean-up does not
+    with pytest.raises(AssertionError, match=r"page.md:\d+ failed \(exit 1\):[\s\S]*rm made.txt") as alone:
+        Runner(parse(page_file), tmp_path, dict(os.environ)).run_page()
+    assert (tmp_path / "never.txt").exists() and not getattr(alone.value, "__notes__", None)
+    page_file.write_text(cleanup_fails)  # both fail: the first failure is the one raised, the other noted
+    with pytest.raises(AssertionError, match=r"page.md:5 failed") as both:
+        Runner(parse(page_file), tmp_path, dict(os.environ)).run_page()
+    assert "clean-up failed too" in " ".join(getattr(both.value, "__notes__", []))
