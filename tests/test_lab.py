@@ -157,6 +157,16 @@ def test_replicas_down_all_on_one_host_leaves_the_others(lab: LabState, settings
 
 
 @pytest.mark.integration
+def test_bench_infra_refused_by_a_live_lab_leaves_no_folder(lab: LabState) -> None:
+    scratch = Settings.from_env().scratch_dir
+    before = set(scratch.glob("osfleet-bench-infra-*"))
+    done = osfleet("bench", "infra", "--hosts", "1")
+    assert done.returncode == 1 and "is already up" in done.stderr.splitlines()[-1], done.stderr
+    assert set(scratch.glob("osfleet-bench-infra-*")) == before
+    assert load(lab_root()) == lab  # the lab it found is left as it was
+
+
+@pytest.mark.integration
 def test_down_leaves_nothing() -> None:
     """Runs last in this module: its own lab, taken down, then every trace checked."""
     root = lab_root()

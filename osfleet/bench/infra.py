@@ -83,17 +83,15 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
     engine = engine_version(engine_root(settings))
     root = lab_ops.lab_root(settings)
     result: dict[str, Any] = {"engine": engine, "hosts": hosts, "warm": warm, "stack": STACK}
-    work = Path(
-        tempfile.mkdtemp(
-            prefix="osfleet-bench-infra-", dir=settings.scratch_dir if settings.scratch_dir.exists() else None
-        )
-    )
     say(f"[1/7] lab up --hosts {hosts}")
     t = time.monotonic()
     state = lab_ops.up(hosts, root, say)
     result["lab_up_seconds"] = round(time.monotonic() - t, 2)
     st = None
+    work: Path | None = None  # made once the lab is up: a refused lab up leaves no folder behind
     try:
+        scratch = settings.scratch_dir if settings.scratch_dir.exists() else None
+        work = Path(tempfile.mkdtemp(prefix="osfleet-bench-infra-", dir=scratch))
         st = stack(STACK, settings, work_dir=work)
         st.set_config("osfleet:platform", auto.ConfigValue("lab"))
         st.set_config("osfleet:hosts", auto.ConfigValue(str(hosts)))
@@ -150,7 +148,8 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
         t = time.monotonic()
         lab_ops.down(root, say, settings.libvirt_uri)
         result["lab_down_seconds"] = round(time.monotonic() - t, 2)
-        shutil.rmtree(work, ignore_errors=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     after_down = lab_ops.leftovers(root, settings.libvirt_uri)
     after_down.pop("state_hosts", None)
     result["leftovers"] = {
