@@ -21,7 +21,7 @@ from osfleet.errors import MissingToolError
 from osfleet.lab import lab as lab_ops
 from osfleet.lab.engine import EngineError, call, engine_root, engine_version, purge_stack_files, stack
 from osfleet.lab.state import LabState, load
-from osfleet.tls import client_context
+from osfleet.tls import SYSTEM_CA_BUNDLE, client_context
 
 REPO = Path(__file__).resolve().parent.parent
 OSFLEET = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "osfleet")
@@ -160,7 +160,7 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
             _get(f"{url}/v1/host", "wrong-token", ca=ca)
         assert denied.value.code == 401
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # the system's CAs: no
-            urllib.request.urlopen(f"{url}/health", timeout=10)
+            urllib.request.urlopen(f"{url}/health", timeout=10, context=client_context(SYSTEM_CA_BUNDLE))
 
     again = call(lab_stack.up)
     assert again.summary.resource_changes == {"same": 17}
