@@ -74,7 +74,10 @@ def ssh_key(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def mocks() -> Iterator[Mocks]:
+def mocks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Mocks]:
+    # The CA provider runs for real and records each CA it makes in $OSFLEET_HOME/pulumi/stack-cas, the bundle a
+    # shell with `osfleet infra env` trusts; a mocked stack is never destroyed, so keep that out of this machine's.
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path / "osfleet-home"))
     # Pulumi's mocks make futures on the main thread's current event loop. An earlier test's asyncio.run()
     # leaves the thread with none (and without making one on demand), so give it one, kept as current.
     policy = asyncio.get_event_loop_policy()
@@ -209,7 +212,10 @@ def test_host_preparation_sets_ksm_by_the_host_tune_rule() -> None:
     assert not any("KSM" in w for w, _ in prep_steps(["qemu-utils"], False, "/var/lib/osfleet", "single"))
 
 
-def test_certificates_are_renewed_by_an_up_near_their_end_and_not_before() -> None:
+def test_certificates_are_renewed_by_an_up_near_their_end_and_not_before(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path))  # the CA it makes is recorded there, not in this machine's
     from osfleet.tls import issue, make_ca
 
     ca = CaProvider().create({"common_name": "t", "dns_names": []}).outs
