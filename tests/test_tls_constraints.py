@@ -67,7 +67,10 @@ def test_an_unconstrained_ca_signs_any_name(tmp_path: Path) -> None:
     assert handshake(tmp_path, ca, issue(ca, ["example.com"]), "example.com") == "ok"
 
 
-def test_a_stacks_ca_is_made_anew_when_it_predates_constraints_or_its_names_change() -> None:
+def test_a_stacks_ca_is_made_anew_when_it_predates_constraints_or_its_names_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OSFLEET_HOME", str(tmp_path))  # the CA it makes is recorded there, not in this machine's
     ca = CaProvider().create({"common_name": "t", "dns_names": ["a.example"]}).outs
     assert CaProvider().diff("id", ca, {"common_name": "t", "dns_names": ["a.example"]}).changes is False
     assert CaProvider().diff("id", ca, {"common_name": "t", "dns_names": ["b.example"]}).changes is True
