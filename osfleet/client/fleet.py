@@ -15,6 +15,7 @@ rollouts: one replica is reset to the task and forked n-1 ways (on a host agent 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import time
@@ -140,7 +141,7 @@ class AsyncSession:
         body: dict[str, Any] = {
             "lease_id": self.lease_id,
             "action_id": action_id or uuid.uuid4().hex,
-            "actions": [a.model_dump(mode="json") for a in actions_of(actions)],
+            "actions": [a.model_dump(mode="json", exclude_none=True) for a in actions_of(actions)],
             "observe": observe,
             **self.fleet._observe_options(format, quality, include),
         }
@@ -183,6 +184,45 @@ class AsyncSession:
         screen = Screen.of(Observation.model_validate(data))
         assert screen is not None  # the route always sends the screenshot
         return screen
+
+    async def cursor_position(self, *, timeout: float | None = None) -> tuple[int, int]:
+        """Where the pointer is now, in screen pixels (a step with one ``cursor_position`` action)."""
+        (out,) = (await self._act({"type": "cursor_position"}, timeout)).results
+        if out.x is None or out.y is None:
+            raise FleetError(f"cursor_position on {self.replica_id} answered no position")
+        return out.x, out.y
+
+    async def screenshot(
+        self,
+        *,
+        region: tuple[int, int, int, int] | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        format: ImageFormat = "png",
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> Screen:
+        """The screen, or its ``region`` (x0, y0, x1, y1: the pixels x0 <= x < x1, y0 <= y < y1), scaled to
+        ``width`` x ``height`` when given (one of them: the other keeps the aspect ratio). The host crops and scales,
+        so only the image asked for crosses the network (a step with one ``screenshot`` action). A region outside
+        the screen raises ``InvalidActionError``."""
+        action: dict[str, Any] = {"type": "screenshot", "format": format}
+        for name, value in (("region", list(region) if region else None), ("width", width), ("height", height)):
+            if value is not None:
+                action[name] = value
+        if quality is not None and format != "png":
+            action["quality"] = quality
+        (out,) = (await self._act(action, timeout)).results
+        if out.content_base64 is None or out.width is None or out.height is None:
+            raise FleetError(f"screenshot of {self.replica_id} answered no image")
+        return Screen(base64.b64decode(out.content_base64), format, out.width, out.height, quality)
+
+    async def _act(self, action: dict[str, Any], timeout: float | None) -> StepResult:
+        """One action as a step without an observation; its failure in the guest raises ``FleetError``."""
+        result = await self.step(action, observe=False, timeout=timeout)
+        if result.failed:
+            raise FleetError(f"{action['type']} on {self.replica_id} failed: {result.failed[0].error}")
+        return result
 
     async def evaluate(self, *, timeout: float | None = None) -> Evaluation:
         """The task's reward now. An evaluation the infrastructure could not finish raises

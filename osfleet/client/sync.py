@@ -85,6 +85,26 @@ class Session:
         """The screen now; ``include`` adds OSWorld's parts (``accessibility_tree``, ``terminal``, ``cursor``)."""
         return self._loop.run(self.inner.observe(format=format, quality=quality, include=include, timeout=timeout))
 
+    def cursor_position(self, *, timeout: float | None = None) -> tuple[int, int]:
+        """Where the pointer is now, in screen pixels (``AsyncSession.cursor_position``)."""
+        return self._loop.run(self.inner.cursor_position(timeout=timeout))
+
+    def screenshot(
+        self,
+        *,
+        region: tuple[int, int, int, int] | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        format: ImageFormat = "png",
+        quality: int | None = None,
+        timeout: float | None = None,
+    ) -> Screen:
+        """The screen or its ``region``, scaled as asked, by the host (``AsyncSession.screenshot``)."""
+        shot = self.inner.screenshot(
+            region=region, width=width, height=height, format=format, quality=quality, timeout=timeout
+        )
+        return self._loop.run(shot)
+
     def evaluate(self, *, timeout: float | None = None) -> Evaluation:
         return self._loop.run(self.inner.evaluate(timeout=timeout))
 

@@ -2,7 +2,14 @@
 
 A whole batch is validated against these before any of it reaches the guest (``ACTIONS``); the host agent runs
 them (``osfleet.replicas.actions``) and answers each with an ``ActionResult``. Coordinates are the desktop's
-pixels, (0, 0) at the top left.
+pixels, (0, 0) at the top left; a pointer action without ``x``/``y`` acts where the pointer is.
+
+The pointer and keyboard primitives are what the computer-use APIs of 2026 need (Anthropic's computer toolset,
+OpenAI's computer actions, E2B's and Cua's desktops): clicks of any button (back and forward too) with a count and
+modifier keys held, mouse and key down/up, keys held for a time, scrolls both ways, drags along a path for a time,
+Unicode text, the pointer's position (``cursor_position``) and screenshots of a region, scaled as asked
+(``screenshot``). A point off the screen, an unknown key or a region outside the screen is refused (422) with the
+reason, never clamped.
 """
 
 from __future__ import annotations
@@ -12,56 +19,157 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from osfleet.protocol.wire import JsonInt, integral
+from osfleet.protocol.wire import ImageFormat, JsonInt, Quality, integral
 
 MAX_READ_BYTES = 8 * 2**20  # the most a read_file action returns
+MAX_MODIFIERS = 6  # keys held during one pointer action
+MAX_PATH_POINTS = 200  # points of one drag's path
+MAX_DRAG_SECONDS = 30.0  # how long one drag's movement may take
+MAX_HOLD_SECONDS = 60.0  # how long hold_key holds
+MAX_IMAGE_SIDE = 4096  # pixels of a screenshot action's image on either side (its memory is bounded)
+MAX_WHEEL_CLICKS = 50  # wheel clicks of one scroll, each way
 
 
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Click(_Action):
+OptionalPixel = JsonInt | SkipJsonSchema[None]
+PointerButton = Literal["left", "right", "middle", "back", "forward"]
+Key = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=40,
+        description="a key by name, case-insensitive: osfleet's (ctrl, shift, enter, f5, a), pyautogui's (ctrlleft), "
+        "X's (Return, Page_Down, KP_Enter) or a browser's (ArrowLeft, Escape)",
+    ),
+]
+Modifiers = Annotated[
+    list[Key],
+    Field(max_length=MAX_MODIFIERS, description='keys held down during the action, e.g. ["ctrl", "shift"]'),
+]
+
+
+class _AtPointer(_Action):
+    """``x`` and ``y``, or neither: where the pointer is."""
+
+    # The schema says it too (no null, each needs the other), so a body valid by the schema is one this takes.
+    model_config = ConfigDict(json_schema_extra={"dependentRequired": {"x": ["y"], "y": ["x"]}})
+
+    x: OptionalPixel = Field(None, description="pixels from the left edge; omitted (with y): where the pointer is")
+    y: OptionalPixel = Field(None, description="pixels from the top edge; omitted (with x): where the pointer is")
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> Any:
+        if (self.x is None) != (self.y is None):
+            raise ValueError("give both x and y, or neither (where the pointer is)")
+        return self
+
+    @property
+    def point(self) -> tuple[int, int] | None:
+        return None if self.x is None or self.y is None else (self.x, self.y)
+
+
+class Click(_AtPointer):
     type: Literal["click"]
-    x: JsonInt
-    y: JsonInt
-    button: Literal["left", "right", "middle"] = "left"
+    button: PointerButton = "left"
+    count: Annotated[
+        int, Field(ge=1, le=3, description="1, 2 (double) or 3 (triple) clicks"), BeforeValidator(integral)
+    ] = 1
+    keys: Modifiers = Field(default_factory=list)
 
 
-class DoubleClick(_Action):
+class DoubleClick(_AtPointer):
     type: Literal["double_click"]
-    x: JsonInt
-    y: JsonInt
+    keys: Modifiers = Field(default_factory=list)
 
 
-class RightClick(_Action):
+class RightClick(_AtPointer):
     type: Literal["right_click"]
-    x: JsonInt
-    y: JsonInt
+    keys: Modifiers = Field(default_factory=list)
 
 
 class Move(_Action):
     type: Literal["move"]
     x: JsonInt
     y: JsonInt
+    keys: Modifiers = Field(default_factory=list)
+
+
+class MouseDown(_AtPointer):
+    """Press a mouse button (moving there first when ``x``/``y`` are given) and keep it down."""
+
+    type: Literal["mouse_down"]
+    button: PointerButton = "left"
+
+
+class MouseUp(_AtPointer):
+    """Release a mouse button (moving there first when ``x``/``y`` are given)."""
+
+    type: Literal["mouse_up"]
+    button: PointerButton = "left"
+
+
+PathPoint = Annotated[list[JsonInt], Field(min_length=2, max_length=2, description="[x, y]")]
 
 
 class Drag(_Action):
+    """Press ``button`` at the first point, move through the others, release at the last: from (x1, y1) to
+    (x2, y2), or along ``path``; the movement takes ``seconds`` (0: osfleet's quick default)."""
+
+    # The schema says it too: the four corners go together, or a path instead (one of them).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "dependentRequired": {"x1": ["y1", "x2", "y2"], "y1": ["x1"], "x2": ["x1"], "y2": ["x1"]},
+            "oneOf": [{"required": ["x1", "y1", "x2", "y2"]}, {"required": ["path"]}],
+        }
+    )
+
     type: Literal["drag"]
-    x1: JsonInt
-    y1: JsonInt
-    x2: JsonInt
-    y2: JsonInt
+    x1: OptionalPixel = None
+    y1: OptionalPixel = None
+    x2: OptionalPixel = None
+    y2: OptionalPixel = None
+    path: Annotated[list[PathPoint], Field(min_length=2, max_length=MAX_PATH_POINTS)] | SkipJsonSchema[None] = Field(
+        None, description="the points to drag through, [[x, y], ...]"
+    )
+    seconds: float = Field(0.0, ge=0, le=MAX_DRAG_SECONDS, description="how long the movement takes")
+    button: Literal["left", "right", "middle"] = "left"
+    keys: Modifiers = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _corners_or_path(self) -> Drag:
+        corners = [self.x1, self.y1, self.x2, self.y2]
+        if self.path is None and any(c is None for c in corners):
+            raise ValueError("give x1, y1, x2 and y2, or a path")
+        if self.path is not None and any(c is not None for c in corners):
+            raise ValueError("give x1, y1, x2 and y2, or a path, not both")
+        return self
+
+    @property
+    def points(self) -> list[tuple[int, int]]:
+        if self.path is not None:
+            return [(p[0], p[1]) for p in self.path]
+        assert self.x1 is not None and self.y1 is not None and self.x2 is not None and self.y2 is not None
+        return [(self.x1, self.y1), (self.x2, self.y2)]
 
 
-class Scroll(_Action):
+WheelClicks = Annotated[int, Field(ge=-MAX_WHEEL_CLICKS, le=MAX_WHEEL_CLICKS), BeforeValidator(integral)]
+
+
+class Scroll(_AtPointer):
     type: Literal["scroll"]
-    x: JsonInt
-    y: JsonInt
-    clicks: JsonInt = Field(description="positive scrolls down, negative up", ge=-50, le=50)
+    clicks: WheelClicks = Field(0, description="wheel clicks: positive scrolls down, negative up")
+    clicks_x: WheelClicks = Field(0, description="horizontal wheel clicks: positive scrolls right, negative left")
+    keys: Modifiers = Field(default_factory=list)
 
 
 class TypeText(_Action):
+    """Type ``text`` into the focused window: any Unicode text but control characters ("\\n" presses Enter,
+    "\\t" Tab). What the guest's US keyboard has is typed as its keys; any other character through a spare key
+    the guest's X server maps to it for the while (``osfleet.replicas.unicode_keys``)."""
+
     type: Literal["type"]
     text: str = Field(max_length=10000)
 
@@ -69,6 +177,55 @@ class TypeText(_Action):
 class Hotkey(_Action):
     type: Literal["hotkey"]
     keys: list[str] = Field(min_length=1, max_length=6)
+
+
+class KeyDown(_Action):
+    """Press a key and keep it down (until a ``key_up`` of it)."""
+
+    type: Literal["key_down"]
+    key: Key
+
+
+class KeyUp(_Action):
+    type: Literal["key_up"]
+    key: Key
+
+
+class HoldKey(_Action):
+    """Hold ``keys`` down together for ``seconds``, then release them in reverse order."""
+
+    type: Literal["hold_key"]
+    keys: list[Key] = Field(min_length=1, max_length=MAX_MODIFIERS)
+    seconds: float = Field(ge=0, le=MAX_HOLD_SECONDS)
+
+
+class CursorPosition(_Action):
+    """Where the pointer is: answered in the result's ``x`` and ``y``."""
+
+    type: Literal["cursor_position"]
+
+
+Region = Annotated[
+    list[JsonInt],
+    Field(
+        min_length=4,
+        max_length=4,
+        description="[x0, y0, x1, y1]: the screen's pixels x0 <= x < x1, y0 <= y < y1 (inside the screen)",
+    ),
+]
+ImageSide = Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE), BeforeValidator(integral)]
+
+
+class Screenshot(_Action):
+    """The screen, or a ``region`` of it, as an image in the result (``content_base64``, ``width``, ``height``),
+    scaled to ``width`` x ``height`` when asked (one of them given: the other keeps the aspect ratio)."""
+
+    type: Literal["screenshot"]
+    region: Region | SkipJsonSchema[None] = None
+    width: ImageSide | SkipJsonSchema[None] = Field(None, description="the image's width in pixels")
+    height: ImageSide | SkipJsonSchema[None] = Field(None, description="the image's height in pixels")
+    format: ImageFormat = "png"
+    quality: Quality | SkipJsonSchema[None] = Field(None, description="JPEG/WebP quality; ignored for png")
 
 
 class Wait(_Action):
@@ -305,10 +462,17 @@ Action = Annotated[
     | DoubleClick
     | RightClick
     | Move
+    | MouseDown
+    | MouseUp
     | Drag
     | Scroll
     | TypeText
     | Hotkey
+    | KeyDown
+    | KeyUp
+    | HoldKey
+    | CursorPosition
+    | Screenshot
     | Wait
     | Shell
     | CliCommand
@@ -330,3 +494,7 @@ class ActionResult(BaseModel):
     stdout: str | None = None
     stderr: str | None = None
     content_base64: str | None = None
+    x: int | None = Field(None, description="cursor_position: the pointer's x")
+    y: int | None = Field(None, description="cursor_position: the pointer's y")
+    width: int | None = Field(None, description="screenshot: the image's width")
+    height: int | None = Field(None, description="screenshot: the image's height")

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from osfleet.protocol.actions import Action, ActionResult
-from osfleet.protocol.wire import JsonInt, integral
+from osfleet.protocol.wire import ImageFormat, JsonInt, Quality
 
 Mode = Literal["cold", "snapshot"]
 """How a replica is brought up and reset: a cold boot, or a restore of the image's saved running state."""
 MODES: tuple[Mode, ...] = get_args(Mode)
 
-ImageFormat = Literal["png", "jpeg", "webp"]
 FORMATS: tuple[ImageFormat, ...] = get_args(ImageFormat)
 DEFAULT_QUALITY = 85  # JPEG and WebP when the client names none (what OSGym's screenshots have always used)
 ObservationPart = Literal["accessibility_tree", "terminal", "cursor"]
@@ -163,9 +162,6 @@ class ForkResponse(BaseModel):
     save_seconds: float = Field(description="pausing the parent and saving its state (the parent then goes on)")
     total_seconds: float = Field(description="from the request until every child was ready")
     children: list[ForkChild]
-
-
-Quality = Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)]
 
 
 class ObserveOptions(_Strict):

@@ -6,9 +6,9 @@ integer, so an integer field takes an integral float too: the server accepts exa
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 
 
 def integral(value: Any) -> Any:
@@ -22,3 +22,8 @@ JsonInt = Annotated[int, BeforeValidator(integral)]
 # Bounds of an optional JsonInt go inside, before the validator: ``JsonInt | None = Field(ge=1)`` would reach
 # the JSON Schema as the non-standard keywords ge/le, which schema tools ignore (and then send 0).
 # e.g. ``Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)] | None``
+
+ImageFormat = Literal["png", "jpeg", "webp"]
+"""How a screen is encoded for a client (an observation, a ``screenshot`` action's image)."""
+Quality = Annotated[int, Field(ge=1, le=100), BeforeValidator(integral)]
+"""JPEG/WebP quality, 1 (smallest) to 100."""

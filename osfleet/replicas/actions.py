@@ -11,10 +11,14 @@ import base64
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from typing import Any
+
+from PIL import Image
 
 from osfleet.errors import GuestCommandKilledError, GuestFileTooLargeError, GuestTimeoutError, OsfleetError
 from osfleet.protocol.actions import (
+    MAX_IMAGE_SIDE,
     OSWORLD_WAIT_SECONDS,
     PYAUTOGUI_SPECIAL,
     Action,
@@ -24,13 +28,20 @@ from osfleet.protocol.actions import (
     Click,
     CliCommand,
     Computer13,
+    CursorPosition,
     DoubleClick,
     Drag,
+    HoldKey,
     Hotkey,
+    KeyDown,
+    KeyUp,
+    MouseDown,
+    MouseUp,
     Move,
     PyAutoGUI,
     ReadFile,
     RightClick,
+    Screenshot,
     Scroll,
     Shell,
     Terminate,
@@ -39,9 +50,13 @@ from osfleet.protocol.actions import (
 )
 from osfleet.protocol.osworld_paths import GUEST_USER
 from osfleet.replicas import computer13, pyautogui_code
-from osfleet.replicas.input import Input, InputError, key_for_char, qcode
+from osfleet.replicas.input import Input, InputError, check_point, check_text, combo, combo_key
 from osfleet.replicas.pyautogui_code import CodeFailedError
+from osfleet.vm import screen
 from osfleet.vm.virt import GuestAgentUnavailableError, Virt
+
+Capture = Callable[[], Image.Image]
+"""The replica's screen now (``capture.ScreenCapture.grab`` of its domain)."""
 
 READ_FILE_SECONDS = 60.0  # one guest file read, whatever the guest agent does
 READ_CHUNK_BYTES = 1 << 20
@@ -70,24 +85,53 @@ VERIFIER_ENV = (
 
 
 def check_actions(actions: list[Action], size: tuple[int, int]) -> None:
-    """Refuse a batch that cannot be carried out as given (off-screen, untypable text, unknown key), before
-    any of it reaches the guest."""
-    w, h = size
+    """Refuse a batch that cannot be carried out as given (off-screen, untypable text, unknown key, a region
+    outside the screen), before any of it reaches the guest: ``InputError`` (a 422 with the reason)."""
     for a in actions:
-        points = [(a.x, a.y)] if isinstance(a, Click | DoubleClick | RightClick | Move | Scroll) else []
+        points: list[tuple[int, int]] = []
+        if isinstance(a, Click | DoubleClick | RightClick | MouseDown | MouseUp | Scroll) and a.point is not None:
+            points = [a.point]
+        if isinstance(a, Move):
+            points = [(a.x, a.y)]
         if isinstance(a, Drag):
-            points = [(a.x1, a.y1), (a.x2, a.y2)]
+            points = a.points
         for x, y in points:
-            if not (0 <= x < w and 0 <= y < h):
-                raise InputError(f"{a.type}: coordinates ({x}, {y}) are off the {w}x{h} screen")
+            check_point(x, y, size, f"{a.type}: ")
+        if isinstance(a, Click | DoubleClick | RightClick | Move | Drag | Scroll | Hotkey | HoldKey):
+            combo(a.keys)
+        if isinstance(a, KeyDown | KeyUp):
+            combo_key(a.key)
         if isinstance(a, TypeText):
-            for ch in a.text:
-                key_for_char(ch)
-        if isinstance(a, Hotkey):
-            for k in a.keys:
-                qcode(k)
+            check_text(a.text)
+        if isinstance(a, Screenshot):
+            shot_size(a, size)
         if isinstance(a, Computer13):
             computer13.check(a.action, size)
+
+
+def shot_size(shot: Screenshot, size: tuple[int, int]) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
+    """The region a ``screenshot`` action takes (x0, y0, x1, y1) and the size of its image: as asked, or the
+    region's own; one side asked, the other keeps the aspect ratio. A region outside the screen, or an image
+    that would be too small or too big, is refused."""
+    w, h = size
+    x0, y0, x1, y1 = shot.region if shot.region is not None else (0, 0, w, h)
+    if not (0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h):
+        raise InputError(
+            f"screenshot: region [{x0}, {y0}, {x1}, {y1}] is not inside the {w}x{h} screen "
+            f"(0 <= x0 < x1 <= {w}, 0 <= y0 < y1 <= {h})"
+        )
+    rw, rh = x1 - x0, y1 - y0
+    if shot.width is not None and shot.height is not None:
+        out = (shot.width, shot.height)
+    elif shot.width is not None:
+        out = (shot.width, round(rh * shot.width / rw))
+    elif shot.height is not None:
+        out = (round(rw * shot.height / rh), shot.height)
+    else:
+        out = (rw, rh)
+    if not all(1 <= side <= MAX_IMAGE_SIDE for side in out):
+        raise InputError(f"screenshot: a {out[0]}x{out[1]} image is not between 1 and {MAX_IMAGE_SIDE} pixels a side")
+    return (x0, y0, x1, y1), out
 
 
 def ends_episode(action: Action) -> bool:
@@ -110,15 +154,21 @@ def declares_infeasible(action: Action) -> bool:
 
 
 def run_actions(
-    virt: Virt, domain: str, size: tuple[int, int], actions: list[Action], budget: float = STEP_BUDGET_SECONDS
+    virt: Virt,
+    domain: str,
+    size: tuple[int, int],
+    actions: list[Action],
+    budget: float = STEP_BUDGET_SECONDS,
+    capture: Capture | None = None,
 ) -> list[ActionResult]:
     """Run a batch in order; every action gets a result, failed or not. Invalid batches raise first.
 
     The whole batch gets ``budget`` seconds: waits and guest-command timeouts are cut to what is left, and
     actions after it are not run (their result says so), so one request never holds a client for longer.
+    ``capture`` takes the screen for ``screenshot`` actions (without it they fail).
     """
     check_actions(actions, size)
-    pointer = Input(virt, domain, size)
+    pointer = Input(virt, domain, size, guest=lambda command, timeout: shell(virt, domain, command, timeout))
     results = []
     deadline = time.monotonic() + budget
     for action in actions:
@@ -129,43 +179,62 @@ def run_actions(
             results.append(ActionResult(type=action.type, ok=False, seconds=0.0, error=error))
             continue
         try:
-            extra = _run_one(virt, domain, pointer, _within(action, left), left)
+            extra = _run_one(virt, domain, pointer, _within(action, left), left, capture)
             results.append(ActionResult(type=action.type, ok=True, seconds=time.monotonic() - start, **extra))
         except CodeFailedError as exc:  # the agent's code ran and failed: its error, and what it printed
             took = time.monotonic() - start
             results.append(ActionResult(type=action.type, ok=False, seconds=took, error=str(exc), **exc.output))
         except OsfleetError as exc:
             results.append(ActionResult(type=action.type, ok=False, seconds=time.monotonic() - start, error=str(exc)))
+        finally:
+            if isinstance(action, Shell | CliCommand | PyAutoGUI):
+                pointer.forget_position()  # the agent's own code may have moved it
     return results
 
 
 def _within(action: Action, left: float) -> Action:
-    """The action with its wait or guest-command timeout cut to ``left`` seconds."""
-    if isinstance(action, Wait) and action.seconds > left:
+    """The action with its wait, hold, drag or guest-command timeout cut to ``left`` seconds."""
+    if isinstance(action, Wait | HoldKey | Drag) and action.seconds > left:
         return action.model_copy(update={"seconds": left})
     if isinstance(action, Shell | CliCommand | PyAutoGUI) and action.timeout > left:
         return action.model_copy(update={"timeout": max(left, 0.1)})
     return action
 
 
-def _run_one(virt: Virt, domain: str, pointer: Input, action: Action, left: float) -> dict[str, Any]:
+def _run_one(
+    virt: Virt, domain: str, pointer: Input, action: Action, left: float, capture: Capture | None
+) -> dict[str, Any]:
     match action:
-        case Click(x=x, y=y, button=button):
-            pointer.click(x, y, button)
-        case DoubleClick(x=x, y=y):
-            pointer.click(x, y, "left", count=2)
-        case RightClick(x=x, y=y):
-            pointer.click(x, y, "right")
-        case Move(x=x, y=y):
-            pointer.move(x, y)
-        case Drag(x1=x1, y1=y1, x2=x2, y2=y2):
-            pointer.drag(x1, y1, x2, y2)
-        case Scroll(x=x, y=y, clicks=clicks):
-            pointer.scroll(x, y, clicks)
+        case Click(x=x, y=y, button=button, count=count, keys=keys):
+            pointer.click(x, y, button, count, keys)
+        case DoubleClick(x=x, y=y, keys=keys):
+            pointer.click(x, y, "left", 2, keys)
+        case RightClick(x=x, y=y, keys=keys):
+            pointer.click(x, y, "right", 1, keys)
+        case Move(x=x, y=y, keys=keys):
+            with pointer.holding(keys):
+                pointer.move(x, y)
+        case MouseDown(x=x, y=y, button=button) | MouseUp(x=x, y=y, button=button):
+            if x is not None and y is not None:
+                pointer.move(x, y)
+            pointer.button(button, isinstance(action, MouseDown))
+        case Drag(seconds=seconds, button=button, keys=keys):
+            pointer.drag_path(action.points, seconds, button, keys)
+        case Scroll(x=x, y=y, clicks=clicks, clicks_x=clicks_x, keys=keys):
+            pointer.scroll(x, y, clicks, clicks_x, keys)
         case TypeText(text=text):
             pointer.type_text(text)
         case Hotkey(keys=keys):
             pointer.hotkey(keys)
+        case KeyDown(key=key) | KeyUp(key=key):
+            pointer.key_by_name(key, isinstance(action, KeyDown))
+        case HoldKey(keys=keys, seconds=seconds):
+            pointer.hold(keys, seconds)
+        case CursorPosition():
+            x, y = pointer.position()
+            return {"x": x, "y": y}
+        case Screenshot():
+            return _screenshot(action, pointer.size, capture)
         case Wait(seconds=seconds):
             time.sleep(seconds)
         case Shell():
@@ -186,6 +255,22 @@ def _run_one(virt: Virt, domain: str, pointer: Input, action: Action, left: floa
         case Computer13():
             computer13.apply(pointer, action.action, left)
     return {}
+
+
+def _screenshot(shot: Screenshot, size: tuple[int, int], capture: Capture | None) -> dict[str, Any]:
+    """The screen (or its region), scaled and encoded as the action asks."""
+    if capture is None:
+        raise OsfleetError("screenshot: this host cannot take the screen inside a step")
+    region, out = shot_size(shot, size)
+    image = capture()
+    if image.size != size:  # the guest changed its mode: the checked region may not be where the agent thinks
+        raise OsfleetError(f"screenshot: the screen is {image.width}x{image.height}, not {size[0]}x{size[1]}")
+    if region != (0, 0, *size):
+        image = image.crop(region)
+    if out != image.size:
+        image = image.resize(out, Image.Resampling.LANCZOS)
+    data = screen.encode(image, shot.format, shot.quality)
+    return {"content_base64": base64.b64encode(data).decode(), "width": out[0], "height": out[1]}
 
 
 def shell(

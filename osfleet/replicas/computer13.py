@@ -5,7 +5,8 @@ events sent at the hypervisor, so they cost no guest process and work whatever t
 OSWorld's controller: coordinates are screen pixels (floats are rounded); a click, right click or double click
 without coordinates happens where the pointer is; ``DRAG_TO`` holds the left button from where the pointer is;
 ``SCROLL``'s ``dy`` > 0 scrolls up and ``dx`` > 0 right (pyautogui's ``vscroll``/``hscroll``); ``PRESS``,
-``KEY_DOWN`` and ``KEY_UP`` take pyautogui's key names or one character (``"A"`` is shift+a); ``WAIT`` waits a
+``KEY_DOWN`` and ``KEY_UP`` take pyautogui's key names or one character (``"A"`` is shift+a); ``TYPING`` types any
+Unicode text (``Input.type_text``; pyautogui's ``typewrite`` skips what the US keyboard lacks); ``WAIT`` waits a
 second; ``DONE`` and ``FAIL`` do nothing in the guest (they end the episode; ``FAIL`` declares the task
 infeasible, see ``actions.declares_infeasible``).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 
 from osfleet.protocol import actions as a
-from osfleet.replicas.input import Input, InputError, key_for_char, pyautogui_key
+from osfleet.replicas.input import Input, InputError, check_text, pyautogui_key
 
 
 def points(action: a.Computer13Action) -> list[tuple[int, int]]:
@@ -33,8 +34,7 @@ def check(action: a.Computer13Action, size: tuple[int, int]) -> None:
             raise InputError(f"computer_13 {action.action_type}: ({x}, {y}) is off the {w}x{h} screen")
     match action:
         case a.C13Typing(parameters=p):
-            for ch in p.text:
-                key_for_char(ch)
+            check_text(p.text)
         case a.C13Press(parameters=p) | a.C13KeyDown(parameters=p) | a.C13KeyUp(parameters=p):
             pyautogui_key(p.key)
         case a.C13Hotkey(parameters=p):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from osfleet.errors import OsfleetError
+from osfleet.replicas import unicode_keys
 
 WINDOW_BYTES = 12  # unread at most; 4 of the 16 are left for the keyboard's own replies (e.g. LED changes)
 # Once the window is full, typing waits until at most this many are unread: the next keys then go without asking
@@ -74,7 +75,8 @@ def irq1_count(info_irq: str) -> int | None:
 
 
 class KeyboardFlow:
-    """The bytes sent to one domain's keyboard and how many of them its guest has read."""
+    """The bytes sent to one domain's keyboard and how many of them its guest has read; also what else osfleet
+    knows of the domain's input: where it put the pointer last, and what the spare keys carry (``unicode_keys``)."""
 
     def __init__(self, read_count: Callable[[], int | None]) -> None:
         self._read_count = read_count
@@ -84,9 +86,26 @@ class KeyboardFlow:
         self._base: int | None = None
         self.enabled = True
         self.pointer_at = 0.0  # monotonic time of the last pointer event sent
+        self.pointer: tuple[int, int] | None = None  # where osfleet put the pointer last (None: not known)
+        self.spare: dict[str, str] = {}  # spare key (qcode) -> the character the guest's X server maps it to now
+        self._spare_at: dict[str, float] = {}  # spare key -> monotonic time it was last pressed
 
     def pointer_sent(self) -> None:
         self.pointer_at = time.monotonic()
+
+    def spare_code(self, ch: str) -> str | None:
+        """The spare key that types ``ch`` now, if any."""
+        return next((code for code, held in self.spare.items() if held == ch), None)
+
+    def spare_used(self, code: str) -> None:
+        self._spare_at[code] = time.monotonic()
+
+    def settle_spares(self, codes: list[str]) -> None:
+        """Wait until none of ``codes`` was pressed in the last ``unicode_keys.SETTLE_SECONDS``."""
+        last = max((self._spare_at.get(c, 0.0) for c in codes), default=0.0)
+        left = last + unicode_keys.SETTLE_SECONDS - time.monotonic()
+        if left > 0:
+            time.sleep(left)
 
     def settle_after_pointer(self) -> None:
         """Wait out what is left of ``POINTER_SETTLE_SECONDS`` since the last pointer event."""

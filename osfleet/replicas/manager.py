@@ -482,7 +482,9 @@ class ReplicaHost:
         with self._touching(replica_id, claim) as rec:
             self.lifecycle.mark_used(rec.id, rec.generation)
             with stage("act"):
-                return run_actions(self.virt, rec.domain, self.image.screen, actions)
+                return run_actions(
+                    self.virt, rec.domain, self.image.screen, actions, capture=lambda: self.capture.grab(rec.domain)
+                )
 
     def shell(
         self, replica_id: str, command: str, timeout: float, as_root: bool = False, claim: Claim | None = None
