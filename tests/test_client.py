@@ -358,9 +358,10 @@ def test_observations_become_chat_parts_and_tool_calls_become_actions_at_desktop
     an = anthropic_content(view)
     assert an[0]["source"]["media_type"] == "image/png" and an[0]["source"]["data"]
     assert from_anthropic({"action": "left_click", "coordinate": [10, 5]}, view) == [
-        {"type": "click", "x": 20, "y": 10, "button": "left"}
+        {"type": "click", "button": "left", "count": 1, "keys": [], "x": 21, "y": 11}  # the model pixel's centre
     ]
-    assert from_anthropic({"action": "key", "text": "ctrl+Return"}) == [{"type": "hotkey", "keys": ["ctrl", "enter"]}]
+    # key names go as the model wrote them: the host knows X's and browsers' names
+    assert from_anthropic({"action": "key", "text": "ctrl+Return"}) == [{"type": "hotkey", "keys": ["ctrl", "Return"]}]
     assert (
         from_anthropic({"action": "scroll", "coordinate": [1, 1], "scroll_direction": "up", "scroll_amount": 2})[0][
             "clicks"
@@ -368,13 +369,16 @@ def test_observations_become_chat_parts_and_tool_calls_become_actions_at_desktop
         == -2
     )
     assert from_anthropic({"action": "screenshot"}) == []
-    assert from_openai({"type": "keypress", "keys": ["CTRL", "S"]}) == [{"type": "hotkey", "keys": ["ctrl", "s"]}]
+    assert from_openai({"type": "keypress", "keys": ["CTRL", "S"]}) == [{"type": "hotkey", "keys": ["CTRL", "S"]}]
     assert from_openai({"type": "drag", "path": [{"x": 1, "y": 1}, {"x": 31, "y": 19}]}, view) == [
-        {"type": "drag", "x1": 2, "y1": 2, "x2": 62, "y2": 38}
+        {"type": "drag", "path": [[3, 3], [63, 39]], "keys": []}
     ]
-    assert from_openai({"type": "click", "x": 1000, "y": 1000}, view)[0]["x"] == 63  # clamped to the desktop
-    with pytest.raises(InvalidActionError, match="unsupported computer-use action 'zoom'"):
+    with pytest.raises(InvalidActionError, match=r"click: \(1000, 1000\) is off the 32x20 screen"):
+        from_openai({"type": "click", "x": 1000, "y": 1000}, view)  # refused, never clamped onto the desktop
+    with pytest.raises(InvalidActionError, match="zoom: region"):
         from_anthropic({"action": "zoom"})
+    with pytest.raises(InvalidActionError, match="'teleport' is not one of Anthropic's computer actions"):
+        from_anthropic({"action": "teleport"})
     # and the translated actions are valid osfleet actions end to end
     with Fleet(url_of(agent), TOKEN) as fleet, fleet.lease() as s:
         assert s.step(from_openai({"type": "click", "x": 3, "y": 3}, view)).results[0].ok
