@@ -117,47 +117,145 @@ if threading.current_thread() is threading.main_thread():
     interrupt_on_signals()
 
 
-# Fixtures that boot replicas or build an image: a test that asks for one is a ``vm`` test whatever it is marked.
+# The tiers (CONTRIBUTING.md, "Tests"). ``unit`` and ``integration`` are the default run (pyproject's addopts):
+# in-process, no VM, no image, no process started. ``system`` starts processes (servers and command lines,
+# namespaces, the jail, browsers, tool builds, Pulumi's engine); ``vm`` boots replicas; ``perf`` compares timings.
+TIERS = ("unit", "integration", "system", "vm", "perf")
+IN_PROCESS = frozenset({"unit", "integration"})
+# Fixtures that boot replicas or build an image: only a ``system`` or ``vm`` test may ask for one.
 VM_FIXTURES = frozenset({"golden", "office_image", "replica_hosts"})
-TIERS = ("unit", "integration", "vm", "perf")
-UNIT_CLASH = pytest.StashKey[list[str]]()
-NO_TIER = pytest.StashKey[bool]()
+# Every test that boots replicas runs on one xdist worker, one after another: they share the machine's libvirt,
+# its saved states and the ``no_leftovers`` count of domains, and two TCG guests at once starve each other.
+VM_GROUP = "vm"
+TIER_ERROR = pytest.StashKey[str]()
 CALL_FAILED = pytest.StashKey[bool]()
+PROCESS_GUARD = pytest.StashKey["ProcessGuard"]()
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marker added here counts
+def tiers_of(item: pytest.Item) -> list[str]:
+    """The tier markers a test has, its file's ``pytestmark`` and class's included: ``-m`` selects on all of them,
+    so a test in a file of ``integration`` tests cannot be ``system`` by its own marker alone (it fails as in two
+    tiers; such a file marks each test instead)."""
+    return [tier for tier in TIERS if item.get_closest_marker(tier) is not None]
+
+
+def tier_error(item: pytest.Item) -> str | None:
+    """What is wrong with a test's markers, or None: no tier, two tiers, a default-run test that asks for a fixture
+    that builds an image or boots replicas or is marked ``slow``, a ``heavy`` test that is not ``vm`` or
+    ``system``."""
+    tiers = tiers_of(item)
+    if not tiers:
+        return (
+            f"{item.name} is in no tier: mark it unit, integration, system, vm or perf (slow is not a tier; "
+            'CONTRIBUTING.md, "Tests")'
+        )
+    tier = tiers[0]
+    clash = tiers[1:]
+    if tier in IN_PROCESS:
+        clash += sorted(VM_FIXTURES & set(getattr(item, "fixturenames", ())))
+        clash += ["slow"] if item.get_closest_marker("slow") else []
+    if clash:
+        return (
+            f"marked {tier} but it is also {', '.join(clash)}: a test is in one tier, and the default run "
+            "(unit, integration) boots nothing, builds no image and holds no slow test"
+        )
+    if item.get_closest_marker("heavy") and tier not in ("system", "vm"):
+        return f"marked heavy but it is {tier}: heavy is a slow system or vm test"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects and before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tiers (CONTRIBUTING.md, "Tests") derived where the markers allow it: every test that boots replicas is
-    ``slow`` (run by ``pytest -m slow`` and by CI) unless it is one of the few marked ``vm_smoke``, which the
-    default run keeps so that it still boots, resets and forks a desktop; a test marked ``unit`` that is also
-    ``vm`` or ``integration``, or asks for a fixture that boots replicas, is a mistake in its markers and fails, and
-    so does a test in no tier (``slow`` alone is not one)."""
+    """Checks each test's tier (a mistake fails the test before its fixtures run: a ``golden`` fixture would build
+    an image) and puts every ``vm`` test in one xdist group."""
     for item in items:
-        if not any(item.get_closest_marker(tier) for tier in TIERS):
-            item.stash[NO_TIER] = True
-        vm = item.get_closest_marker("vm") is not None
-        if vm and not item.get_closest_marker("vm_smoke"):
-            item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("unit"):
-            clash = [m for m in ("vm", "integration") if item.get_closest_marker(m)]
-            clash += sorted(VM_FIXTURES & set(getattr(item, "fixturenames", ())))
-            if clash:
-                item.stash[UNIT_CLASH] = clash
+        error = tier_error(item)
+        if error:
+            item.stash[TIER_ERROR] = error
+        elif tiers_of(item)[0] == "vm" and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(VM_GROUP))
+
+
+class ProcessGuard:
+    """Refuses to start a process while a ``unit`` or ``integration`` test runs (its fixtures included), from any
+    thread: the attempt raises where it was made and is remembered, so the test fails at teardown even if the
+    code that tried swallowed the error. The default run then never waits on a server, a browser or a tool, and
+    what a test needs that does start processes is said by its ``system`` marker."""
+
+    # Every way CPython starts a process: subprocess (and asyncio's, which uses it), os.fork (multiprocessing's
+    # fork), posix_spawn, os.system, and multiprocessing's forkserver and spawn helpers.
+    PATCHED = (
+        (subprocess.Popen, "_execute_child"),
+        (os, "fork"),
+        (os, "forkpty"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+        (os, "system"),
+    )
+
+    def __init__(self, item: pytest.Item, tier: str) -> None:
+        self.item, self.tier = item, tier
+        self.attempts: list[str] = []
+        self.saved: list[tuple[object, str, object]] = []
+
+    def refuse(self, what: str) -> RuntimeError:
+        self.attempts.append(what)
+        return RuntimeError(
+            f"{self.item.name} is marked {self.tier} but started a process ({what}): the default run is in-process; "
+            "mark it system"
+        )
+
+    def install(self) -> None:
+        import multiprocessing.util
+
+        def popen_child(popen: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+            words = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+            raise self.refuse(str(words[0]) if words else "?")
+
+        def named(name: str) -> Callable[..., Any]:
+            def refused(*args: Any, **kw: Any) -> Any:
+                raise self.refuse(f"os.{name}({str(args[0]) if args else ''})")
+
+            return refused
+
+        targets = [(subprocess.Popen, "_execute_child", popen_child)]
+        targets += [(os, name, named(name)) for owner, name in self.PATCHED if owner is os and hasattr(os, name)]
+        targets.append((multiprocessing.util, "spawnv_passfds", named("spawnv_passfds")))
+        for owner, name, replacement in targets:
+            self.saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, replacement)
+
+    def remove(self) -> None:
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
+        self.saved.clear()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Fails a test in no tier, or whose markers clash, before its fixtures run (a ``golden`` fixture would build an
-    image)."""
-    if item.stash.get(NO_TIER, False):
-        pytest.fail(
-            f"{item.name} is in no tier: mark it unit, integration, vm or perf (slow is not a tier; "
-            'CONTRIBUTING.md, "Tests")',
-            pytrace=False,
-        )
-    clash = item.stash.get(UNIT_CLASH, None)
-    if clash:
-        pytest.fail(f"marked unit but it is also {', '.join(clash)}: a unit test boots nothing", pytrace=False)
+    """Fails a test whose tier is wrong before its fixtures run; starts the process guard of a default-run test
+    before its fixtures, so a fixture's server in a subprocess counts too."""
+    error = item.stash.get(TIER_ERROR, None)
+    if error:
+        pytest.fail(error, pytrace=False)
+    tier = tiers_of(item)[0]
+    if tier in IN_PROCESS:
+        guard = ProcessGuard(item, tier)
+        guard.install()
+        item.stash[PROCESS_GUARD] = guard
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    try:
+        return (yield)
+    finally:
+        guard = item.stash.get(PROCESS_GUARD, None)
+        if guard is not None:
+            guard.remove()
+            del item.stash[PROCESS_GUARD]
+            if guard.attempts and not item.stash.get(CALL_FAILED, False):  # a failed test already says why
+                pytest.fail(guard.refuse(guard.attempts[0]).args[0], pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -173,7 +271,7 @@ def _unit_tests_start_no_vm(request: pytest.FixtureRequest, monkeypatch: pytest.
     """A ``unit`` test may not open libvirt on a real hypervisor (so it cannot start a VM): the attempt raises in
     whatever thread made it, and the test fails at teardown even if that thread swallowed the error. libvirt's
     ``test:///`` driver stays allowed."""
-    if not request.node.get_closest_marker("unit"):
+    if tiers_of(request.node)[:1] != ["unit"]:
         yield
         return
     import libvirt
@@ -233,6 +331,20 @@ def office_image(sshd: Sshd, settings: Settings) -> GoldenImage:
                 Host(c), builder.DEFAULT_RECIPE.parent / SUITE_RECIPE["osworld"], str(settings.home / SUITE_BUILD_DIR)
             )
     return suite_image("osworld", settings)
+
+
+# OSWorld's own task files (the benchmark's 369 tasks): data, never in the repository; scripts/fetch-osworld-tasks
+# puts them here (its --print-dir) from a named public source, checked against a pinned digest.
+OSWORLD_TASKS = Settings.from_env().home / "data" / "osworld"
+
+
+@pytest.fixture(scope="session")
+def osworld_tasks() -> Path:
+    """The folder of OSWorld's task files (``test_all.json``, ``examples/<domain>/<id>.json``); a test that needs
+    them is skipped, naming the script, on a machine where they were never fetched."""
+    if not (OSWORLD_TASKS / ".digest").is_file():
+        pytest.skip(f"OSWorld's task files are not on this machine ({OSWORLD_TASKS}): scripts/fetch-osworld-tasks")
+    return OSWORLD_TASKS
 
 
 @pytest.fixture

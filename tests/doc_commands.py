@@ -15,7 +15,7 @@ do something other than wait for it to finish:
 - ``<!-- docs-test: skip REASON -->``: not run here, and the reason is shown (never on README or a tutorial).
 
 A page says its tier and how long a block may take in one comment anywhere on it:
-``<!-- docs-test: page vm timeout=900 restores=FILE,... -->`` (``vm``, ``slow`` or ``integration``; timeout in
+``<!-- docs-test: page vm timeout=900 restores=FILE,... -->`` (``vm`` or ``system``; timeout in
 seconds; tracked files the page's commands change, such as a Pulumi stack's config, put back afterwards).
 
 As in one terminal, what a block exports (``eval "$(osfleet infra env)"``) is there for the blocks after it.

@@ -29,7 +29,7 @@ def test_probe_decides_and_the_answer_is_remembered(golden: GoldenImage, tmp_pat
         assert chosen == "qemu"
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_a_kernel_that_does_not_boot_under_kvm_means_tcg(tmp_path: Path) -> None:
     junk = tmp_path / "junk-kernel"
     junk.write_bytes(b"\0" * 4096)

@@ -59,7 +59,6 @@ def post(client: TestClient, rid: str, what: str, body: dict[str, object]) -> di
     return r.json()  # type: ignore[no-any-return]
 
 
-@pytest.mark.vm_smoke
 def test_oracle_scores_1_noop_scores_0_and_a_retried_step_applies_once(api: tuple[TestClient, ReplicaHost]) -> None:
     client, _ = api
     rid, lid = lease(client)

@@ -20,11 +20,11 @@ from osfleet.tasks.model import CriterionResult, Match, TaskError, UnsupportedTa
 from tests.fakes import FakeHost
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
-pytestmark = pytest.mark.integration
 
 TOKEN = "test-token-123"
 
 
+@pytest.mark.integration
 def test_osgym_action_strings() -> None:
     p = parse("click(10,20)&type(a & b, c)&hotkey(ctrl,s)&scroll(5,6,50)&scroll(5,6,-50)&left_double(1,2)")
     assert [a.type for a in p.actions] == ["click", "type", "hotkey", "scroll", "scroll", "double_click"]
@@ -36,6 +36,7 @@ def test_osgym_action_strings() -> None:
     assert parse("drag(1,2,3,4)&right_single(5,6)").actions[0].type == "drag"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("action", "message"),
     [
@@ -52,6 +53,7 @@ def test_malformed_osgym_actions_name_the_problem(action: str, message: str) -> 
         parse(action)
 
 
+@pytest.mark.integration
 def test_reward_is_the_weighted_share_and_success_needs_every_required_criterion() -> None:
     r = [
         CriterionResult(name="a", met=True, weight=3, required=True),
@@ -65,6 +67,7 @@ def test_reward_is_the_weighted_share_and_success_needs_every_required_criterion
     assert score([]).reward == 0.0
 
 
+@pytest.mark.integration
 def test_match_semantics() -> None:
     assert Match(equals="x").check("x\n") and not Match(equals="x").check("xy")
     assert Match(include=["a"], exclude=["b"]).check("a c") and not Match(include=["a"], exclude=["b"]).check("a b")
@@ -100,6 +103,7 @@ def osworld(**over: object) -> dict[str, object]:
     return task
 
 
+@pytest.mark.integration
 def test_osworld_task_converts() -> None:
     t = parse_task(osworld())
     kinds = ["run", "sleep", "launch", "run", "launch", "run", "run"]  # open: the file exists, launch, wait
@@ -108,6 +112,7 @@ def test_osworld_task_converts() -> None:
     assert t.setup[0].command == "touch /tmp/x"  # type: ignore[union-attr]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -131,6 +136,7 @@ def test_unsupported_osworld_types_are_refused_by_name(change: dict[str, object]
         parse_task(osworld(**change))
 
 
+@pytest.mark.integration
 def test_bad_osfleet_task_is_one_line() -> None:
     with pytest.raises(TaskError, match="criteria"):
         parse_task({"id": "x", "instruction": "y", "criteria": []})
@@ -153,6 +159,7 @@ def client(fake: FakeHost) -> Iterator[TestClient]:
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+@pytest.mark.integration
 def test_every_api_endpoint_needs_the_token(client: TestClient) -> None:
     """Every operation the OpenAPI publishes (but /health, open, and /metrics, loopback) answers 401 without a
     valid token, before it looks at the request's body or ids."""
@@ -190,6 +197,7 @@ def test_every_api_endpoint_needs_the_token(client: TestClient) -> None:
     assert client.get("/metrics", headers=AUTH).status_code == 200
 
 
+@pytest.mark.integration
 def test_errors_are_precise_json(client: TestClient) -> None:
     r = client.post("/v1/replicas/r-nosuch/evaluate", json={"lease_id": "x"}, headers=AUTH)
     assert r.status_code == 404 and r.json() == {"error": "no replica r-nosuch", "kind": "not_found"}
@@ -205,6 +213,7 @@ def test_errors_are_precise_json(client: TestClient) -> None:
     assert r.status_code == 404 and "vm 7" in r.json()["error"]
 
 
+@pytest.mark.integration
 def test_openapi_is_published(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     for p in ("/v1/leases", "/v1/replicas/{rid}/step", "/reset", "/step", "/shutdown", "/screenshot", "/metrics"):
@@ -226,6 +235,7 @@ def _lease(c: TestClient) -> tuple[str, str]:
     return r.json()["replica_id"], r.json()["lease_id"]
 
 
+@pytest.mark.integration
 def test_a_restarted_agent_replays_a_retried_step_once_and_still_evaluates(tmp_path: Path) -> None:
     first = FakeHost(tmp_path, ready=1)
     with TestClient(create_app(CONFIG, lambda: first)) as c:
@@ -248,6 +258,7 @@ def test_a_restarted_agent_replays_a_retried_step_once_and_still_evaluates(tmp_p
     assert not list((tmp_path / "replicas" / rid).glob("episode*"))  # its episode ended with the lease
 
 
+@pytest.mark.integration
 def test_a_step_interrupted_by_a_crash_is_not_applied_again(tmp_path: Path) -> None:
     host = FakeHost(tmp_path, ready=1)
     with TestClient(create_app(CONFIG, lambda: host)) as c:
@@ -266,6 +277,7 @@ def test_a_step_interrupted_by_a_crash_is_not_applied_again(tmp_path: Path) -> N
         assert again.applied == []
 
 
+@pytest.mark.integration
 def test_an_unexpected_error_is_a_503_infrastructure_not_a_500(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
     rid, lid = _lease(client)
@@ -280,6 +292,7 @@ def test_an_unexpected_error_is_a_503_infrastructure_not_a_500(fake: FakeHost, c
     }
 
 
+@pytest.mark.integration
 def test_health_fails_when_a_background_thread_died(fake: FakeHost, client: TestClient) -> None:
     assert client.get("/health").status_code == 200
     fake.alive = False
@@ -287,6 +300,7 @@ def test_health_fails_when_a_background_thread_died(fake: FakeHost, client: Test
     assert r.status_code == 503 and r.json()["status"] == "failing" and "stopped" in r.json()["problem"]
 
 
+@pytest.mark.system
 def test_osgym_step_without_a_task_or_after_expiry_is_a_4xx(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
     r = client.post("/reset", json={"task_config": osworld(), "timeout": 1}, headers=AUTH)
@@ -299,6 +313,7 @@ def test_osgym_step_without_a_task_or_after_expiry_is_a_4xx(fake: FakeHost, clie
     assert r.status_code == 404
 
 
+@pytest.mark.integration
 def test_an_unknown_task_id_is_404_and_a_broken_task_is_422(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
     rid, lid = _lease(client)
@@ -308,6 +323,7 @@ def test_an_unknown_task_id_is_404_and_a_broken_task_is_422(fake: FakeHost, clie
     assert r.status_code == 422 and r.json()["kind"] == "invalid_request" and "task.osfleet" in r.json()["error"]
 
 
+@pytest.mark.integration
 def test_scale_up_beyond_capacity_is_503_capacity(fake: FakeHost, client: TestClient) -> None:
     def refuse(count: int, mode: object = None) -> None:
         raise CapacityError("this host can take 0 more replica(s) (maximum 1); asked for 5")
@@ -317,6 +333,7 @@ def test_scale_up_beyond_capacity_is_503_capacity(fake: FakeHost, client: TestCl
     assert r.status_code == 503 and r.json()["kind"] == "capacity" and r.headers["retry-after"]
 
 
+@pytest.mark.integration
 def test_the_openapi_documents_every_error_status(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     step = paths["/v1/replicas/{rid}/step"]["post"]["responses"]
@@ -327,6 +344,7 @@ def test_the_openapi_documents_every_error_status(client: TestClient) -> None:
     assert "503" in paths["/health"]["get"]["responses"]
 
 
+@pytest.mark.integration
 def test_a_refused_step_can_be_retried_with_the_same_action_id(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
     rid, lid = _lease(client)
@@ -338,6 +356,7 @@ def test_a_refused_step_can_be_retried_with_the_same_action_id(fake: FakeHost, c
     assert r.status_code == 200 and r.json()["replayed"] is False and len(fake.applied) == 1
 
 
+@pytest.mark.integration
 def test_a_body_that_is_not_json_is_a_422_and_405_names_every_method(client: TestClient) -> None:
     r = client.post("/shutdown", content=b"\xff\x12", headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["kind"] == "invalid_request"
@@ -345,6 +364,7 @@ def test_a_body_that_is_not_json_is_a_422_and_405_names_every_method(client: Tes
     assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
 
 
+@pytest.mark.integration
 def test_requests_take_exactly_what_the_schema_says(client: TestClient) -> None:
     r = client.post("/shutdown", json={"vm_id": False}, headers=AUTH)
     assert r.status_code == 422  # false is not a vm id
@@ -354,6 +374,7 @@ def test_requests_take_exactly_what_the_schema_says(client: TestClient) -> None:
     assert r.status_code == 422 and r.json()["error"].startswith("count:")
 
 
+@pytest.mark.integration
 def test_fork_leases_each_child_to_the_caller_with_the_parents_task(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
     rid, lid = _lease(client)
@@ -381,6 +402,7 @@ def test_fork_leases_each_child_to_the_caller_with_the_parents_task(fake: FakeHo
     assert len(fake.applied) == 1
 
 
+@pytest.mark.integration
 def test_fork_needs_the_parents_lease_and_room(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(1)
     rid, lid = _lease(client)
@@ -396,6 +418,7 @@ def test_fork_needs_the_parents_lease_and_room(fake: FakeHost, client: TestClien
 INFEASIBLE = {"id": "impossible", "instruction": "Make Chrome play DVDs.", "evaluator": {"func": "infeasible"}}
 
 
+@pytest.mark.integration
 def test_osworld_special_actions() -> None:
     p = parse("FAIL")
     assert p.finish and p.declared_infeasible and not p.actions
@@ -404,6 +427,7 @@ def test_osworld_special_actions() -> None:
     assert not parse("FAIL&click(1,2)").declared_infeasible  # only the last action says it, as in OSWorld
 
 
+@pytest.mark.integration
 def test_an_infeasible_task_scores_the_agents_declared_failure(fake: FakeHost, client: TestClient) -> None:
     fake.up_async(2)
     rid, lid = _lease(client)

@@ -29,8 +29,6 @@ from osfleet.vm.images import GoldenImage
 from osfleet.vm.virt import GuestAgentUnavailableError
 from tests.conftest import VENV_BIN
 
-pytestmark = pytest.mark.integration
-
 OSFLEET = str(VENV_BIN / "osfleet")
 
 
@@ -85,6 +83,7 @@ def status(pid: int) -> str:
 
 
 # --- replica faults ----------------------------------------------------------------------------------------
+@pytest.mark.system
 def test_kill_qemu_sigkills_the_process_and_records_it(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     host = a_host(tmp_path)
     qemu = sleeper(procs)
@@ -97,6 +96,7 @@ def test_kill_qemu_sigkills_the_process_and_records_it(tmp_path: Path, procs: li
     assert F.heal(fault) == fault  # self-healing: nothing to undo
 
 
+@pytest.mark.system
 def test_freeze_stops_until_healed_and_heal_is_idempotent(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     host = a_host(tmp_path)
     qemu = sleeper(procs)
@@ -115,6 +115,7 @@ def test_freeze_stops_until_healed_and_heal_is_idempotent(tmp_path: Path, procs:
     assert F.heal(again).healed == f"process {qemu.pid} is gone; nothing to thaw"
 
 
+@pytest.mark.system
 def test_delete_overlay_unlinks_the_file_the_process_keeps_open(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -132,12 +133,14 @@ def test_delete_overlay_unlinks_the_file_the_process_keeps_open(
         F.delete_overlay(host, "r-cc", pid_of(qemu))
 
 
+@pytest.mark.system
 def test_unknown_replica_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(F.FaultError, match=r"^no replica t1/r-zz \(no record .*r-zz.json\)$"):
         F.kill_qemu(a_host(tmp_path), "r-zz")
 
 
 # --- host faults -------------------------------------------------------------------------------------------
+@pytest.mark.system
 def test_kill_host_agent_finds_the_owner_of_the_records(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     host = a_host(tmp_path)
     agent = sleeper(procs)
@@ -151,6 +154,7 @@ def test_kill_host_agent_finds_the_owner_of_the_records(tmp_path: Path, procs: l
         F.kill_host_agent(host)
 
 
+@pytest.mark.system
 def test_a_process_younger_than_the_records_is_not_taken_for_their_owner(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -175,6 +179,7 @@ def small_store(tmp_path: Path) -> Iterator[ChaosHost]:
         subprocess.run(["umount", str(host.image_store)], check=True)
 
 
+@pytest.mark.system
 def test_fill_leaves_the_floor_free_and_heal_gives_it_back(small_store: ChaosHost) -> None:
     host = small_store
     free = lambda: os.statvfs(host.image_store).f_bavail * os.statvfs(host.image_store).f_frsize  # noqa: E731
@@ -192,6 +197,7 @@ def test_fill_leaves_the_floor_free_and_heal_gives_it_back(small_store: ChaosHos
     assert F.heal(healed) == healed
 
 
+@pytest.mark.system
 def test_fill_of_a_big_file_system_needs_a_bound_and_keeps_the_reserve(tmp_path: Path) -> None:
     host = a_host(tmp_path)
     st = os.statvfs(tmp_path)
@@ -257,6 +263,7 @@ def round_trip(timeout: float) -> float | None:
     return None
 
 
+@pytest.mark.system
 def test_cut_link_drops_everything_until_healed(link_host: tuple[ChaosHost, str]) -> None:
     host, dev = link_host
     fault = F.cut_link(host, mechanism="iptables")
@@ -270,6 +277,7 @@ def test_cut_link_drops_everything_until_healed(link_host: tuple[ChaosHost, str]
     assert F.heal(healed) == healed
 
 
+@pytest.mark.system
 def test_cut_link_with_netem(link_host: tuple[ChaosHost, str]) -> None:
     host, _dev = link_host
     if not F.netem_available(host):
@@ -281,6 +289,7 @@ def test_cut_link_with_netem(link_host: tuple[ChaosHost, str]) -> None:
     assert round_trip(timeout=5) is not None
 
 
+@pytest.mark.system
 def test_delay_link_adds_its_delay(link_host: tuple[ChaosHost, str]) -> None:
     host, _dev = link_host
     fault = F.delay_link(host, delay_ms=300)
@@ -293,6 +302,7 @@ def test_delay_link_adds_its_delay(link_host: tuple[ChaosHost, str]) -> None:
     assert F.heal(healed) == healed
 
 
+@pytest.mark.system
 def test_a_dead_delayer_lets_packets_pass_and_heal_still_cleans_up(link_host: tuple[ChaosHost, str]) -> None:
     host, dev = link_host
     fault = F.delay_link(host, delay_ms=300, mechanism="nfqueue")
@@ -308,6 +318,7 @@ def test_a_dead_delayer_lets_packets_pass_and_heal_still_cleans_up(link_host: tu
     )
 
 
+@pytest.mark.system
 def test_without_netem_asking_for_it_is_one_line(link_host: tuple[ChaosHost, str]) -> None:
     host, _dev = link_host
     if F.netem_available(host):
@@ -318,12 +329,14 @@ def test_without_netem_asking_for_it_is_one_line(link_host: tuple[ChaosHost, str
         F.delay_link(host, delay_ms=100, mechanism="netem")
 
 
+@pytest.mark.system
 def test_link_faults_need_a_lab_host(tmp_path: Path) -> None:
     with pytest.raises(F.FaultError, match="only lab hosts have a link"):
         F.cut_link(a_host(tmp_path))
 
 
 # --- the runner --------------------------------------------------------------------------------------------
+@pytest.mark.system
 def test_runner_injects_on_time_heals_after_its_duration_and_writes_jsonl(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -357,6 +370,7 @@ def test_runner_injects_on_time_heals_after_its_duration_and_writes_jsonl(
     assert active.all() == []
 
 
+@pytest.mark.system
 def test_stopping_the_runner_heals_what_is_active(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     host = a_host(tmp_path)
     qemu = sleeper(procs)
@@ -376,6 +390,7 @@ def test_stopping_the_runner_heals_what_is_active(tmp_path: Path, procs: list[su
     assert runner.faults[0].healed_at is not None
 
 
+@pytest.mark.system
 def test_plan_file_errors_name_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "plan.yaml"
     bad.write_text("faults:\n  - {at: 5, kind: melt_cpu}\n")
@@ -395,6 +410,7 @@ def osfleet(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([OSFLEET, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
+@pytest.mark.system
 def test_cli_inject_ls_undo(small_store: ChaosHost) -> None:
     home = small_store.home
     out = osfleet("chaos", "inject", "fill_image_store", "--floor-mib", "16", "--json", home=home)
@@ -409,6 +425,7 @@ def test_cli_inject_ls_undo(small_store: ChaosHost) -> None:
     assert osfleet("chaos", "ls", home=home).stdout.strip() == "no active faults"
 
 
+@pytest.mark.system
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     out = osfleet("chaos", "inject", "kill_qemu", "--replica", "r-nope", home=tmp_path)
     assert out.returncode == 1
@@ -417,6 +434,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert out.stderr == "osfleet: error: no active fault f-0000 (see 'osfleet chaos ls')\n"
 
 
+@pytest.mark.system
 def test_cli_inject_with_seconds_heals_by_itself(small_store: ChaosHost) -> None:
     out = osfleet("chaos", "inject", "fill_image_store", "--seconds", "0.2", "--json", home=small_store.home)
     fault = F.Fault.model_validate_json(out.stdout)
@@ -455,6 +473,7 @@ def test_freeze_and_kill_a_real_replicas_qemu_found_from_its_record(
         h.close()
 
 
+@pytest.mark.system
 def test_hosts_resolve_to_this_machine_or_a_lab_host_from_the_lab_state(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     assert lab_hosts(settings) == [] and resolve("local", settings) == ChaosHost(name="local", home=tmp_path)
@@ -467,6 +486,7 @@ def test_hosts_resolve_to_this_machine_or_a_lab_host_from_the_lab_state(tmp_path
         resolve("lab9", settings)
 
 
+@pytest.mark.system
 def test_a_planned_fill_can_name_the_folder_whose_file_system_it_fills(small_store: ChaosHost) -> None:
     sub = small_store.image_store / "replicas-fs"
     sub.mkdir()
@@ -476,6 +496,7 @@ def test_a_planned_fill_can_name_the_folder_whose_file_system_it_fills(small_sto
     assert list(sub.iterdir()) == []
 
 
+@pytest.mark.system
 def test_cli_run_plays_a_plan_file(small_store: ChaosHost, procs: list[subprocess.Popen[bytes]]) -> None:
     agent = sleeper(procs)
     plan = small_store.home / "plan.yaml"

@@ -19,7 +19,7 @@ import pytest
 
 from osfleet.tasks.osworld_format.guest import query as q
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 
 @pytest.fixture

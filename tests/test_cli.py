@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from tests.conftest import REPO, VENV_BIN
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 OSFLEET = str(VENV_BIN / "osfleet")
 

@@ -158,7 +158,7 @@ def openenv_server(url: str, token_file: Path, folder: Path, *options: str) -> I
 
 
 # --- the async client --------------------------------------------------------------------------------------------
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_a_session_resets_steps_observes_evaluates_forks_and_releases(agent: Agent) -> None:
     async def main() -> None:
         async with AsyncFleet(url_of(agent), TOKEN) as fleet:
@@ -180,7 +180,7 @@ def test_a_session_resets_steps_observes_evaluates_forks_and_releases(agent: Age
     asyncio.run(main())
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_a_step_whose_answer_was_lost_is_retried_with_its_action_id_and_applied_once(agent: Agent) -> None:
     proxy = DroppingProxy(agent.port, b'"action_id": "once"'.replace(b" ", b""), drops=1)
 
@@ -200,7 +200,7 @@ def test_a_step_whose_answer_was_lost_is_retried_with_its_action_id_and_applied_
     assert sum(1 for _, acts in agent.host.applied for a in acts if getattr(a, "command", "") == "echo once") == 1
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_a_lease_waits_out_503_capacity_until_a_replica_is_free_then_gives_up(tmp_path: Path) -> None:
     a = Agent("h1", BoundedHost(tmp_path / "h1", ready=0), free_port())
     a.start()
@@ -221,7 +221,7 @@ def test_a_lease_waits_out_503_capacity_until_a_replica_is_free_then_gives_up(tm
         a.stop()
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_each_refusal_is_one_clear_exception(agent: Agent) -> None:
     async def main() -> None:
         async with AsyncFleet(url_of(agent), "wrong-token") as bad:
@@ -248,7 +248,7 @@ def test_each_refusal_is_one_clear_exception(agent: Agent) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_a_server_that_never_answers_is_an_infrastructure_error_within_the_timeout() -> None:
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -273,7 +273,7 @@ def test_a_server_that_never_answers_is_an_infrastructure_error_within_the_timeo
         silent.close()
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_hundreds_of_sessions_share_one_event_loop(tmp_path: Path) -> None:
     a = Agent("h1", BoundedHost(tmp_path / "h1", ready=200), free_port())
     a.start()
@@ -295,7 +295,7 @@ def test_hundreds_of_sessions_share_one_event_loop(tmp_path: Path) -> None:
         a.stop()
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_a_group_starts_every_session_from_one_desktop_and_releases_all(agent: Agent) -> None:
     async def main() -> None:
         async with AsyncFleet(url_of(agent), TOKEN) as fleet:
@@ -308,7 +308,7 @@ def test_a_group_starts_every_session_from_one_desktop_and_releases_all(agent: A
     asyncio.run(main())
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_the_blocking_twin_does_the_same(agent: Agent) -> None:
     with Fleet(url_of(agent), token_file=None, token=TOKEN) as fleet:
         with fleet.lease() as s:
@@ -322,7 +322,7 @@ def test_the_blocking_twin_does_the_same(agent: Agent) -> None:
     assert leased(agent) == 0
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_client_killed_mid_episode_leaves_no_lease_past_its_ttl(agent: Agent) -> None:
     script = (
         "import sys, time; from osfleet.client import Fleet\n"
@@ -346,7 +346,7 @@ def test_a_client_killed_mid_episode_leaves_no_lease_past_its_ttl(agent: Agent) 
 
 
 # --- model API helpers --------------------------------------------------------------------------------------------
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_observations_become_chat_parts_and_tool_calls_become_actions_at_desktop_scale(agent: Agent) -> None:
     with Fleet(url_of(agent), TOKEN) as fleet, fleet.lease() as s:
         screen = s.observe()
@@ -385,7 +385,7 @@ def test_observations_become_chat_parts_and_tool_calls_become_actions_at_desktop
 
 
 # --- Gymnasium --------------------------------------------------------------------------------------------------
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 @pytest.mark.parametrize("kind", ["screen", "dict"])
 def test_gymnasiums_own_checker_passes_and_an_episode_ends_with_a_reward(agent: Agent, kind: str) -> None:
     from gymnasium.utils.env_checker import check_env
@@ -406,7 +406,7 @@ def test_gymnasiums_own_checker_passes_and_an_episode_ends_with_a_reward(agent: 
     assert leased(agent) == 0
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_fork_gives_environments_at_the_parents_screen(agent: Agent) -> None:
     env = gym.make("osfleet/Desktop-v0", url=url_of(agent), token=TOKEN, task=TASK, max_steps=5, observation="dict")
     obs, _ = env.reset(seed=1)
@@ -422,7 +422,7 @@ def test_fork_gives_environments_at_the_parents_screen(agent: Agent) -> None:
     assert leased(agent) == 0
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_the_env_raises_gymnasium_errors(agent: Agent) -> None:
     with pytest.raises(DesktopEnvError, match="bearer token"):
         gym.make("osfleet/Desktop-v0", url=url_of(agent), token="wrong", task=TASK)
@@ -439,7 +439,7 @@ def test_the_env_raises_gymnasium_errors(agent: Agent) -> None:
     assert leased(agent) == 0
 
 
-@pytest.mark.integration  # in-process, but seconds of waits in sum
+@pytest.mark.system  # starts processes (a server, the evaluation sandbox)
 def test_the_vector_env_steps_every_desktop_and_autoresets_next_step(agent: Agent) -> None:
     envs = gym.make_vec(
         "osfleet/Desktop-v0",
@@ -464,7 +464,7 @@ def test_the_vector_env_steps_every_desktop_and_autoresets_next_step(agent: Agen
 
 
 # --- OpenEnv ------------------------------------------------------------------------------------------------------
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.slow
 def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve(agent: Agent, tmp_path: Path) -> None:
     from openenv.core.client_types import StepResult
@@ -508,7 +508,7 @@ def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve
         assert leased(agent) == 0
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_openenv_serve_refuses_to_listen_beyond_loopback_without_saying_so(tmp_path: Path) -> None:
     out = subprocess.run(
         [str(REPO / ".venv/bin/osfleet"), "openenv", "serve", "--url", "http://127.0.0.1:1", "--bind", "0.0.0.0"],

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import REPO, VENV_BIN
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 # Every folder of Python in the tree: linted and kept in ruff's format (CONTRIBUTING.md, "Tests").
 PYTHON_FOLDERS = ("osfleet", "golden_images", "loadtest", "infra", "tests", "docs_src", "examples")

@@ -69,7 +69,7 @@ def test_report_draws_memory_per_replica_sharing_on_vs_off_and_costs_from_densit
     assert "bench density, 240 held, template memory" in results.cost.footprint_text
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_a_run_directory_with_only_density_is_reported(tmp_path: Path) -> None:
     (tmp_path / "density.json").write_text(json.dumps(DENSITY))
     paths = render(tmp_path)

@@ -24,7 +24,7 @@ import osfleet.client
 from osfleet.cli import cli
 from tests.conftest import CHROMIUM, CHROMIUM_ARGS, REPO, VENV_BIN
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system  # mkdocs builds the site in a subprocess; Chromium renders it
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<file>[^"]+)"\s*$')
 def page_param(path: Path) -> object:
     page = parse(path)
     tier = page.tier or "vm"  # a page that does not say boots replicas, to be safe
-    marks = [getattr(pytest.mark, tier)] + ([pytest.mark.slow] if tier != "vm" else [])
+    assert tier in ("system", "vm"), f"{path.name}: a page runs commands, so its tier is system or vm, not {tier}"
+    marks = [getattr(pytest.mark, tier), pytest.mark.slow]
     return pytest.param(page, marks=marks, id=str(path.relative_to(REPO)))
 
 
@@ -152,7 +153,6 @@ def test_the_command_check_catches_renames() -> None:
 
 
 # --- the pages run as written ------------------------------------------------------------------------------------
-@pytest.mark.integration
 @pytest.mark.parametrize("page", [page_param(p) for p in RUN_AS_WRITTEN])
 def test_page_runs_as_written(page: Page) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
@@ -162,7 +162,7 @@ def test_page_runs_as_written(page: Page) -> None:
 
 SAMPLE_PAGE = """# A page
 
-<!-- docs-test: page integration timeout=60 restores=state.txt -->
+<!-- docs-test: page system timeout=60 restores=state.txt -->
 
 ```sh
 export GREETING=hello
@@ -191,7 +191,7 @@ curl -sf http://127.0.0.1:{port}/ > /dev/null
 """
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_the_runner_runs_a_page_as_a_reader_would(tmp_path: Path) -> None:
     """Exports carry over, a server runs until its URL answers and stops on Ctrl-C, a changed file is put back."""
     from tests.conftest import free_port
@@ -200,14 +200,14 @@ def test_the_runner_runs_a_page_as_a_reader_would(tmp_path: Path) -> None:
     page_file.write_text(SAMPLE_PAGE.replace("{port}", str(free_port())))
     (tmp_path / "state.txt").write_text("original\n")
     page = parse(page_file)
-    assert (page.tier, page.timeout, page.restores) == ("integration", 60.0, ["state.txt"])
+    assert (page.tier, page.timeout, page.restores) == ("system", 60.0, ["state.txt"])
     assert [b.kind for b in page.shell_blocks] == ["run", "background", "run", "stop", "ci"]
     not_run = Runner(page, tmp_path, dict(os.environ)).run_page()
     assert not_run == [f"page.md:{page.shell_blocks[-1].line}: ci"]
     assert (tmp_path / "state.txt").read_text() == "original\n"
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_failing_block_fails_the_page_with_its_output(tmp_path: Path) -> None:
     page_file = tmp_path / "page.md"
     page_file.write_text("```sh\necho before\nfalse\necho never\n```\n")
@@ -242,7 +242,7 @@ echo cleaned > cleaned.txt
 """
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_pages_cleanup_runs_when_a_block_before_it_fails(tmp_path: Path) -> None:
     """A broken page still takes down what it made, and the first failure is the one reported."""
     page_file = tmp_path / "page.md"

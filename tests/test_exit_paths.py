@@ -23,7 +23,7 @@ from tests.conftest import REPO, VENV_BIN, free_port
 OSFLEET = str(VENV_BIN / "osfleet")
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_second_sigterm_does_not_cut_the_clean_up_short(tmp_path: Path) -> None:
     done = tmp_path / "cleaned"
     program = f"""
@@ -75,7 +75,7 @@ def serve_gateway(tmp_path: Path) -> tuple[subprocess.Popen[str], int, Path]:
     return proc, port, log
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
 def test_fleet_serve_shuts_down_gracefully_on_sighup_as_on_sigterm(tmp_path: Path, sig: signal.Signals) -> None:
     proc, _, log = serve_gateway(tmp_path)

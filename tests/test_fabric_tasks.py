@@ -104,7 +104,7 @@ def test_overlay_task_over_ssh_makes_real_backing_chains(
     assert full.returncode == 0 and (dest / "replica-0000.img").stat().st_size == on_host.disk.stat().st_size
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_unreachable_host_is_one_clear_line(tmp_path: Path) -> None:
     proc = osfleet("image", "build", "--host", "root@127.0.0.1", "--port", str(free_port()))
     assert proc.returncode == 1
@@ -116,7 +116,7 @@ def test_unreachable_host_is_one_clear_line(tmp_path: Path) -> None:
         Host(Connection("127.0.0.1", port=free_port(), connect_timeout=5)).run("true")
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_unreachable_host_through_fab(tmp_path: Path) -> None:
     cmd = [
         str(VENV_BIN / "fab"),
@@ -130,7 +130,7 @@ def test_unreachable_host_through_fab(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "error: cannot reach host" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_missing_tool_is_named_with_its_package(tmp_path: Path) -> None:
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()
@@ -140,7 +140,7 @@ def test_missing_tool_is_named_with_its_package(tmp_path: Path) -> None:
     assert proc.stderr.strip() == "osfleet: error: missing tool on localhost: debootstrap (apt-get install debootstrap)"
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_bad_recipe_through_fab(sshd: Sshd, tmp_path: Path) -> None:
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("name: desktop\npackages: []\nkernel_modules: []\ninitrd_modules: []\nbackground: pink\n")
@@ -157,7 +157,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", str(mnt)], check=True)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_full_disk_is_refused_before_building(sshd: Sshd, small_fs: Path, tmp_path: Path) -> None:
     proc = fab(sshd, "build", "--recipe", str(other_recipe(tmp_path)), "--out", str(small_fs / "out"))
     assert proc.returncode == 1
@@ -202,7 +202,7 @@ def test_an_image_in_use_is_never_replaced(sshd: Sshd, golden: GoldenImage, tmp_
         )
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_an_interrupted_build_leaves_nothing_behind(sshd: Sshd, tmp_path: Path) -> None:
     """A build killed part-way (Ctrl-C) removes its temporary tree; no half-built image appears."""
     out = tmp_path / "out"
@@ -258,7 +258,7 @@ def fake_tools(directory: Path) -> Path:
     return directory
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_an_output_path_with_a_space_and_a_semicolon_stays_one_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,7 +285,7 @@ def test_an_output_path_with_a_space_and_a_semicolon_stays_one_path(
     assert any(c.startswith("umount -l ") and "rm -rf " in c for c in host.commands)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_an_interrupted_local_command_is_ended_with_everything_it_started(tmp_path: Path) -> None:
     """Ctrl-C during a local command ends its whole process group before the caller's clean-up runs: a child
     that keeps writing (as debootstrap's downloads do) cannot recreate what the clean-up removed. The
@@ -311,13 +311,13 @@ def test_an_interrupted_local_command_is_ended_with_everything_it_started(tmp_pa
     assert not tree.exists(), "a child of the interrupted command went on writing after the clean-up"
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_local_command_past_its_timeout_fails_in_one_line() -> None:
     with pytest.raises(CommandFailedError, match="did not finish within 1 s"):
         Host(Context(), echo=False).run("sleep 30", timeout=1)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_ctrl_c_while_a_local_command_starts_is_handled_once_it_has_started() -> None:
     """A Ctrl-C that lands while ``Popen`` forks is held until the child's pid is known (then the caller ends
     it), instead of escaping with the child left running unseen."""
@@ -340,7 +340,7 @@ def running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_what_an_interrupted_remote_build_left_running_is_stopped_before_its_tree_goes(
     sshd: Sshd, tmp_path: Path
 ) -> None:
@@ -366,7 +366,7 @@ def test_what_an_interrupted_remote_build_left_running_is_stopped_before_its_tre
                 os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_local_command_that_cannot_start_fails_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_shell(*_args: Any, **_kwargs: Any) -> None:
         raise FileNotFoundError(2, "No such file or directory")

@@ -24,7 +24,6 @@ from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
-pytestmark = pytest.mark.integration
 
 TOKEN = "gateway-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -97,6 +96,7 @@ def gateway(agents: dict[str, Agent]) -> TestClient:
     return TestClient(create_gateway(TOKEN, [a.entry for a in agents.values()], osgym_allowed_ips=()))
 
 
+@pytest.mark.integration
 def test_placement_packs_on_the_binding_resource() -> None:
     sample = {
         "replicas": {"ready": 1},
@@ -118,6 +118,7 @@ def test_placement_packs_on_the_binding_resource() -> None:
     assert placement.lease_order([big, small]) == ["small", "big"]  # the fuller host first
 
 
+@pytest.mark.system
 def test_a_client_cannot_tell_the_fleet_from_one_host(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
         rooms_known(gw)
@@ -153,6 +154,7 @@ def rooms_known(gw: TestClient) -> dict[str, dict[str, object]]:
     raise AssertionError(f"the gateway did not see every host healthy: {hosts}")
 
 
+@pytest.mark.integration
 def test_scale_up_goes_where_it_fits_most_tightly(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
         rooms_known(gw)
@@ -172,6 +174,7 @@ def test_scale_up_goes_where_it_fits_most_tightly(agents: dict[str, Agent]) -> N
         assert r.status_code == 503 and r.json()["kind"] == "capacity"
 
 
+@pytest.mark.integration
 def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go_elsewhere(
     agents: dict[str, Agent],
 ) -> None:
@@ -197,6 +200,7 @@ def test_a_dead_host_is_drained_its_episode_ends_as_infrastructure_and_leases_go
         assert gw.get("/health", headers=AUTH).json()["hosts"][dead]["healthy"] is True
 
 
+@pytest.mark.system
 def test_osgym_clients_through_the_gateway_own_only_their_vms(agents: dict[str, Agent], tmp_path: Path) -> None:
     with tenant_gateway(agents, tmp_path) as gw:
         rooms_known(gw)
@@ -232,6 +236,7 @@ def tenant_gateway(agents: dict[str, Agent], tmp_path: Path) -> TestClient:
     return TestClient(create_gateway(TOKEN, entries, clients=load_clients(clients, TOKEN)))
 
 
+@pytest.mark.integration
 def test_through_the_gateway_a_client_sees_and_touches_only_its_own(agents: dict[str, Agent], tmp_path: Path) -> None:
     with tenant_gateway(agents, tmp_path) as gw:
         rooms_known(gw)
@@ -268,6 +273,7 @@ def test_through_the_gateway_a_client_sees_and_touches_only_its_own(agents: dict
         assert gw.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=ALICE).status_code == 200
 
 
+@pytest.mark.integration
 def test_a_restarted_gateway_carries_on_with_the_same_fleet_ids(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
         rooms_known(gw)
@@ -278,6 +284,7 @@ def test_a_restarted_gateway_carries_on_with_the_same_fleet_ids(agents: dict[str
         assert gw.post(f"/v1/replicas/{r['replica_id']}/step", json=step, headers=AUTH).status_code == 200
 
 
+@pytest.mark.integration
 def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[str, Agent]) -> None:
     from types import SimpleNamespace
 
@@ -313,6 +320,7 @@ def test_the_gateway_overhead_is_measured_on_one_replica_both_ways(agents: dict[
         thread.join(10)
 
 
+@pytest.mark.integration
 def test_a_fork_through_the_gateway_gives_fleet_ids_on_the_parents_host(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
         rooms_known(gw)
@@ -333,6 +341,7 @@ def test_a_fork_through_the_gateway_gives_fleet_ids_on_the_parents_host(agents: 
         assert r.status_code == 422
 
 
+@pytest.mark.integration
 def test_observations_through_the_gateway_take_the_hosts_formats_and_quality(agents: dict[str, Agent]) -> None:
     with gateway(agents) as gw:
         rooms_known(gw)
@@ -385,6 +394,7 @@ class LeaseStub:
         self.thread.join(10)
 
 
+@pytest.mark.integration
 def test_a_lease_is_not_failed_over_from_a_host_that_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """The slow host may still lease (it did, here): trying the next host too would leave an orphan lease."""
     monkeypatch.setitem(DEADLINES, "lease", 0.5)
@@ -403,6 +413,7 @@ def test_a_lease_is_not_failed_over_from_a_host_that_timed_out(monkeypatch: pyte
         fine.stop()
 
 
+@pytest.mark.integration
 def test_a_lease_is_failed_over_from_a_host_that_refused_the_connection() -> None:
     gone, fine = LeaseStub(delay=0), LeaseStub(delay=0)
     try:

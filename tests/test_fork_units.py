@@ -19,9 +19,8 @@ from osfleet.replicas.forks import Forks
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
 
-pytestmark = pytest.mark.unit
 
-
+@pytest.mark.unit
 def test_an_overlay_is_copied_sparse_and_in_place_into_the_file_waiting_domains_hold(tmp_path: Path) -> None:
     src = tmp_path / "overlay.qcow2"
     with src.open("wb") as f:
@@ -63,6 +62,7 @@ def record(rid: str, *layers: Path) -> ReplicaRecord:
     )
 
 
+@pytest.mark.unit
 def test_a_chain_of_forks_keeps_its_ancestors_disks_but_only_the_ram_its_replicas_map(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home", memory_dir=tmp_path / "shm")
     assert settings.memory_dir is not None
@@ -85,6 +85,7 @@ def test_a_chain_of_forks_keeps_its_ancestors_disks_but_only_the_ram_its_replica
     assert sorted(host.collect([])) == ["f-one", "f-two"] and not list(settings.memory_dir.glob("*.ram"))
 
 
+@pytest.mark.unit
 def test_forks_stop_at_the_depth_and_size_limits(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home", memory_dir=tmp_path / "shm", fork_max_depth=2, fork_max_bytes=2**20)
     assert settings.memory_dir is not None
@@ -102,6 +103,7 @@ def test_forks_stop_at_the_depth_and_size_limits(tmp_path: Path) -> None:
     Forks(None, None, "qemu", ReplicaShape(memory_mib=1), roomy).check_limits(shallow, [shallow, deep])  # type: ignore[arg-type]
 
 
+@pytest.mark.unit
 def test_limits_and_ready_slots_are_checked_settings() -> None:
     from osfleet.errors import ConfigError
 
@@ -110,6 +112,7 @@ def test_limits_and_ready_slots_are_checked_settings() -> None:
             Settings(**bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.unit
 def test_capacity_for_a_fork_is_reserved_atomically(tmp_path: Path) -> None:
     """Twenty threads ask for room at once (forks of 3 children, bring-ups of 1): the room handed out never
     exceeds the maximum, however they interleave."""
@@ -183,6 +186,7 @@ class SlotVirt:
         return Image.new("RGB", (8, 8))
 
 
+@pytest.mark.system
 def test_ready_slots_wait_on_the_next_forks_files_and_the_fork_fills_them_in_place(tmp_path: Path) -> None:
     from osfleet.replicas.saved_state import SavedState
     from osfleet.vm import qcow2
@@ -239,6 +243,7 @@ def test_ready_slots_wait_on_the_next_forks_files_and_the_fork_fills_them_in_pla
         shutil.rmtree(shm, ignore_errors=True)
 
 
+@pytest.mark.unit
 def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_and_prepares_the_next(
     tmp_path: Path,
 ) -> None:

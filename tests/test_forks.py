@@ -29,7 +29,6 @@ def shell(h: ReplicaHost, rid: str, command: str) -> str:
     return (res.stdout or "").strip()
 
 
-@pytest.mark.vm_smoke
 def test_children_start_from_the_parents_state_and_diverge(host: ReplicaHost, settings: Settings) -> None:
     parent = host.create().replica
     shell(host, parent, "echo before-fork > ~/fork-marker")

@@ -22,7 +22,7 @@ from osfleet.errors import GuestFileTooLargeError
 from osfleet.replicas import guest_files
 from osfleet.replicas.errors import GuestFileConflictError, GuestFileNotFoundError, GuestPathRefusedError
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 USER = "nobody"  # the desktop user's stand-in: not root, owns nothing here
 
 

@@ -35,7 +35,6 @@ from osfleet.vm.virt import Virt
 from tests.fakes import FakeImage
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
-pytestmark = pytest.mark.integration
 
 WAIT = 10.0  # upper bound for anything that should happen "at once" in these tests
 
@@ -59,6 +58,7 @@ def registry_with(tmp_path: Path, *records: ReplicaRecord) -> Registry:
 
 
 # --- bug 1: release -> lease race ----------------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_released_replica_cannot_be_leased_until_its_reset_is_done(tmp_path: Path) -> None:
     reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
     started, finish = threading.Event(), threading.Event()
@@ -85,6 +85,7 @@ def test_a_released_replica_cannot_be_leased_until_its_reset_is_done(tmp_path: P
     assert rec.id == "r-1" and lease.holder == "b"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("held", "leased"), [(0.5, True), (leases.BUSY_READY_WAIT_SECONDS + 2, False)])
 def test_a_ready_replica_busy_for_a_moment_is_waited_for(tmp_path: Path, held: float, leased: bool) -> None:
     """CI's lease right after the warm replica came up met its lock held while it was parked and got 503
@@ -113,6 +114,7 @@ def test_a_ready_replica_busy_for_a_moment_is_waited_for(tmp_path: Path, held: f
     assert took < leases.BUSY_READY_WAIT_SECONDS + 1, took
 
 
+@pytest.mark.integration
 def test_release_and_lease_raced_many_times_never_share_a_replica(tmp_path: Path) -> None:
     reg = registry_with(tmp_path, *(ready_record(f"r-{i}") for i in range(3)))
     resets: list[str] = []
@@ -151,6 +153,7 @@ def test_release_and_lease_raced_many_times_never_share_a_replica(tmp_path: Path
     assert len(resets) > 0 and all(r.state == State.READY for r in reg.all())
 
 
+@pytest.mark.integration
 def test_a_failed_reset_after_release_leaves_the_replica_failed_not_ready(tmp_path: Path) -> None:
     reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
 
@@ -167,6 +170,7 @@ def test_a_failed_reset_after_release_leaves_the_replica_failed_not_ready(tmp_pa
 
 
 # --- bug 2: the monitor keeps its period while recoveries run -------------------------------------------------
+@pytest.mark.integration
 def test_detection_goes_on_while_a_slow_recovery_runs(tmp_path: Path) -> None:
     failures: list[list[str]] = [["slow"], [], ["fast"]]
     release_slow = threading.Event()
@@ -196,6 +200,7 @@ def test_detection_goes_on_while_a_slow_recovery_runs(tmp_path: Path) -> None:
     assert recovered == ["fast", "slow"]
 
 
+@pytest.mark.integration
 def test_recoveries_are_bounded_and_not_queued_twice(tmp_path: Path) -> None:
     gate = threading.Event()
     running, most, calls = [0], [0], []
@@ -235,6 +240,7 @@ def test_recoveries_are_bounded_and_not_queued_twice(tmp_path: Path) -> None:
     assert most[0] == 2 and sorted(calls) == ["a", "b", "c", "d"]  # each once, though seen five times
 
 
+@pytest.mark.integration
 def test_the_monitor_survives_a_failing_detection_round() -> None:
     rounds = [0]
 
@@ -254,6 +260,7 @@ def test_the_monitor_survives_a_failing_detection_round() -> None:
     assert not mon.alive()
 
 
+@pytest.mark.integration
 def test_the_warm_pool_keeps_going_after_a_failed_bring_up(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("osfleet.replicas.pool.BACKOFF_SECONDS", 0.01)
     made: list[int] = []
@@ -324,6 +331,7 @@ class FakeGenerations:
         return True
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("error", "kind"),
     [
@@ -351,6 +359,7 @@ def test_any_error_during_a_reset_marks_the_replica_failed(tmp_path: Path, error
     assert reg.get("r-1").state == State.READY and reg.counters["recoveries"] == 1
 
 
+@pytest.mark.integration
 def test_a_record_that_cannot_be_written_still_fails_the_replica_in_memory(tmp_path: Path) -> None:
     reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
     gen = FakeGenerations(tmp_path, OSError(errno.ENOSPC, "No space left on device"))
@@ -365,6 +374,7 @@ def test_a_record_that_cannot_be_written_still_fails_the_replica_in_memory(tmp_p
     assert reg.get("r-1").state == State.FAILED
 
 
+@pytest.mark.integration
 def test_a_failed_recovery_is_retried_later_not_every_second(tmp_path: Path) -> None:
     reg = registry_with(tmp_path, ready_record("r-1"))
     gen = FakeGenerations(tmp_path, RuntimeError("still broken"))
@@ -390,6 +400,7 @@ def _adopt_in_child(home: str, out: Any, done: Any) -> None:
         gen.close()
 
 
+@pytest.mark.system
 def test_two_processes_adopting_at_once_never_both_take_a_replica(tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "replicas")
     ids = [f"r-{i}" for i in range(8)]
@@ -414,6 +425,7 @@ def test_two_processes_adopting_at_once_never_both_take_a_replica(tmp_path: Path
 
 
 # --- faults that leave QEMU running: a deleted overlay, a frozen guest; a lease that ends by failure -------
+@pytest.mark.integration
 def test_a_deleted_overlay_or_a_silent_guest_fails_the_replica_and_its_lease_ends_as_lost(tmp_path: Path) -> None:
     overlay = tmp_path / "disk-g1.qcow2"
     overlay.write_bytes(b"qcow")
@@ -449,6 +461,7 @@ class SilentVirt:
             raise GuestTimeoutError(f"{domain}: guest agent did not answer")
 
 
+@pytest.mark.integration
 def test_liveness_names_a_guest_that_stops_answering_after_several_misses() -> None:
     live = Liveness(SilentVirt(), every=0.0, misses=3)  # type: ignore[arg-type]
     try:
@@ -464,6 +477,7 @@ def test_liveness_names_a_guest_that_stops_answering_after_several_misses() -> N
         live.close()
 
 
+@pytest.mark.integration
 def test_liveness_keeps_watching_a_domain_whose_ping_raised_a_foreign_error() -> None:
     """A ping that raised something not osfleet's own (a binding's ``ValueError``) is a miss like any other:
     the domain is probed again and named dead after enough of them, never forgotten as "in flight"."""
@@ -485,6 +499,7 @@ def test_liveness_keeps_watching_a_domain_whose_ping_raised_a_foreign_error() ->
         live.close()
 
 
+@pytest.mark.system
 def test_liveness_names_a_stopped_qemu_without_waiting_for_pings(monkeypatch: pytest.MonkeyPatch) -> None:
     import signal
     import subprocess
@@ -513,6 +528,7 @@ def test_liveness_names_a_stopped_qemu_without_waiting_for_pings(monkeypatch: py
         stand_in.wait()
 
 
+@pytest.mark.integration
 def test_a_task_reset_skips_a_generation_nothing_acted_on_but_never_a_used_one(tmp_path: Path) -> None:
     reg = registry_with(tmp_path, ready_record("r-1", State.LEASED))
     life = Lifecycle(reg, FakeGenerations(tmp_path, None), "snapshot")  # type: ignore[arg-type]

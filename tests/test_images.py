@@ -15,8 +15,6 @@ from osfleet.errors import BadRecipeError, ImageNotFoundError
 from osfleet.vm.images import find_image, image_folders, list_images
 from tests.conftest import VENV_BIN
 
-pytestmark = pytest.mark.unit
-
 
 def fake_image(folder: Path, recipe_hash: str, mtime: float) -> Path:
     """The files of a complete image (``images.load`` checks they exist), with a manifest as the builder writes."""
@@ -47,26 +45,31 @@ def home(tmp_path: Path) -> Settings:
     return settings
 
 
+@pytest.mark.unit
 def test_a_name_is_found_in_another_recipes_build_folder(home: Settings) -> None:
     """What README once told users to do: build office.yaml into build-office, then serve it by name."""
     assert find_image("golden-bbbb000011112222", home).manifest_path.parent.name == "build-office"
     assert find_image("bbbb", home).name == "golden-bbbb000011112222"  # a hash prefix too
 
 
+@pytest.mark.unit
 def test_the_newest_image_default_ignores_other_recipes_folders(home: Settings) -> None:
     assert find_image(None, home).name == "golden-aaaa000011112222"
 
 
+@pytest.mark.unit
 def test_folders_are_listed_store_first(home: Settings) -> None:
     assert image_folders(home) == [home.image_store, home.build_dir, home.home / "build-office"]
     assert [i.name for i in list_images(home)] == ["golden-aaaa000011112222", "golden-bbbb000011112222"]
 
 
+@pytest.mark.unit
 def test_an_unknown_name_still_says_so(home: Settings) -> None:
     with pytest.raises(ImageNotFoundError, match="no golden image matches 'golden-cccc'"):
         find_image("golden-cccc", home)
 
 
+@pytest.mark.system
 def test_image_ls_lists_every_folder(home: Settings) -> None:
     proc = subprocess.run(
         [str(VENV_BIN / "osfleet"), "image", "ls", "--json"],
@@ -79,6 +82,7 @@ def test_image_ls_lists_every_folder(home: Settings) -> None:
     assert [i["name"] for i in json.loads(proc.stdout)] == ["golden-aaaa000011112222", "golden-bbbb000011112222"]
 
 
+@pytest.mark.unit
 def test_a_recipe_file_names_the_image_built_from_it(home: Settings, tmp_path: Path) -> None:
     from osfleet.imaging.builder import DEFAULT_RECIPE, image_hash_for
     from osfleet.recipe import load_recipe

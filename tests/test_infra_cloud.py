@@ -23,7 +23,7 @@ from osfleet_infra.providers import CaProvider, CertProvider, TokenProvider, pre
 from osfleet_infra.settings import ConfigError  # noqa: E402
 
 # The generated AWS SDK warns about its own deprecated resources when its package is imported.
-pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws.*")]
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws.*")]
 
 
 class Mocks(pulumi.runtime.Mocks):
@@ -114,6 +114,7 @@ def _run_program() -> None:
     run()
 
 
+@pytest.mark.system
 def test_aws_stack_declares_metal_hosts_behind_a_closed_security_group(mocks: Mocks, ssh_key: str) -> None:
     _stack(mocks, "aws", _aws_config(ssh_key))
     _run_program()
@@ -182,6 +183,7 @@ def assert_serves(cert_pem: str, ca_cert_pem: str, name: str) -> None:
 SECRET_SIG, SECRET_VALUE = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
 
 
+@pytest.mark.system
 def test_single_tenant_aws_hosts_get_ksm_and_bad_tenancy_names_the_key(mocks: Mocks, ssh_key: str) -> None:
     _stack(mocks, "aws", _aws_config(ssh_key, tenancy="single"))
     _run_program()
@@ -197,6 +199,7 @@ def test_single_tenant_aws_hosts_get_ksm_and_bad_tenancy_names_the_key(mocks: Mo
     assert str(err.value) == "osfleet:tenancy: 'shared' is not one of single, multi"
 
 
+@pytest.mark.unit
 def test_host_preparation_sets_ksm_by_the_host_tune_rule() -> None:
     def ksm(tenancy: str) -> str:
         steps = dict(prep_steps(["qemu-utils"], True, "/var/lib/osfleet", tenancy))
@@ -212,6 +215,7 @@ def test_host_preparation_sets_ksm_by_the_host_tune_rule() -> None:
     assert not any("KSM" in w for w, _ in prep_steps(["qemu-utils"], False, "/var/lib/osfleet", "single"))
 
 
+@pytest.mark.unit
 def test_certificates_are_renewed_by_an_up_near_their_end_and_not_before(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -233,6 +237,7 @@ def test_certificates_are_renewed_by_an_up_near_their_end_and_not_before(
     assert_serves(renewed["cert_pem"], ca["cert_pem"], "10.0.0.5")
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(
     ("over", "expected"),
     [
@@ -255,6 +260,7 @@ def test_aws_bad_config_names_the_key(mocks: Mocks, ssh_key: str, over: dict[str
     assert mocks.resources == []
 
 
+@pytest.mark.unit
 def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: Mocks) -> None:
     config = {"containerImage": "registry.example.org/osfleet:0.1.0", "warm": "4", "checkCluster": "false"}
     _stack(mocks, "k8s", {**config, "gatewayDiscovery": "false"})  # the agents alone (the gateway: tests below)
@@ -301,6 +307,7 @@ def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: 
     assert len(mocks.of("kubernetes:core/v1:Service")) == 2
 
 
+@pytest.mark.unit
 def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks: Mocks) -> None:
     _stack(
         mocks,
@@ -361,6 +368,7 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
     assert wait["command"][-2:] == ["https://osfleet-gateway:8090/health", "/run/osfleet-ca/ca.crt"]
 
 
+@pytest.mark.unit
 def test_k8s_makes_the_agents_token_when_none_is_set(mocks: Mocks) -> None:
     """What a user types first (and what the k8s-real check does): no 'osfleet infra token' before 'pulumi up'."""
     pulumi.runtime.set_mocks(mocks, project="osfleet", stack="k8s", preview=False)
@@ -374,6 +382,7 @@ def test_k8s_makes_the_agents_token_when_none_is_set(mocks: Mocks) -> None:
     assert made.name == "agent-token"
 
 
+@pytest.mark.unit
 def test_k8s_needs_a_container_image(mocks: Mocks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from osfleet_infra.program import run
 
@@ -386,6 +395,7 @@ def test_k8s_needs_a_container_image(mocks: Mocks, tmp_path: Path, monkeypatch: 
     )
 
 
+@pytest.mark.unit
 def test_k8s_deploys_the_newest_image_built_here_by_default(
     mocks: Mocks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -408,6 +418,7 @@ def test_k8s_deploys_the_newest_image_built_here_by_default(
     assert container["image"] == "localhost/osfleet:0.1.0-bbbbbbbbbbbb"
 
 
+@pytest.mark.unit
 def test_k8s_puts_a_discovering_gateway_in_front_by_default(mocks: Mocks) -> None:
     _stack(mocks, "k8s", {"containerImage": "localhost/osfleet:0.1.0-abc", "checkCluster": "false"})
     _run_program()
@@ -416,6 +427,7 @@ def test_k8s_puts_a_discovering_gateway_in_front_by_default(mocks: Mocks) -> Non
     assert "--host" not in c["command"] and deployments["osfleet-gateway"].inputs["spec"]["replicas"] == 2
 
 
+@pytest.mark.unit
 def test_k8s_with_discovery_runs_two_gateways_that_find_the_agents_with_a_read_only_account(mocks: Mocks) -> None:
     _stack(
         mocks,
@@ -486,6 +498,7 @@ def test_k8s_with_discovery_runs_two_gateways_that_find_the_agents_with_a_read_o
         assert locust["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "osfleet-gateway-token"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("over", "expected"),
     [
@@ -506,6 +519,7 @@ def test_k8s_bad_config_names_the_key(mocks: Mocks, over: dict[str, str], expect
     assert mocks.resources == []
 
 
+@pytest.mark.unit
 def test_k8s_pods_wait_for_the_rbac_objects_of_their_accounts(mocks: Mocks) -> None:
     """``up`` starts no pod whose account cannot act yet; ``destroy`` deletes the pods before their account's RBAC
     (an agent reads its own DaemonSet as it shuts down, to tell an uninstall from a restart)."""

@@ -11,7 +11,7 @@ import pytest
 
 from osfleet.lab.engine import engine_root, engine_version
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 REPO = Path(__file__).resolve().parent.parent
 

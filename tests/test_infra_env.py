@@ -15,7 +15,7 @@ from osfleet.config import Settings
 from osfleet.lab.engine import engine_root, sdk_version
 from tests.conftest import REPO, VENV_BIN
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 
 def _shell(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

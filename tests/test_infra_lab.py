@@ -64,7 +64,7 @@ def lab_stack(lab: LabState, tmp_path: Path) -> Iterator[Any]:
         purge_stack_files(STACK)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
@@ -89,7 +89,7 @@ def test_bad_config_fails_at_preview_with_one_line_naming_the_key(
     assert str(err.value) == expected
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_missing_secret_fails_at_preview(lab_stack: Any) -> None:
     lab_stack.remove_config("osfleet:agentToken")
     with pytest.raises(EngineError) as err:
@@ -189,7 +189,7 @@ def test_up_serves_screenshots_second_up_changes_nothing_config_updates_only_age
         assert json.loads(done.stdout) == []
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.slow
 def test_onprem_stack_prepares_a_host_given_as_user_at_host(lab: LabState, tmp_path: Path) -> None:
     """The onprem code path (user@host list, SSH key, home, prefix) against one lab host, up and destroy."""
@@ -223,7 +223,7 @@ def test_onprem_stack_prepares_a_host_given_as_user_at_host(lab: LabState, tmp_p
         purge_stack_files("test-onprem")
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_onprem_needs_hosts(lab: LabState, tmp_path: Path) -> None:
     from pulumi import automation as auto
 

@@ -23,13 +23,12 @@ from osfleet.lab.kube import configs
 from osfleet.lab.kube.cluster import down, leftovers, running, up
 from osfleet.lab.kube.state import Addresses, KubeLabState, load, save
 
-pytestmark = pytest.mark.unit
-
 
 def lab(tmp_path: Path) -> KubeLabState:
     return KubeLabState(root=str(tmp_path / "lab"), subnet="10.233.9.0/24", tools=str(tmp_path / "tools" / "bin"))
 
 
+@pytest.mark.unit
 def test_addresses_split_one_24_into_link_pods_and_services() -> None:
     a = Addresses("10.233.9.0/24")
     assert (a.host, a.node, a.pods, a.services, a.kubernetes_service) == (
@@ -39,6 +38,7 @@ def test_addresses_split_one_24_into_link_pods_and_services() -> None:
     assert not any(x.overlaps(y) for i, x in enumerate(nets) for y in nets[i + 1 :])
 
 
+@pytest.mark.unit
 def test_state_survives_a_save_and_load(tmp_path: Path) -> None:
     s = lab(tmp_path)
     s.pids = {"etcd": 12}
@@ -50,6 +50,7 @@ def cert(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
 
 
+@pytest.mark.unit
 def test_each_component_gets_the_identity_kubernetes_authorises(tmp_path: Path) -> None:
     s = lab(tmp_path)
     configs.write_pki(s)
@@ -78,6 +79,7 @@ def test_each_component_gets_the_identity_kubernetes_authorises(tmp_path: Path) 
     assert kc["users"][0]["user"]["client-key-data"]  # one self-contained file
 
 
+@pytest.mark.unit
 def test_the_components_are_configured_for_this_machine(tmp_path: Path) -> None:
     s = lab(tmp_path)
     kubelet = yaml.safe_load(configs.kubelet_config(s))
@@ -100,6 +102,7 @@ def test_the_components_are_configured_for_this_machine(tmp_path: Path) -> None:
     assert "forward" not in corefile and "ready 10.233.9.2:8181" in corefile  # nothing outside the cluster resolves
 
 
+@pytest.mark.unit
 def test_simulated_nodes_are_tainted_loopback_nodes_labelled_for_kvm_only_when_asked() -> None:
     plain, kvm = configs.kwok_node("kwok-node-1", 1, False), configs.kwok_node("kwok-node-2", 300, True)
     assert plain["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"  # type: ignore[index]
@@ -111,6 +114,7 @@ def test_simulated_nodes_are_tainted_loopback_nodes_labelled_for_kvm_only_when_a
         assert ipaddress.ip_address(addr["address"]).is_loopback
 
 
+@pytest.mark.system
 def test_down_with_nothing_up_removes_nothing(tmp_path: Path) -> None:
     from osfleet.lab.kube.cluster import _namespaces
     from osfleet.lab.kube.state import NETNS
@@ -127,6 +131,7 @@ def test_down_with_nothing_up_removes_nothing(tmp_path: Path) -> None:
 THIS_BIN = str(Path(os.path.realpath(sys.executable)).parent)  # this interpreter stands for a lab binary
 
 
+@pytest.mark.system
 def test_a_lab_runs_while_one_of_its_own_processes_does(tmp_path: Path) -> None:
     state = lab(tmp_path)
     state.tools = THIS_BIN
@@ -138,6 +143,7 @@ def test_a_lab_runs_while_one_of_its_own_processes_does(tmp_path: Path) -> None:
     assert not running(state)
 
 
+@pytest.mark.system
 def test_up_refuses_a_running_lab_and_clears_a_dead_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from osfleet.errors import ConfigError
     from osfleet.lab.kube.cluster import _namespaces

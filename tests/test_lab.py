@@ -54,7 +54,7 @@ def lab() -> Iterator[LabState]:
     osfleet("lab", "down")
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_hosts_answer_ssh_by_key_with_their_own_home_and_prefix(lab: LabState) -> None:
     seen = []
     for h in lab.hosts:
@@ -69,7 +69,7 @@ def test_hosts_answer_ssh_by_key_with_their_own_home_and_prefix(lab: LabState) -
     assert os.readlink("/proc/self/ns/net") not in netns
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_hosts_refuse_other_keys(lab: LabState, tmp_path: Path) -> None:
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
@@ -84,7 +84,7 @@ def test_hosts_refuse_other_keys(lab: LabState, tmp_path: Path) -> None:
     c.close()
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_host_keys_are_pinned_in_known_hosts(lab: LabState) -> None:
     for h in lab.hosts:
         done = subprocess.run(
@@ -95,7 +95,7 @@ def test_host_keys_are_pinned_in_known_hosts(lab: LabState) -> None:
         assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_ls_json_lists_running_hosts(lab: LabState) -> None:
     done = osfleet("lab", "ls", "--json")
     assert done.returncode == 0, done.stderr
@@ -106,7 +106,7 @@ def test_ls_json_lists_running_hosts(lab: LabState) -> None:
     ]
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_second_up_is_refused_with_one_line(lab: LabState) -> None:
     done = osfleet("lab", "up", "--hosts", "1")
     assert done.returncode == 1
@@ -114,7 +114,7 @@ def test_second_up_is_refused_with_one_line(lab: LabState) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_subnet_avoids_this_machines_networks(lab: LabState) -> None:
     import ipaddress
 
@@ -156,7 +156,7 @@ def test_replicas_down_all_on_one_host_leaves_the_others(lab: LabState, settings
             osfleet("replicas", "down", "--all", "--states", "--force", env=h.env, timeout=300)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_bench_infra_refused_by_a_live_lab_leaves_no_folder(lab: LabState) -> None:
     scratch = Settings.from_env().scratch_dir
     before = set(scratch.glob("osfleet-bench-infra-*"))
@@ -166,7 +166,7 @@ def test_bench_infra_refused_by_a_live_lab_leaves_no_folder(lab: LabState) -> No
     assert load(lab_root()) == lab  # the lab it found is left as it was
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_down_leaves_nothing() -> None:
     """Runs last in this module: its own lab, taken down, then every trace checked."""
     root = lab_root()
@@ -188,7 +188,7 @@ def test_down_leaves_nothing() -> None:
     assert again.returncode == 0 and "nothing to remove" in again.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_up_clears_a_lab_whose_hosts_died() -> None:
     """A restart or a killed run leaves the state file, namespaces and links but no sshd: up clears, not refuses."""
     root = lab_root()

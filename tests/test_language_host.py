@@ -32,7 +32,7 @@ from osfleet.lab import engine
 from osfleet.lab.engine import engine_root, engine_version
 from osfleet.lab.language_host import HostError, Program, plugin_version
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 PROGRAM = """
 import pulumi

@@ -21,7 +21,7 @@ from tests.conftest import REPO
 USERS = {"trajectories": "Agent", "bringup": "Bringup"}
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_packaged_and_checkout_locustfiles_offer_the_same_user(scenario: str, tmp_path: Path) -> None:
     for path in (locustfile(scenario), REPO / "loadtest" / f"{scenario}.py"):

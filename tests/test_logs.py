@@ -58,7 +58,7 @@ def test_the_cli_sets_the_level_once(
     assert logging.getLogger().level == level and len(_ours()) == 1
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_bad_level_is_a_usage_error() -> None:
     proc = subprocess.run(
         [str(VENV_BIN / "osfleet"), "--log-level", "loud", "tasks", "ls"], capture_output=True, text=True, timeout=60
@@ -66,7 +66,7 @@ def test_a_bad_level_is_a_usage_error() -> None:
     assert proc.returncode == 2 and "Invalid value for '--log-level'" in proc.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_records_reach_stderr_at_the_chosen_level() -> None:
     code = (
         "import logging, sys; from osfleet.cli import cli\n"

@@ -30,7 +30,7 @@ from osfleet.replicas.input import InputError
 from tests.fakes import FakeHost
 from tests.test_fleet import Agent, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 REPO = Path(__file__).resolve().parent.parent
 CALL_SECONDS = 60
 

@@ -170,7 +170,7 @@ def test_a_hosts_refusal_relayed_by_the_gateway_keeps_its_kind_and_status() -> N
         assert str(relayed) == "h1: why"
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_the_protocol_imports_nothing_but_pydantic() -> None:
     """osfleet.protocol is what a client-only install relies on: it may not reach the server's modules."""
     code = (
@@ -184,7 +184,7 @@ def test_the_protocol_imports_nothing_but_pydantic() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_the_client_imports_without_the_servers_packages() -> None:
     """osfleet.client, osfleet.gym and the message helpers with libvirt, FastAPI, Fabric, Pulumi, Locust (and the
     rest of the host's packages) made unimportable."""

@@ -159,7 +159,7 @@ def test_offline_every_url_is_one_missing_line(home: Path, tmp_path: Path) -> No
     assert all("Connection refused" in why for why in out["missing"].values())
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_fetch_leaves_no_half_file(home: Path, web: str, tmp_path: Path, sig: signal.Signals) -> None:
     root = folder(tmp_path / "tasks", [task([f"{web}/ok.xlsx", f"{web}/slow"], [f"{web}/b", f"{web}/c"])])

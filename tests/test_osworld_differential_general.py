@@ -36,7 +36,7 @@ from osfleet.tasks.osworld_format.metrics import METRICS, run_metric
 from tests.osworld_reference import Reference, ReferenceError, StandInCalled
 from tests.osworld_reference.verified import VERIFIED
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 # Metrics whose OSWorld function cannot run here, at least for some cases, and why.
 REFERENCE_CANNOT_RUN = {

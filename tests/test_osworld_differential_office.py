@@ -24,7 +24,7 @@ from tests.osworld_reference.office_cases import REGISTRY, SHIMMED, UNCHECKED
 from tests.osworld_reference.reference import STAND_INS
 from tests.osworld_reference.verified import VERIFIED
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "osworld" / "examples"
 EXAMPLES = EXAMPLES if EXAMPLES.is_dir() else Path("/work/shared/data/osworld/examples")

@@ -27,7 +27,7 @@ from tests.osworld_reference import Reference
 from tests.osworld_reference.verified import MAIN_ONLY, VERIFIED
 from tests.test_osworld_differential_general import Case, Outcome, image, score_both, table, write
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 MAIN_SOURCE = os.environ.get("OSFLEET_OSWORLD_SOURCE", "")
 SHIMS = {"compare_image_text": ("easyocr",)}

@@ -15,7 +15,7 @@ from pptx.util import Inches
 from osfleet.tasks.model import UnsupportedTaskError
 from osfleet.tasks.osworld_format.metrics import run_metric
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.system
 
 
 def xlsx(path: Path, rows: list[list[Any]], formats: dict[str, str] | None = None, title: str = "Sheet1") -> Path:

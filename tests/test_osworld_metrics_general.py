@@ -24,7 +24,7 @@ def in_process(func: str, result: object, expected: object, options: dict[str, o
     return METRICS[func](result, expected, options)
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_compare_pdfs_scores_text_similarity(tmp_path: Path) -> None:
     a = pdf(tmp_path / "a.pdf", ["Quarterly report\nRevenue grew by 12 percent", "Second page"])
     b = pdf(tmp_path / "b.pdf", ["Quarterly report\nRevenue grew by 12 percent", "Second page"])
@@ -41,7 +41,7 @@ def test_compare_pdfs_scores_text_similarity(tmp_path: Path) -> None:
     assert run_metric("compare_pdfs", [], [], {})[0] == 0.0  # OSWorld divides by zero: no score
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_compare_pdf_images_by_perceptual_hash(tmp_path: Path) -> None:
     one = pdf(tmp_path / "one.pdf", ["receipt"], jpeg=jpeg_bytes(1))
     same = pdf(tmp_path / "same.pdf", ["another text"], jpeg=jpeg_bytes(1))
@@ -54,7 +54,7 @@ def test_compare_pdf_images_by_perceptual_hash(tmp_path: Path) -> None:
     assert run_metric("compare_pdf_images", tmp_path / "missing.pdf", one, {})[0] == 0.0
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_compare_archive_of_pdfs(tmp_path: Path) -> None:
     slides = {"lecture_slides/a.pdf": pdf(tmp_path / "a.pdf", ["Week 1"]).read_bytes()}
     slides["lecture_slides/b.pdf"] = pdf(tmp_path / "b.pdf", ["Week 2"]).read_bytes()
@@ -74,7 +74,7 @@ def test_compare_archive_of_pdfs(tmp_path: Path) -> None:
     assert run_metric("compare_archive", tgz, gold, options)[0] == 1.0
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_archives_that_leave_their_folder_or_are_too_big_score_zero(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,7 +102,7 @@ def test_archives_that_leave_their_folder_or_are_too_big_score_zero(
     assert score == 0.0 and "MiB" in reason
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_an_image_too_large_is_refused_before_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a = image(tmp_path / "a.png", (80, 60))
     monkeypatch.setattr(images, "MAX_PIXELS", 80 * 60 - 1)
@@ -110,7 +110,7 @@ def test_an_image_too_large_is_refused_before_decoding(tmp_path: Path, monkeypat
     assert score == 0.0 and "larger than" in reason
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_the_database_is_read_only_and_the_query_may_only_read(tmp_path: Path) -> None:
     db = tmp_path / "global-messages-db.sqlite"
     con = sqlite3.connect(db)
@@ -128,7 +128,7 @@ def test_the_database_is_read_only_and_the_query_may_only_read(tmp_path: Path) -
     con.close()
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_favourite_apps_are_read_as_a_literal_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     code = f"__import__('pathlib').Path({str(marker)!r}).touch() or ['a.desktop']"
@@ -136,7 +136,7 @@ def test_favourite_apps_are_read_as_a_literal_never_run(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_test_suite_runs_in_a_child_process_with_a_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -151,7 +151,7 @@ def test_a_test_suite_runs_in_a_child_process_with_a_time_limit(
     assert score == 0.0 and "longer than 2 s" in reason
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_a_metric_needing_a_missing_package_is_refused_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
@@ -162,7 +162,7 @@ def test_a_metric_needing_a_missing_package_is_refused_naming_the_extra(monkeypa
     require("compare_images")
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_unknown_options_score_zero_as_osworld_raises() -> None:
     score, reason = run_metric("exact_match", "x", {"expected": "x"}, {"ignore_case": True})
     assert score == 0.0 and "takes no option ignore_case" in reason

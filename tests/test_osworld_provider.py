@@ -43,8 +43,6 @@ from osfleet.osworld.endpoints import Endpoints
 from osfleet.osworld.provider import Registration
 from osfleet.protocol.models import StepResult as ActionOutcome
 
-pytestmark = pytest.mark.unit
-
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 JPEG = b"\xff\xd8\xff" + b"\x00" * 16
 PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "  # OSWorld's PythonController.pkgs_prefix
@@ -248,6 +246,7 @@ def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tu
 
 
 # --- commands ---------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_an_agents_pyautogui_action_runs_as_osfleets_pyautogui_action(desktop: FakeDesktop, port: int) -> None:
     code = "pyautogui.click(100, 200); pyautogui.typewrite('a<b')"
     r = post_json(port, "/execute", {"command": ["python", "-c", PREFIX + code], "shell": False})
@@ -257,6 +256,7 @@ def test_an_agents_pyautogui_action_runs_as_osfleets_pyautogui_action(desktop: F
     assert desktop.step_options[0]["metadata"] == {"osworld_endpoint": "/execute"}
 
 
+@pytest.mark.system
 def test_execute_runs_commands_as_osworlds_server_does(desktop: FakeDesktop, port: int) -> None:
     (desktop.home / "a b.txt").write_text("in home\n")
     r = post_json(port, "/execute", {"command": ["cat", "~/a b.txt"], "shell": False})  # ~/ expanded, not split
@@ -272,6 +272,7 @@ def test_execute_runs_commands_as_osworlds_server_does(desktop: FakeDesktop, por
     assert all(a["timeout"] == 120.0 for a in desktop.actions)
 
 
+@pytest.mark.unit
 def test_execute_failures_are_answered_as_osworlds_server_answers_them(desktop: FakeDesktop, port: int) -> None:
     desktop.hooks.append(answer_when("sleep", killed()))
     r = post_json(port, "/execute", {"command": "sleep 500", "shell": True})
@@ -289,6 +290,7 @@ def test_execute_failures_are_answered_as_osworlds_server_answers_them(desktop: 
     assert len(desktop.actions) == 1  # only the command that could run reached the desktop
 
 
+@pytest.mark.unit
 def test_the_fleets_refusals_and_failures_keep_the_endpoints_shape(desktop: FakeDesktop, port: int) -> None:
     desktop.raises = LeaseError("step r-1: lease l-1 has expired", kind="lease")
     r = post_json(port, "/execute", {"command": "true", "shell": True})
@@ -301,6 +303,7 @@ def test_the_fleets_refusals_and_failures_keep_the_endpoints_shape(desktop: Fake
     assert r.status == 413 and r.json() == {"error": "download: 9000000 bytes, over 8 MiB"}
 
 
+@pytest.mark.system
 def test_launch_starts_the_program_and_returns_at_once(desktop: FakeDesktop, port: int) -> None:
     started = time.monotonic()
     r = post_json(port, "/setup/launch", {"command": ["sh", "-c", "sleep 1; touch ~/launched"], "shell": False})
@@ -316,6 +319,7 @@ def test_launch_starts_the_program_and_returns_at_once(desktop: FakeDesktop, por
     assert r.status == 500 and "no such program" in r.json()["message"]
 
 
+@pytest.mark.system
 def test_a_chrome_launch_returns_once_the_running_browser_has_its_window(desktop: FakeDesktop, port: int) -> None:
     """The browser already runs here, so a launch hands its command line over and the window lands seconds later;
     OSWorld's next set-up step would close the wrong first tab. The launch asks the tab count first, then waits
@@ -345,6 +349,7 @@ def test_a_chrome_launch_returns_once_the_running_browser_has_its_window(desktop
     assert not asked("chrome_page_count", since)
 
 
+@pytest.mark.system
 def test_run_python_answers_osworlds_fields(desktop: FakeDesktop, port: int) -> None:
     r = post_json(port, "/run_python", {"code": "import sys\nprint('hi')\nprint(__file__.endswith('.py'))"})
     assert r.status == 200
@@ -371,6 +376,7 @@ def test_run_python_answers_osworlds_fields(desktop: FakeDesktop, port: int) -> 
     assert all(a["timeout"] == 30.0 for a in desktop.actions)
 
 
+@pytest.mark.system
 def test_run_bash_script_merges_stderr_and_checks_the_working_folder(desktop: FakeDesktop, port: int) -> None:
     (desktop.home / "work").mkdir()
     work = str(desktop.home / "work")
@@ -398,6 +404,7 @@ def test_run_bash_script_merges_stderr_and_checks_the_working_folder(desktop: Fa
     assert r.status == 500 and r.json()["returncode"] == -1
 
 
+@pytest.mark.system
 def test_execute_with_verification(desktop: FakeDesktop, port: int) -> None:
     desktop.hooks.append(answer_when("wmctrl -l", ran(0)))
     body = {"command": ["true"], "verification": {"window_exists": "Calc"}, "max_wait_time": 5, "check_interval": 1}
@@ -411,6 +418,7 @@ def test_execute_with_verification(desktop: FakeDesktop, port: int) -> None:
     assert r.json() == {"status": "success", "output": "hi\n", "error": "", "returncode": 0}
 
 
+@pytest.mark.system
 def test_platform_cursor_and_window_size(desktop: FakeDesktop, port: int) -> None:
     desktop.hooks.append(answer_when("xdotool getmouselocation", ran(0, "X=640\nY=360\nSCREEN=0\nWINDOW=41943\n")))
     assert post_json(port, "/platform", {}).status == 405  # GET, as OSWorld's
@@ -428,6 +436,7 @@ def test_platform_cursor_and_window_size(desktop: FakeDesktop, port: int) -> Non
 
 
 # --- the screen -------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_screenshot_has_the_pointer_and_parts_come_with_the_smallest_screenshot(
     desktop: FakeDesktop, port: int
 ) -> None:
@@ -448,6 +457,7 @@ def test_screenshot_has_the_pointer_and_parts_come_with_the_smallest_screenshot(
 
 
 # --- files ------------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_file_reads_as_osworlds_server_resolves_the_path(desktop: FakeDesktop, port: int) -> None:
     desktop.files["/home/user/Desktop/report.docx"] = b"PK\x03\x04 docx"
     for path in ("~/Desktop/report.docx", "$HOME/Desktop/report.docx", "Desktop/report.docx"):
@@ -462,6 +472,7 @@ def test_file_reads_as_osworlds_server_resolves_the_path(desktop: FakeDesktop, p
     assert post_form(port, "/file", {}).status == 400
 
 
+@pytest.mark.unit
 def test_upload_takes_osworlds_multipart_form(desktop: FakeDesktop, port: int) -> None:
     data = bytes(range(256)) * 64 + b"\r\n--not-the-boundary\r\n"
     body, ctype = multipart({"file_path": "~/Desktop/in put.xlsx"}, {"file_data": ("in put.xlsx", data)})
@@ -475,6 +486,7 @@ def test_upload_takes_osworlds_multipart_form(desktop: FakeDesktop, port: int) -
     assert r.status == 400 and r.json() == {"error": "file_path and file_data are required"}
 
 
+@pytest.mark.unit
 def test_bodies_over_the_limit_or_without_a_length_are_not_read(desktop: FakeDesktop, port: int) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.putrequest("POST", "/setup/upload")
@@ -496,6 +508,7 @@ def test_bodies_over_the_limit_or_without_a_length_are_not_read(desktop: FakeDes
     assert desktop.actions == [] and desktop.files == {}
 
 
+@pytest.mark.system
 def test_desktop_path_wallpaper_and_list_directory(desktop: FakeDesktop, port: int) -> None:
     desktop.hooks.append(answer_when('test -d "$HOME/Desktop"', ran(0)))
     assert call(port, "POST", "/desktop_path").json() == {"desktop_path": "/home/user/Desktop"}
@@ -528,6 +541,7 @@ def test_desktop_path_wallpaper_and_list_directory(desktop: FakeDesktop, port: i
 
 
 # --- set-up steps -----------------------------------------------------------------------------------------------
+@pytest.mark.system
 def test_window_and_wallpaper_set_up_steps(desktop: FakeDesktop, port: int) -> None:
     r = post_json(port, "/setup/activate_window", {"window_name": "Writer", "strict": True, "by_class": True})
     assert r.status == 200 and desktop.calls()[-1] == "wmctrl -xFa Writer"
@@ -544,6 +558,7 @@ def test_window_and_wallpaper_set_up_steps(desktop: FakeDesktop, port: int) -> N
     assert post_json(port, "/setup/change_wallpaper", {}).status == 400
 
 
+@pytest.mark.system
 def test_open_file_waits_for_its_window(desktop: FakeDesktop, port: int) -> None:
     notes = desktop.home / "notes.odt"
     notes.write_text("x")
@@ -560,6 +575,7 @@ def test_open_file_waits_for_its_window(desktop: FakeDesktop, port: int) -> None
     assert sum("wmctrl -l" in c for c in desktop.shells()) == 3
 
 
+@pytest.mark.unit
 def test_what_is_not_served_says_so(desktop: FakeDesktop, port: int) -> None:
     r = call(port, "POST", "/end_recording")  # recording is served (tests/test_osworld_recording.py): none yet
     assert r.status == 400 and r.json()["status"] == "error" and "no recording" in r.json()["message"]
@@ -568,6 +584,7 @@ def test_what_is_not_served_says_so(desktop: FakeDesktop, port: int) -> None:
     assert desktop.actions == []
 
 
+@pytest.mark.system
 def test_command_lines_quote_what_the_request_carries(tmp_path: Path) -> None:
     hostile = "$(touch pwned); `touch pwned2`; 'quote\"; rm -rf ~"
     for line in (
@@ -623,6 +640,7 @@ def registration(fleet: FakeFleet, **settings: Any) -> Registration:
     return reg
 
 
+@pytest.mark.unit
 def test_a_provider_leases_serves_resets_and_releases(fleet: FakeFleet) -> None:
     reg = registration(fleet)
     provider = OsfleetProvider(reg)
@@ -665,6 +683,7 @@ def test_a_provider_leases_serves_resets_and_releases(fleet: FakeFleet) -> None:
         provider.start_emulator(path, True, "Windows")
 
 
+@pytest.mark.unit
 def test_a_lost_or_ending_lease_is_replaced_at_the_next_start(fleet: FakeFleet) -> None:
     reg = registration(fleet)
     provider = OsfleetProvider(reg)
@@ -686,6 +705,7 @@ def test_a_lost_or_ending_lease_is_replaced_at_the_next_start(fleet: FakeFleet) 
     assert fleet.leased[2].released and fleet.closed
 
 
+@pytest.mark.unit
 def test_the_fleet_and_token_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in ("OSFLEET_URL", "OSFLEET_TOKEN", "OSFLEET_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -705,6 +725,7 @@ def test_the_fleet_and_token_come_from_the_environment(monkeypatch: pytest.Monke
     assert HarnessSettings(token="given", token_file="f").credentials() == ("given", None)
 
 
+@pytest.mark.unit
 def test_closed_ports_refuse_connections_and_cannot_be_taken() -> None:
     port = ClosedPort()
     try:
@@ -798,6 +819,7 @@ def desktop_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
     unregister()
 
 
+@pytest.mark.unit
 def test_register_lets_desktop_env_lease_from_osfleet(desktop_env: Any, fleet: FakeFleet) -> None:
     import desktop_env.providers as providers
     from desktop_env.providers.base import Provider, VMManager
@@ -844,6 +866,7 @@ def test_register_lets_desktop_env_lease_from_osfleet(desktop_env: Any, fleet: F
         desktop_env.DesktopEnv(provider_name="osfleet")
 
 
+@pytest.mark.unit
 def test_register_without_desktop_env_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     from osfleet.osworld import register
 
@@ -852,6 +875,7 @@ def test_register_without_desktop_env_says_what_to_install(monkeypatch: pytest.M
         register()
 
 
+@pytest.mark.system
 def test_the_harness_imports_without_the_servers_packages() -> None:
     """It runs on a client-only install: libvirt, FastAPI and the rest of the host's packages made unimportable."""
     code = (
@@ -882,6 +906,7 @@ print(args.provider_name, args.num_envs, getattr(factory, "__osfleet_osworld__",
 """
 
 
+@pytest.mark.system
 def test_osworlds_runners_take_osfleet_as_their_provider_through_the_wrapper(desktop_env: Any, tmp_path: Path) -> None:
     script = tmp_path / "run_multienv.py"
     script.write_text(RUNNER)

@@ -19,7 +19,7 @@ from osfleet.osworld import ProtocolServer, recording
 from osfleet.osworld.endpoints import Endpoints
 from osfleet.recording.video import ffmpeg
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.system
 
 
 class ChangingDesktop:

@@ -24,8 +24,6 @@ from osfleet.osworld import assets
 from osfleet.osworld.guest_http import MAX_ANSWER_BYTES, GuestHttpRelay, GuestRefused, parse_answer
 from osfleet.tasks.assets import AssetStore
 
-pytestmark = pytest.mark.unit
-
 
 @dataclass
 class Ran:
@@ -84,6 +82,7 @@ def get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[in
         conn.close()
 
 
+@pytest.mark.system
 def test_the_relay_answers_as_the_guest_service_does(vlc: int) -> None:
     shell = LocalShell()
     relay = GuestHttpRelay(shell, vlc).start()
@@ -100,6 +99,7 @@ def test_the_relay_answers_as_the_guest_service_does(vlc: int) -> None:
         relay.stop()
 
 
+@pytest.mark.system
 def test_nothing_listening_in_the_guest_is_a_connection_error_as_at_a_closed_port(vlc: int) -> None:
     probe = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Vlc)
     closed = int(probe.server_address[1])
@@ -112,6 +112,7 @@ def test_nothing_listening_in_the_guest_is_a_connection_error_as_at_a_closed_por
         relay.stop()
 
 
+@pytest.mark.unit
 def test_a_large_request_body_is_refused_without_asking_the_guest(vlc: int) -> None:
     shell = LocalShell()
     relay = GuestHttpRelay(shell, vlc).start()
@@ -122,6 +123,7 @@ def test_a_large_request_body_is_refused_without_asking_the_guest(vlc: int) -> N
         relay.stop()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "stdout",
     [
@@ -142,6 +144,7 @@ def test_what_a_guest_answers_is_checked_before_it_is_passed_on(stdout: str) -> 
         parse_answer(stdout, 0)
 
 
+@pytest.mark.unit
 def test_a_failed_relay_command_is_no_answer() -> None:
     with pytest.raises(GuestRefused):
         parse_answer('{"status": 200, "body": ""}', 1)
@@ -159,6 +162,7 @@ def served() -> Iterator[None]:
         assets.uninstall()
 
 
+@pytest.mark.unit
 def test_a_shipped_bundles_asset_is_served_byte_for_byte(served: None) -> None:
     url, path = next(iter(sorted(assets.shipped_assets().items())))
     r = requests.get(url, stream=True, timeout=10)
@@ -168,6 +172,7 @@ def test_a_shipped_bundles_asset_is_served_byte_for_byte(served: None) -> None:
     assert int(r.headers["Content-Length"]) == len(got)
 
 
+@pytest.mark.unit
 def test_the_hosts_asset_store_is_read_too(served: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OSFLEET_HOME", str(tmp_path))
     file = tmp_path / "data.bin"
@@ -176,6 +181,7 @@ def test_the_hosts_asset_store_is_read_too(served: None, tmp_path: Path, monkeyp
     assert requests.get("https://assets.osfleet.invalid/mine/data.bin", timeout=10).content == b"\x00\x01 mine"
 
 
+@pytest.mark.unit
 def test_an_unknown_asset_is_404_and_other_urls_go_to_the_network(served: None, vlc: int) -> None:
     r = requests.get("https://assets.osfleet.invalid/nothing/here.txt", timeout=10)
     assert r.status_code == 404 and "not an osfleet asset" in r.text
@@ -184,6 +190,7 @@ def test_an_unknown_asset_is_404_and_other_urls_go_to_the_network(served: None, 
     assert r.status_code == 200 and b"/requests/status.xml" in r.content
 
 
+@pytest.mark.unit
 def test_any_url_the_asset_store_holds_is_answered_offline(
     served: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,6 +202,7 @@ def test_any_url_the_asset_store_holds_is_answered_offline(
     assert requests.get(url, timeout=10).content == b"PK\x03\x04 expected"  # never sent to the network
 
 
+@pytest.mark.unit
 def test_install_is_idempotent_and_uninstall_puts_requests_back() -> None:
     original = requests.Session.__init__
     assets.install()

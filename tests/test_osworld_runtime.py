@@ -35,7 +35,7 @@ from osfleet.tasks.osworld_format.convert import HISTORY_TEMPLATE_URL, from_oswo
 from osfleet.tasks.osworld_format.getters import GetterValueError, omnibox_text, time_format
 from osfleet.tasks.osworld_format.guest_paths import guest_path, shell_command
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 CHROMIUM = "/usr/bin/chromium"
 DEBIAN_PYTHON = "/usr/bin/python3"

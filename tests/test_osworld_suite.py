@@ -27,7 +27,7 @@ from osfleet.tasks.osworld_format.importer import import_folder
 from osfleet.tasks.suites import SUITES, load_suite
 from osfleet.tasks.suites.generate import HOME, generate
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 SUITE = SUITES["osworld"]
 # Tasks whose set-up, getter or oracle needs the running desktop of the office image (a local shell cannot

@@ -29,8 +29,6 @@ from osfleet.tasks.osworld_format.guest_writes import RAW_CHUNK_BYTES, put_file
 from osfleet.tasks.osworld_format.importer import import_folder
 from tests.fakes import FakeHost
 
-pytestmark = pytest.mark.unit
-
 URL = "https://example.test/files/budget.xlsx"
 GOLD = "https://example.test/files/budget-gold.xlsx"
 
@@ -69,6 +67,7 @@ class LocalGuest:
         return data
 
 
+@pytest.mark.unit
 def test_asset_store_adds_resolves_and_names_missing_urls(home: Path, tmp_path: Path) -> None:
     store = AssetStore.from_settings()
     f = tmp_path / "a.bin"
@@ -83,6 +82,7 @@ def test_asset_store_adds_resolves_and_names_missing_urls(home: Path, tmp_path: 
         store.resolve("https://nowhere.test/x.xlsx")
 
 
+@pytest.mark.unit
 def test_bundle_manifest_is_checked(home: Path, tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
     (bundle / "assets").mkdir(parents=True)
@@ -122,6 +122,7 @@ def calc_task(doc: str, **evaluator: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.unit
 def test_download_and_cloud_file_resolve_through_the_store(home: Path, tmp_path: Path) -> None:
     doc = "/home/user/budget.xlsx"
     with pytest.raises(MissingAssetError, match=re.escape(URL)):
@@ -143,6 +144,7 @@ def test_download_and_cloud_file_resolve_through_the_store(home: Path, tmp_path:
     assert isinstance(check, OsworldCheck) and check.func == "compare_table" and check.result["path"] == doc
 
 
+@pytest.mark.system
 def test_the_runner_sets_up_post_configures_and_scores_on_the_host(home: Path, tmp_path: Path) -> None:
     store = AssetStore.from_settings()
     store.add(URL, workbook(tmp_path / "in.xlsx", [["a", 1], ["b", 2]]))
@@ -163,6 +165,7 @@ def test_the_runner_sets_up_post_configures_and_scores_on_the_host(home: Path, t
     assert runner.evaluate(guest, "r-1", task).reward == 0.0  # type: ignore[arg-type]  # no file: 0, not an error
 
 
+@pytest.mark.system
 def test_put_file_writes_large_files_in_chunks(tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     src.write_bytes(bytes(range(256)) * (RAW_CHUNK_BYTES // 128))
@@ -181,6 +184,7 @@ def test_put_file_writes_large_files_in_chunks(tmp_path: Path) -> None:
     assert (tmp_path / "x" / "empty").read_bytes() == b""
 
 
+@pytest.mark.system
 def test_getters_command_line_rule_and_window_size(home: Path, tmp_path: Path) -> None:
     data = {
         "id": "t",
@@ -205,6 +209,7 @@ def test_getters_command_line_rule_and_window_size(home: Path, tmp_path: Path) -
     assert [c.met for c in ev.criteria] == [True] and ev.reward == 1.0  # "or" stops at the first 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("step", "command"),
     [
@@ -220,6 +225,7 @@ def test_window_steps(home: Path, step: dict[str, Any], command: str) -> None:
     assert from_osworld(data).setup[0].command == command  # type: ignore[union-attr]
 
 
+@pytest.mark.unit
 def test_unsupported_features_are_all_named(home: Path) -> None:
     data = {
         "id": "t",
@@ -245,6 +251,7 @@ def test_unsupported_features_are_all_named(home: Path) -> None:
     assert unsupported_features(data, metrics=["no_such_metric", "exact_match"])[2].startswith("conj")
 
 
+@pytest.mark.unit
 def test_published_schema_lists_the_stored_urls(home: Path, tmp_path: Path) -> None:
     schema = json.dumps(OsworldTask.model_json_schema())
     assert URL not in schema and '"maxLength": 0' in schema  # nothing stored: no download can be asked for
@@ -254,6 +261,7 @@ def test_published_schema_lists_the_stored_urls(home: Path, tmp_path: Path) -> N
     assert f'"enum": ["{URL}"]' in json.dumps(OsworldTask.model_json_schema())
 
 
+@pytest.mark.unit
 def test_a_missing_asset_is_a_422_naming_the_url(home: Path, tmp_path: Path) -> None:
     fake = FakeHost(tmp_path, ready=1)
     auth = {"Authorization": "Bearer t"}
@@ -279,6 +287,7 @@ def make_bundle(root: Path) -> Path:
     return root
 
 
+@pytest.mark.unit
 def test_import_reports_each_task_and_adds_the_bundle_assets(home: Path, tmp_path: Path) -> None:
     report = import_folder(make_bundle(tmp_path / "bundle"))
     by_file = {t.file: t for t in report.tasks}
@@ -290,6 +299,7 @@ def test_import_reports_each_task_and_adds_the_bundle_assets(home: Path, tmp_pat
         import_folder(tmp_path / "bundle" / "assets")
 
 
+@pytest.mark.unit
 def test_import_and_assets_commands(home: Path, tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path / "bundle")
     cli_runner = CliRunner()
@@ -315,6 +325,7 @@ def test_import_and_assets_commands(home: Path, tmp_path: Path) -> None:
     assert r.exit_code != 0 and r.output.strip().splitlines()[-1].startswith("osfleet: error: no task JSON")
 
 
+@pytest.mark.unit
 def test_a_broken_asset_index_leaves_the_schema_without_downloads(home: Path) -> None:
     (home / "assets").mkdir(parents=True)
     (home / "assets" / "index.json").write_text("{not json")
@@ -323,6 +334,7 @@ def test_a_broken_asset_index_leaves_the_schema_without_downloads(home: Path) ->
         AssetStore.from_settings().resolve(URL)
 
 
+@pytest.mark.unit
 def test_an_unsupported_feature_is_a_422_naming_it_and_one_cli_line(home: Path, tmp_path: Path) -> None:
     task = {"id": "t", "instruction": "x", "config": [{"type": "googledrive", "parameters": {}}]}
     task["evaluator"] = {"func": "infeasible"}

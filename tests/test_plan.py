@@ -21,14 +21,13 @@ from osfleet.plan import (
 )
 from tests.conftest import VENV_BIN
 
-pytestmark = pytest.mark.unit
-
 SMALL = HostType(name="small", vcpus=16, memory_gib=64, usd_per_hour=1.0, source="test")
 BIG = HostType(name="big", vcpus=96, memory_gib=192, usd_per_hour=4.0, source="test")
 FP = Footprint(cpu_cores=0.5, memory_bytes=2**30, disk_bytes=0)
 META = {"version": 1, "read_on": "2026-11-29"}
 
 
+@pytest.mark.unit
 def test_the_cheapest_mix_combines_host_types() -> None:
     # small: CPU (16 - 1) / 0.5 = 30, RAM (64 - 4) / 1 = 60 -> 30, CPU-bound
     # big:   CPU (96 - 1) / 0.5 = 190, RAM (192 - 4) / 1 = 188 -> 188, RAM-bound
@@ -47,6 +46,7 @@ def test_the_cheapest_mix_combines_host_types() -> None:
     assert [o.host for o in p.options] == ["small", "big"]  # cheapest first
 
 
+@pytest.mark.unit
 def test_small_fleets_fit_one_small_host() -> None:
     p = plan(30, FP, [SMALL, BIG], META)
     assert [(m.host, m.count) for m in p.mix] == [("small", 1)] and p.usd_per_replica_day == pytest.approx(0.8)
@@ -54,6 +54,7 @@ def test_small_fleets_fit_one_small_host() -> None:
     assert [(m.host, m.count) for m in plan(31, FP, [SMALL, BIG], META).mix] == [("small", 2)]
 
 
+@pytest.mark.unit
 def test_equal_prices_take_the_fewest_hosts() -> None:
     # 400 replicas: 2 x 200-replica hosts or 4 x 100-replica hosts cost the same $4/h
     half = HostType(name="half", vcpus=51, memory_gib=104, usd_per_hour=1.0, source="t")  # CPU 100, RAM 100
@@ -62,6 +63,7 @@ def test_equal_prices_take_the_fewest_hosts() -> None:
     assert [(m.host, m.count) for m in p.mix] == [("double", 2)] and p.usd_per_hour == 4.0
 
 
+@pytest.mark.unit
 def test_a_host_type_that_holds_nothing_is_left_out() -> None:
     tiny = HostType(name="tiny", vcpus=1, memory_gib=4, usd_per_hour=0.01, source="t")  # nothing after reserves
     p = plan(10, FP, [tiny, SMALL], META)
@@ -70,11 +72,13 @@ def test_a_host_type_that_holds_nothing_is_left_out() -> None:
         plan(10, FP, [tiny], META)
 
 
+@pytest.mark.unit
 def test_replicas_out_of_range_is_refused() -> None:
     with pytest.raises(OsfleetError, match="--replicas must be between 1"):
         plan(0, FP, [SMALL], META)
 
 
+@pytest.mark.unit
 def test_footprint_defaults_overrides_and_a_run_without_measurements(tmp_path: Path) -> None:
     m = measured_footprint(runs_dir=tmp_path / "none")
     assert m.footprint == Footprint(DEFAULT_CPU_CORES, DEFAULT_MEMORY_BYTES, DEFAULT_DISK_BYTES)
@@ -100,6 +104,7 @@ def write_run(run: Path) -> None:
     # CPU: (0.5 * 2 + 1.0 * 2) / (2 + 2) = 0.75 cores; disk: 400 MiB / 4 = 100 MiB; RAM 400 MiB
 
 
+@pytest.mark.unit
 def test_footprint_from_a_run_and_cpu_from_the_newest_run(tmp_path: Path) -> None:
     write_run(tmp_path / "runs" / "2026-01-01")
     m = measured_footprint(tmp_path / "runs" / "2026-01-01")
@@ -109,6 +114,7 @@ def test_footprint_from_a_run_and_cpu_from_the_newest_run(tmp_path: Path) -> Non
     assert newest.source.endswith(f"CPU measured in {tmp_path / 'runs' / '2026-01-01'}")
 
 
+@pytest.mark.system
 def test_plan_command_json(tmp_path: Path) -> None:
     prices = tmp_path / "prices.yaml"
     prices.write_text(

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 INNER = """
 import time
@@ -23,7 +23,7 @@ def held(tmp_path_factory):
     yield
     open({done!r}, "w").write("torn down")
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_long(held):
     open({started!r}, "w").write("started")
     time.sleep(120)

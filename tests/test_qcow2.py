@@ -10,7 +10,7 @@ import pytest
 from osfleet.errors import CommandFailedError
 from osfleet.vm import qcow2
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 
 def make_base(path: Path, size: str = "256M", pattern: int = 0xAB) -> Path:

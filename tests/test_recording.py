@@ -76,7 +76,7 @@ def episode(c: TestClient, steps: int = 2, evaluate: bool = True, release: bool 
     return rid, lid
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_record_ls_show_export_round_trip(fake: FakeHost, home_env: Path, tmp_path: Path) -> None:
     with agent(fake, image_format="webp", quality=60) as c:
         rid, _ = episode(c, steps=3)
@@ -116,7 +116,7 @@ def test_record_ls_show_export_round_trip(fake: FakeHost, home_env: Path, tmp_pa
     assert Image.open(io.BytesIO(base64.b64decode(rows[0]["image"]))).size == fake.image.screen
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_parquet_export(fake: FakeHost, home_env: Path, tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     with agent(fake) as c:
@@ -137,7 +137,7 @@ def test_parquet_export(fake: FakeHost, home_env: Path, tmp_path: Path) -> None:
     assert Image.open(io.BytesIO(row["image"])).format == "JPEG"  # type: ignore[arg-type]
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_an_infrastructure_failure_ends_the_episode_as_such(fake: FakeHost, home_env: Path) -> None:
     with agent(fake) as c:
         lease = c.post("/v1/leases", json={}, headers=AUTH).json()
@@ -156,7 +156,7 @@ def test_an_infrastructure_failure_ends_the_episode_as_such(fake: FakeHost, home
     )
 
 
-@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
+@pytest.mark.system  # over a second: kept out of the unit tier's 2 minutes
 def test_an_expired_lease_ends_the_episode_as_the_infrastructures_doing(fake: FakeHost, home_env: Path) -> None:
     with agent(fake) as c:
         lease = c.post("/v1/leases", json={"ttl_seconds": 0.2}, headers=AUTH).json()
@@ -172,7 +172,7 @@ def test_an_expired_lease_ends_the_episode_as_the_infrastructures_doing(fake: Fa
         assert (meta.ended_by, meta.end_reason) == ("infrastructure", "lease_expired")
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_the_store_stays_under_its_cap_oldest_first(fake: FakeHost, home_env: Path) -> None:
     with agent(fake, max_episodes=2) as c:
         for _ in range(4):
@@ -187,14 +187,14 @@ def test_the_store_stays_under_its_cap_oldest_first(fake: FakeHost, home_env: Pa
         assert len(TrajectoryStore(store_dir(home_env)).all()) == 1
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_recording_is_off_unless_configured(fake: FakeHost, home_env: Path) -> None:
     with TestClient(create_app(AgentConfig(token=TOKEN, warm=0), lambda: fake)) as c:
         episode(c, steps=1)
     assert not store_dir(home_env).exists()
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_osgym_episodes_are_recorded_with_their_action_strings(fake: FakeHost, home_env: Path) -> None:
     with agent(fake) as c:
         vm = c.post("/reset", json={"task_config": TASK}, headers=AUTH).json()["vm_id"]
@@ -206,7 +206,7 @@ def test_osgym_episodes_are_recorded_with_their_action_strings(fake: FakeHost, h
     assert (meta.end_reason, meta.ended_by, meta.steps) == ("evaluated", "agent", 2)
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_a_new_task_on_the_same_lease_starts_a_new_episode(fake: FakeHost, home_env: Path) -> None:
     with agent(fake) as c:
         lease = c.post("/v1/leases", json={}, headers=AUTH).json()
@@ -282,7 +282,7 @@ def noise_png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_the_byte_cap_holds_under_a_flood_of_steps(tmp_path: Path) -> None:
     """Twelve episodes stepping at once with big screens, 10 000-character actions and 300 KB of metadata
     per step: the store stays under its cap (finished episodes go first, then the oldest open ones), each

@@ -206,7 +206,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         Path("/proc/sys/net/ipv4/ip_forward").write_text(forward_before)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.slow
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
@@ -244,7 +244,7 @@ def mac_of(ns: str) -> str:
     return sh("ip", "-n", ns, "-br", "link", "show", "eth0").stdout.split()[2]
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
 def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab) -> None:
@@ -264,7 +264,7 @@ def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab
     assert "Directory listing" in until_up(r1, site)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @needs_net_admin
 @pytest.mark.parametrize("lab", [f"proxy=http://{INTERNET}:{WEB_PORT}"], indirect=True)
 def test_proxy_mode_reaches_only_the_proxy(lab: Lab) -> None:

@@ -44,7 +44,6 @@ def shell(h: ReplicaHost, rid: str, command: str) -> str:
     return res.stdout or ""
 
 
-@pytest.mark.vm_smoke
 def test_a_file_written_in_the_guest_is_gone_after_either_reset(host: ReplicaHost) -> None:
     rid = host.create().replica
     for mode in ("snapshot", "cold"):

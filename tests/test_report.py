@@ -46,7 +46,7 @@ def test_report_renders_every_figure_from_a_recorded_run(tmp_path: Path) -> None
     assert all(r["binding_resource"] in ("CPU", "RAM", "disk") and r["usd_per_replica_day"] > 0 for r in cost["rows"])
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_report_cli_on_a_recorded_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
@@ -144,7 +144,7 @@ def test_a_fork_run_and_reset_stages_get_their_rows(tmp_path: Path) -> None:
     assert "| fork: child bring-up p50 / p95 | 71.00 ms / 120.00 ms | measured here |" in md
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_run_becomes_a_dated_benchmark_page_of_the_docs(tmp_path: Path) -> None:
     """docs/benchmarks/2026-11-29-main-job.md is this command's output on the recorded run, not a hand copy."""
     run = tmp_path / "main-job"

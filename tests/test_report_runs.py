@@ -40,7 +40,7 @@ def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_bench_disk_with_out_then_report(tmp_path: Path) -> None:
     run = tmp_path / "disk-run"
     done = subprocess.run(
@@ -55,7 +55,7 @@ def test_bench_disk_with_out_then_report(tmp_path: Path) -> None:
     assert "provisioning_time.png" in rendered.stdout and (run / "report.html").exists()
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_episodes_cut_by_locusts_time_limit_are_counted_as_interrupted(tmp_path: Path) -> None:
     """A run directory as Locust left it before the fix: the last episode of each user has no status."""
     run = tmp_path / "locust-run"
@@ -71,7 +71,7 @@ def test_episodes_cut_by_locusts_time_limit_are_counted_as_interrupted(tmp_path:
     assert "2 cut short by the run's end" in md
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_half_finished_run_renders_what_it_has(tmp_path: Path) -> None:
     """Killed mid-run: boot.json written, the trajectories file's last line half written."""
     run = tmp_path / "half"
@@ -84,7 +84,7 @@ def test_a_half_finished_run_renders_what_it_has(tmp_path: Path) -> None:
     assert len(load(run).load.trajectories) == 3
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize(
     ("files", "says"),
     [
@@ -103,7 +103,7 @@ def test_a_run_directory_with_nothing_to_show_is_one_line(tmp_path: Path, files:
     assert says in _one_line_error(_report(run))
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_path_that_is_not_a_run_directory_is_refused_by_the_command_line(tmp_path: Path) -> None:
     f = tmp_path / "file.txt"
     f.write_text("x")

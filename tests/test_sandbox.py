@@ -27,7 +27,7 @@ from openpyxl import Workbook
 from osfleet.tasks.jail.sandbox import Limits, Sandbox, SandboxError
 from osfleet.tasks.osworld_format import metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 ALL_SHEET = {"rules": [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]}
 

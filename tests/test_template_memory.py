@@ -89,7 +89,7 @@ def test_libvirt_accepts_a_domain_with_template_memory(tmp_path: Path) -> None:
             v.destroy(spec.name)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_qemu_takes_the_file_backend_as_the_machines_ram(tmp_path: Path) -> None:
     """The claim the design rests on: a later ``-machine memory-backend=`` replaces libvirt's pc.ram, which
     then has no RAM block name (so it is never migrated)."""
@@ -115,7 +115,7 @@ def test_qemu_takes_the_file_backend_as_the_machines_ram(tmp_path: Path) -> None
 
 
 # --- choosing the mode, files on tmpfs ------------------------------------------------------------------------
-@pytest.mark.integration
+@pytest.mark.system
 def test_template_memory_is_refused_where_it_cannot_work(tmp_path: Path) -> None:
     assert "off" in (template_memory.unavailable(None, 2**20) or "")
     if template_memory.filesystem_type(tmp_path) not in template_memory.MEMORY_FILESYSTEMS:
@@ -139,7 +139,7 @@ def test_a_state_key_names_everything_a_saved_state_depends_on(tmp_path: Path, m
     assert saved_state.state_key(image, "qemu", shape) != key  # the helper lives in the saved state
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_choose_memory_mode_falls_back_with_a_reason(tmp_path: Path) -> None:
     assert saved_state.choose_memory_mode(Settings(home=tmp_path, memory_dir=None), ReplicaShape()) == (
         "stream",
@@ -152,7 +152,7 @@ def test_choose_memory_mode_falls_back_with_a_reason(tmp_path: Path) -> None:
     (SHM / "osfleet-unit2").rmdir()
 
 
-@pytest.mark.unit
+@pytest.mark.system
 def test_ram_copy_keeps_holes_and_is_put_back_after_a_reboot(tmp_path: Path) -> None:
     ram = tmp_path / "ram"
     with ram.open("wb") as f:

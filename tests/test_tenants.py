@@ -23,7 +23,6 @@ from osfleet.errors import ConfigError
 from tests.fakes import FakeHost
 
 # In-process, but seconds of waits and servers in sum: integration keeps the unit tier under 2 minutes.
-pytestmark = pytest.mark.integration
 
 OPERATOR = "operator-token-0123456789"
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789abc"
@@ -39,6 +38,7 @@ TASK = {
 
 
 # --- the clients file -------------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_clients_file_names_each_client_and_keeps_only_digests(tmp_path: Path) -> None:
     f = tmp_path / "clients"
     digest = hashlib.sha256(BOB.encode()).hexdigest()
@@ -50,6 +50,7 @@ def test_a_clients_file_names_each_client_and_keeps_only_digests(tmp_path: Path)
     assert ALICE not in repr(clients)  # only digests are kept
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -73,6 +74,7 @@ def test_a_bad_clients_line_is_one_error_naming_the_line(tmp_path: Path, text: s
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["host", "fleet"])
 def test_serve_with_a_bad_clients_file_exits_with_one_line(tmp_path: Path, command: str) -> None:
     f, tok, hosts_tok = tmp_path / "clients", tmp_path / "token", tmp_path / "hosts-token"
@@ -88,6 +90,7 @@ def test_serve_with_a_bad_clients_file_exits_with_one_line(tmp_path: Path, comma
     assert result.output.strip().splitlines() == [f"osfleet: error: clients file {f} {why}"]
 
 
+@pytest.mark.integration
 def test_the_gateway_refuses_to_serve_clients_with_its_hosts_token(tmp_path: Path) -> None:
     tok = tmp_path / "token"
     tok.write_text(OPERATOR)
@@ -142,6 +145,7 @@ def attempts(rid: str, lid: str) -> list[tuple[str, str, dict[str, Any] | None]]
     ]
 
 
+@pytest.mark.integration
 def test_a_client_gets_404_for_anything_of_another_clients(client: TestClient, fake: FakeHost) -> None:
     rid, lid = lease(client, A)
     assert client.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK}, headers=A).status_code == 200
@@ -157,6 +161,7 @@ def test_a_client_gets_404_for_anything_of_another_clients(client: TestClient, f
     assert client.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=A).status_code == 200
 
 
+@pytest.mark.integration
 def test_files_and_tunnels_of_another_clients_lease_are_404(client: TestClient, fake: FakeHost) -> None:
     """The raw-body operations (files, tunnels: what OSWorld's harness rides on) check the lease's owner as the
     JSON ones do, before reading a byte or touching the guest."""
@@ -177,6 +182,7 @@ def test_files_and_tunnels_of_another_clients_lease_are_404(client: TestClient, 
     assert fake.applied == []
 
 
+@pytest.mark.integration
 def test_a_client_lists_only_what_it_holds_and_the_operator_everything(client: TestClient, fake: FakeHost) -> None:
     a = lease(client, A)[0]
     b = lease(client, B)[0]
@@ -185,6 +191,7 @@ def test_a_client_lists_only_what_it_holds_and_the_operator_everything(client: T
     assert len(client.get("/v1/replicas", headers=OP).json()) == 3  # the warm pool is the operator's to see
 
 
+@pytest.mark.integration
 def test_the_warm_pool_and_the_host_are_the_operators(client: TestClient, fake: FakeHost) -> None:
     for method, path, body in [("POST", "/v1/replicas", {"count": 1}), ("GET", "/v1/host", None)]:
         r = client.request(method, path, json=body, headers=A)
@@ -198,6 +205,7 @@ def test_the_warm_pool_and_the_host_are_the_operators(client: TestClient, fake: 
     assert client.delete(f"/v1/replicas/{mine}", headers=A).status_code == 200  # a client retires its own
 
 
+@pytest.mark.integration
 def test_a_lease_of_one_client_is_not_released_by_another_and_a_released_one_says_so(client: TestClient) -> None:
     rid, lid = lease(client, A)
     assert client.post(f"/v1/replicas/{rid}/release", json={"lease_id": lid}, headers=B).status_code == 404
@@ -208,6 +216,7 @@ def test_a_lease_of_one_client_is_not_released_by_another_and_a_released_one_say
     assert r.status_code == 404  # another's: not even told that it existed
 
 
+@pytest.mark.integration
 def test_no_root_shell_for_clients_unless_the_host_allows_it(fake: FakeHost, tmp_path: Path) -> None:
     root = {"action_id": "r", "observe": False, "actions": [{"type": "shell", "command": "id -u", "as_root": True}]}
     root_task = {**TASK, "setup": [{"type": "run", "command": "chmod 777 /etc", "as_root": True}]}
@@ -241,6 +250,7 @@ def test_no_root_shell_for_clients_unless_the_host_allows_it(fake: FakeHost, tmp
         assert len(fake.applied) == 1
 
 
+@pytest.mark.integration
 def test_only_the_operators_token_may_name_the_client_it_acts_for(client: TestClient) -> None:
     rid, lid = lease(client, A)
     # bob cannot claim to be alice: the header is ignored for a client's token
@@ -258,6 +268,7 @@ def test_only_the_operators_token_may_name_the_client_it_acts_for(client: TestCl
         assert client.get("/v1/replicas", headers={**OP, **bad}).status_code == 401
 
 
+@pytest.mark.system
 def test_osgym_vms_are_their_clients_and_an_expired_vm_never_drives_a_newer_one(
     client: TestClient, fake: FakeHost
 ) -> None:
@@ -298,6 +309,7 @@ def test_osgym_vms_are_their_clients_and_an_expired_vm_never_drives_a_newer_one(
     assert client.post("/step", json={"action": "click(3,4)", "vm_id": r.json()["vm_id"]}, headers=A).status_code == 200
 
 
+@pytest.mark.system
 def test_osgym_finish_releases_the_vm_even_when_scoring_fails(client: TestClient, fake: FakeHost) -> None:
     osworld = {
         "id": "t1",
@@ -390,6 +402,7 @@ def race(c: TestClient, host: Any, second: list[dict[str, Any]], b_files: Callab
     assert c.post(f"/v1/replicas/{rid}/step", json=body, headers=B).status_code == 200  # B goes on
 
 
+@pytest.mark.integration
 def test_a_step_queued_on_an_ended_lease_never_touches_the_next_holders_replica(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path / "home", ready=1)
     with TestClient(create_app(config(tmp_path), lambda: fake)) as c:
@@ -397,6 +410,7 @@ def test_a_step_queued_on_an_ended_lease_never_touches_the_next_holders_replica(
         race(c, fake, second, lambda rid: [a for r, a in fake.applied if r == rid])
 
 
+@pytest.mark.integration
 def test_release_waits_for_the_step_under_way(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path / "home", ready=1)
     fake.act_gate = threading.Event()

@@ -244,7 +244,7 @@ def test_a_client_with_the_wrong_ca_gets_one_clear_error_at_once(pki: Pki, tmp_p
             Fleet(host.url, HOST_TOKEN, verify="/nonexistent/ca.pem")
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_fleet_serve_listens_over_https_and_verifies_its_hosts_from_the_command_line(pki: Pki, tmp_path: Path) -> None:
     (tmp_path / "host-token").write_text(HOST_TOKEN)
     (tmp_path / "gw-token").write_text(GATEWAY_TOKEN)
@@ -281,7 +281,7 @@ def test_fleet_serve_listens_over_https_and_verifies_its_hosts_from_the_command_
             proc.wait(30)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.slow
 def test_locust_scenarios_verify_an_https_host_against_the_ca_file(pki: Pki, tmp_path: Path) -> None:
     """The trajectories scenario (users and the host sampler) with ``--ca-file`` leases over TLS; without it the

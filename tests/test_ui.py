@@ -30,7 +30,7 @@ from osfleet.fleet.app import create_gateway
 from osfleet.fleet.hosts import HostEntry
 from tests.fakes import FakeHost
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 TOKEN = "ui-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -28,7 +28,7 @@ from osfleet.recording.video import export_mp4, frame_counts, screens
 from tests.fakes import FakeHost
 from tests.test_ui import ui_login
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 T0 = 1_700_000_000.0
 RED, GREEN, BLUE, WHITE, BLACK = (220, 30, 30), (30, 200, 30), (30, 30, 220), (240, 240, 240), (0, 0, 0)
 Colour = tuple[int, int, int]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 SAMPLE_RUN = REPO / "tests" / "data" / "run-sample"
 # Modules that need an optional extra this test does not install (``osfleet[loadtest]``: Locust, gevent,

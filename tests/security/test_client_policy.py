@@ -24,8 +24,6 @@ from osfleet.config import AgentConfig
 from osfleet.tasks.assets import AssetStore
 from tests.fakes import FakeHost
 
-pytestmark = pytest.mark.unit
-
 OPERATOR = "operator-token-0123456789"
 ALICE = "alice-token-0123456789"
 A = {"Authorization": f"Bearer {ALICE}"}
@@ -148,6 +146,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_a_clients_task_that_acts_as_root_is_refused_naming_the_part(
     client: TestClient, fake: FakeHost, name: str
@@ -160,6 +159,7 @@ def test_a_clients_task_that_acts_as_root_is_refused_naming_the_part(
     assert fake.applied == []  # nothing reached the guest
 
 
+@pytest.mark.system
 def test_the_operator_and_an_allow_agent_root_host_are_not_refused(
     tmp_path: Path, fake: FakeHost, store: AssetStore
 ) -> None:
@@ -170,11 +170,13 @@ def test_the_operator_and_an_allow_agent_root_host_are_not_refused(
         assert reset(c, A, task).status_code == 200
 
 
+@pytest.mark.system
 def test_a_clients_download_into_its_home_is_allowed(client: TestClient) -> None:
     task = osworld([download("~/Desktop/payload.sh"), download("/tmp/x.sh")])
     assert reset(client, A, task).status_code == 200
 
 
+@pytest.mark.unit
 def test_an_osgym_caller_let_in_by_address_is_a_client(tmp_path: Path, fake: FakeHost, store: AssetStore) -> None:
     with app(tmp_path, fake, osgym_allowed_ips=("testclient",)) as c:
         r = c.post("/reset", json={"task_config": osworld([download("/etc/cron.d/osfleet")]), "timeout": 600})
@@ -182,6 +184,7 @@ def test_an_osgym_caller_let_in_by_address_is_a_client(tmp_path: Path, fake: Fak
         assert [rec for rec in fake.replicas() if rec.lease is not None] == []  # no vm was leased for it
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("path", "inside"),
     [

@@ -18,7 +18,7 @@ from osfleet.api.app import create_app
 from osfleet.config import AgentConfig
 from tests.fakes import FakeHost
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 TOKEN = "ui-csrf-token-0123456789"
 

@@ -27,7 +27,7 @@ from osfleet.config import AgentConfig
 from osfleet.errors import OsfleetError
 from tests.fakes import FakeHost
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 OPERATOR = "operator-token-0123456789"
 ALICE = "alice-token-0123456789"

@@ -27,7 +27,7 @@ import pytest
 from osfleet.tasks.jail.bubblewrap import JAIL_USER
 from osfleet.tasks.jail.sandbox import Limits, Sandbox
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 SUITE = "check_python_file_by_test_suite"
 OPTIONS = {"test_function_name": "test"}

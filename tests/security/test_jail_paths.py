@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import VENV_BIN
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.system
 
 PROGRAM = textwrap.dedent(
     """

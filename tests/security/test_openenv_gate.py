@@ -67,7 +67,7 @@ def served(agent: Agent, tmp_path: Path):  # type: ignore[no-untyped-def]  # noq
         yield port
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_another_user_of_the_machine_needs_the_client_token(served: int) -> None:
     assert probe(served, {}) == (401, 401)
     assert probe(served, {"Authorization": "Bearer wrong"}) == (401, 401)
@@ -77,19 +77,19 @@ def test_another_user_of_the_machine_needs_the_client_token(served: int) -> None
     assert probe(served, {"Authorization": f"Basic {basic}"}) == (200, 101)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_the_servers_own_user_on_loopback_needs_no_token(served: int) -> None:
     assert probe(served, {}, as_nobody=False) == (200, 101)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_a_browser_page_is_refused_even_with_the_token(served: int) -> None:
     evil = {"Origin": "https://evil.example", "Authorization": f"Bearer {CLIENT_TOKEN}"}
     assert probe(served, evil, as_nobody=False) == (403, 403)
     assert probe(served, {"Origin": f"http://127.0.0.1:{served}"}, as_nobody=False) == (200, 101)
 
 
-@pytest.mark.integration
+@pytest.mark.system
 def test_the_client_token_is_made_private_when_missing(agent: Agent, tmp_path: Path) -> None:  # noqa: F811
     token_file = tmp_path / "fleet-token"
     token_file.write_text(TOKEN + "\n")
@@ -126,7 +126,7 @@ def test_only_the_token_opens_the_gate() -> None:
     assert gate.origin_allowed("http://127.0.0.1:8000") and not gate.origin_allowed("http://127.0.0.1.evil.example")
 
 
-@pytest.mark.integration  # over a second: kept out of the unit tier's 2 minutes
+@pytest.mark.system  # starts processes
 def test_openenvs_own_client_sends_a_token_in_its_url_as_basic() -> None:
     """What README tells OpenEnv users: the token in the URL, and OpenEnv's unchanged client presents it."""
     import asyncio
