@@ -109,6 +109,10 @@ class Generations:
     # --- saved state ---------------------------------------------------------------------------------------
     def saved(self) -> saved_state.SavedState:
         with self._saved_lock:
+            # One stat: an image replaced under this running agent would break every replica restored from it.
+            if self._saved is not None and (why := self._saved.stale()) is not None:
+                self.say(f"saved state {self._saved.directory.name} is stale: {why}; making it again")
+                self._saved = None
             if self._saved is None:
                 memory = self.memory
                 if memory is None:

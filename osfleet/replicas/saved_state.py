@@ -16,6 +16,14 @@ that every replica maps privately, and the stream carries only device state (``x
 ``osfleet.replicas.template_memory`` for how and why it is safe); ``stream`` puts all RAM in the stream
 and every restore copies it (the fallback where the template path is unavailable). Each mode is its own
 saved state (the key includes it).
+
+A saved state is tied to the bytes of the image it sits on, not to its name: its guest's page cache holds
+blocks of that image, so the same name with other bytes under it (a rebuild, a second build of one output
+published after the first) breaks every replica restored from it (``guest-exec ... Bad message``). The key
+therefore includes what identifies the image's disk (its inode, size and mtime, and the build's digest from the
+manifest), ``meta.json`` records it, and a state whose disk is no longer that file is removed, with a log line,
+and made again (``remove_stale``). Hashing the disk instead would cost seconds per GiB at every start; a rebuild
+renames a new file into place (a new inode) and a write in place changes the mtime.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -41,6 +50,8 @@ from osfleet.vm.domain_xml import Accel, MemoryFile
 from osfleet.vm.images import GoldenImage
 from osfleet.vm.readiness import wait_until_ready
 from osfleet.vm.virt import Virt
+
+log = logging.getLogger(__name__)
 
 STATE_FORMAT = "4"  # 3: the control channel, a VM generation ID and the resident helper; 4: the tunnel channel
 MIGRATION_TIMEOUT_SECONDS = 120.0
@@ -96,14 +107,54 @@ class SavedState:
             return tuple(Path(p) for p in self.meta["layers"])
         return (self.disk, image.disk)
 
+    def stale(self) -> str | None:
+        """Why this state may no longer be restored (a disk under it is not the file it was saved on), or None.
+        For states made by ``ensure_saved_state``: a fork's state records its chain in ``layers`` instead."""
+        return stale_reason(self.meta)
+
+
+def disk_identity(path: Path) -> dict[str, Any]:
+    """What tells the file at ``path`` from another one put there later: its inode, size and mtime
+    (``missing`` when nothing is there). Two stat fields change with any rebuild: a new file renamed into place
+    has a new inode, a file written in place a new mtime."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return {"path": str(path), "missing": True}
+    return {"path": str(path), "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def stale_reason(meta: dict[str, Any]) -> str | None:
+    """Why a saved state with this ``meta.json`` sits on disks that changed since it was saved, or None when
+    each disk it recorded (``disks``) is still the same file. A state that recorded none (saved by an osfleet
+    before 2026-12) cannot be trusted either."""
+    recorded = meta.get("disks")
+    if not isinstance(recorded, list) or not recorded:
+        return "it records nothing that identifies the image it was saved on (saved by an older osfleet)"
+    for was in recorded:
+        now = disk_identity(Path(str(was.get("path"))))
+        if now != was:
+            return f"{was.get('path')} is no longer the file it was saved on ({_difference(was, now)})"
+    return None
+
+
+def _difference(was: dict[str, Any], now: dict[str, Any]) -> str:
+    if now.get("missing"):
+        return "it is gone"
+    changed = [f"{k} {was.get(k)} -> {now[k]}" for k in ("inode", "size", "mtime_ns") if was.get(k) != now[k]]
+    return ", ".join(changed) or "its record is unreadable"
+
 
 def state_key(image: GoldenImage, accel: Accel, shape: ReplicaShape, memory: MemoryMode = "stream") -> str:
+    """The name of the saved state of this image's bytes (``disk_identity`` and the build's digest), accelerator,
+    replica shape, resident helper and memory mode: a change to any of them is another state."""
     fields: list[Any] = [STATE_FORMAT, image.name, accel, shape.memory_mib, shape.vcpus, shape.tb_cache_mib]
     if shape.network_bridge:  # a NIC is part of the device model a state restores into
         fields.append(f"nic={shape.network_bridge}")
     fields += [shape.kernel_args, guest_control.helper_digest()]  # the helper lives in the saved state
     if memory == "template":  # stream states keep the key they had before template memory existed
         fields.append(memory)
+    fields += [disk_identity(image.disk), image.manifest.get("disk_sha256")]
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
 
 
@@ -135,9 +186,12 @@ def ensure_saved_state(
     say: Any = None,
     memory: MemoryMode = "stream",
 ) -> SavedState:
-    """The saved state for this image, shape and memory mode, made once (about one cold boot), reused after."""
+    """The saved state for this image, shape and memory mode, made once (about one cold boot), reused after;
+    states of this image whose disk changed since are removed first (``remove_stale``)."""
+    disks = [disk_identity(image.disk)]
     key = state_key(image, accel, shape, memory)
     final = settings.states_dir / f"{image.name}-{key}"
+    remove_stale(settings, image.name, say)
     if (final / "meta.json").exists():
         return _load(virt, final)
     settings.states_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +250,11 @@ def ensure_saved_state(
             "boot_to_desktop_seconds": desktop_s,
             "save_seconds": save_seconds,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "disks": disks,
+            "image_sha256": image.manifest.get("disk_sha256"),
         }
+        if (why := stale_reason(meta)) is not None:  # replaced while the template booted: its pages are mixed
+            raise OsfleetError(f"the saved state of {image.name} was not kept: {why} while it was being saved")
         if ram is not None:
             template_memory.seal(ram, virt.qemu_ids())
             meta["ram_path"] = str(ram)
@@ -291,6 +349,39 @@ def wait_migration(virt: Virt, name: str) -> tuple[dict[str, Any], float]:
     raise GuestTimeoutError(f"{name}: migration stream did not complete within {MIGRATION_TIMEOUT_SECONDS:.0f} s")
 
 
+def remove_stale(settings: Settings, image_name: str, say: Any = None) -> list[Path]:
+    """Remove the saved states of ``image_name`` whose disks changed since they were saved (``stale_reason``),
+    each with a warning in the log (and through ``say``); returns their folders. Replicas still running from
+    one keep their open files; their next generation comes from the state made anew."""
+    removed = []
+    for d in sorted(settings.states_dir.glob(f"{image_name}-*")) if settings.states_dir.is_dir() else []:
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue  # not a state (or one being renamed into place): not ours to judge
+        if meta.get("image") != image_name:
+            continue
+        why = stale_reason(meta)
+        if why is None:
+            continue
+        message = f"saved state {d.name} is stale: {why}; it is removed and made again"
+        log.warning(message)
+        if say:
+            say(message)
+        _remove(d, meta)
+        removed.append(d)
+    return removed
+
+
+def _remove(directory: Path, meta: dict[str, Any] | None) -> None:
+    """Delete one saved state's folder and its RAM file on tmpfs (with the file naming its owner)."""
+    ram = (meta or {}).get("ram_path")
+    if ram:
+        Path(ram).unlink(missing_ok=True)
+        template_memory.owner_file(Path(ram)).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def remove_saved_states(settings: Settings) -> int:
     """Delete every saved state (e.g. after the image changed); returns how many were removed."""
     if not settings.states_dir.exists():
@@ -298,12 +389,9 @@ def remove_saved_states(settings: Settings) -> int:
     n = 0
     for d in settings.states_dir.iterdir():
         try:
-            ram = json.loads((d / "meta.json").read_text()).get("ram_path")
+            meta = json.loads((d / "meta.json").read_text())
         except (OSError, ValueError):
-            ram = None
-        if ram:
-            Path(ram).unlink(missing_ok=True)
-            template_memory.owner_file(Path(ram)).unlink(missing_ok=True)
-        shutil.rmtree(d, ignore_errors=True)
+            meta = None
+        _remove(d, meta)
         n += 1
     return n
