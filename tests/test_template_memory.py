@@ -311,7 +311,8 @@ def spare_generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
     virt = SpareVirt()
     settings = Settings(home=tmp_path)
     gen = Generations(virt, fake_image(tmp_path), "qemu", ReplicaShape(), settings, lambda m: None)  # type: ignore[arg-type]
-    state = saved_state.SavedState(tmp_path, {"memory_mode": mode, "ram_path": str(tmp_path / "t.ram")})
+    disks = [saved_state.disk_identity(tmp_path / "golden-unit.qcow2")]  # unchanged since: the state is not stale
+    state = saved_state.SavedState(tmp_path, {"memory_mode": mode, "ram_path": str(tmp_path / "t.ram"), "disks": disks})
     gen._saved = state
 
     failures = [1] if fail_spare else []
