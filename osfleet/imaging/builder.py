@@ -18,8 +18,8 @@ from shlex import quote as q
 from typing import Any
 
 from osfleet.config import GOLDEN_PREFIX, Settings
-from osfleet.errors import CommandFailedError
-from osfleet.imaging import osworld_desktop
+from osfleet.errors import CommandFailedError, ImageInUseError
+from osfleet.imaging import build_lock, osworld_desktop, publisher
 from osfleet.imaging.host import Host
 
 # Where recipes and guest files come from, and the hash that names an image: in osfleet.recipe, below every
@@ -32,7 +32,7 @@ from osfleet.recipe import guest_files as guest_files
 from osfleet.recipe import image_hash_for as image_hash_for
 
 KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=3"
-BUILD_TOOLS = ["debootstrap", "qemu-img", "mkfs.ext4", "busybox", "cpio", "gzip", "chroot", "sha256sum"]
+BUILD_TOOLS = ["debootstrap", "qemu-img", "mkfs.ext4", "busybox", "cpio", "gzip", "chroot", "sha256sum", "flock"]
 # rootfs (~1.3 GiB before trimming) + sparse ext4 image + compressed qcow2, with headroom.
 BUILD_DISK_BYTES = 4 * 2**30
 STEPS = 7
@@ -72,17 +72,47 @@ class ImageFiles:
 
 
 def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = None) -> ImageFiles:
-    """Build (or find in the cache) the golden image of ``recipe_path`` on ``host``."""
+    """Build (or find in the cache) the golden image of ``recipe_path`` on ``host``.
+
+    Holds the output folder's lock (``build_lock``) from its checks to its last rename: a second build of the
+    folder waits, then finds the first one's image. Files that a process holds open (a replica's QEMU, a host
+    agent serving the image) are never replaced: the build stops with their pids instead."""
     recipe = load_recipe(recipe_path)
     h = image_hash_for(recipe)
     out = out_dir or str(Settings.from_env().build_dir)
     files = ImageFiles(out, h)
-    if host.exists(files.manifest) and all(host.exists(p) for p in files.payload()):
+    if _complete(host, files):
         host.say(f"golden image {GOLDEN_PREFIX}{h} is up to date (cache hit): {files.disk}")
         return files
 
     host.require_tools(BUILD_TOOLS + (["npm"] if recipe.code_server else []))
     host.run(f"mkdir -p {q(out)}", what=f"creating {out}")
+    with build_lock.folder_lock(host, out, f"osfleet image build of {GOLDEN_PREFIX}{h}"):
+        if _complete(host, files):  # built by the build this one waited for
+            host.say(f"golden image {GOLDEN_PREFIX}{h} is up to date (cache hit): {files.disk}")
+            return files
+        _refuse_in_use(host, files)
+        return _build_locked(host, recipe, recipe_path, files)
+
+
+def _complete(host: Host, files: ImageFiles) -> bool:
+    """The image's manifest and every file it names are there (the manifest is renamed into place last)."""
+    return host.exists(files.manifest) and all(host.exists(p) for p in files.payload())
+
+
+def _refuse_in_use(host: Host, files: ImageFiles) -> None:
+    """Stop before replacing the image's disk while a process holds it open (a replica's QEMU on an incomplete
+    image's leftovers, a host agent serving it): saved states and overlays rest on those bytes."""
+    users = publisher.pids_using(host, files.disk) if host.exists(files.disk) else []
+    if users:
+        raise ImageInUseError(
+            f"{files.disk} on {host.name} is in use by pid(s) {', '.join(map(str, users))}: stop its host agent "
+            "and replicas before building it again"
+        )
+
+
+def _build_locked(host: Host, recipe: Recipe, recipe_path: Path, files: ImageFiles) -> ImageFiles:
+    out, h = files.directory, files.image_hash
     host.require_free(out, BUILD_DISK_BYTES, "an image build")
     work = f"{out}/.tmp-{h}-{uuid.uuid4().hex[:8]}"
     host.say(f"building golden image {GOLDEN_PREFIX}{h} from {recipe_path} on {host.name}")
@@ -92,6 +122,9 @@ def build(host: Host, recipe_path: Path = DEFAULT_RECIPE, out_dir: str | None = 
         kernel_version = _build_in(host, recipe, work)
         with host.step(7, STEPS, "publishing the build under its final name"):
             manifest = _manifest(host, recipe, h, work, kernel_version, time.monotonic() - started)
+            _refuse_in_use(host, files)  # a replica may have started on leftovers meanwhile
+            # No moment where an old manifest describes new files: it goes first, the new one comes last.
+            host.run(f"rm -f {q(files.manifest)}")
             for src, dst in (
                 (f"{work}/golden.qcow2", files.disk),
                 (f"{work}/vmlinuz", files.kernel),

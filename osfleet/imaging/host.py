@@ -39,6 +39,7 @@ TOOL_PACKAGES = {
     "gzip": "gzip",
     "chroot": "coreutils",
     "sha256sum": "coreutils",
+    "flock": "util-linux",
     "virsh": "libvirt-clients",
     "qemu-system-x86_64": "qemu-system-x86",
 }
@@ -104,6 +105,25 @@ class Host:
         self.probe(
             f'pids=$({find}); [ -z "$pids" ] || {{ kill -TERM $pids; sleep 2; kill -KILL $pids; }} 2>/dev/null; true'
         )
+
+    def start(self, command: str) -> Running:
+        """Start ``command`` on the host and return while it runs: its stdout is read line by line, and closing
+        its stdin (``Running.finish``) is how it is told to end. If this process dies, its end of the pipe (or of
+        the SSH channel) closes with it, so a command that waits for the end of its input never outlives us
+        (``build_lock`` holds a lock this way)."""
+        if not self.remote:
+            return _LocalRunning(command)
+        try:
+            self.c.open()
+            transport = self.c.client.get_transport()
+            if transport is None:
+                raise paramiko.SSHException("no SSH transport")
+            channel = transport.open_session()
+            channel.exec_command(command)
+        except (paramiko.SSHException, socket.gaierror, TimeoutError, OSError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise HostUnreachableError(f"cannot reach host {self.name}: {reason}") from None
+        return _RemoteRunning(channel)
 
     def require_tools(self, tools: list[str]) -> None:
         for tool in tools:
@@ -177,6 +197,96 @@ class Host:
         finally:
             stop.set()
         self.say(f"      done in {time.monotonic() - start:.1f} s")
+
+
+class Running:
+    """A command started by ``Host.start`` that runs until it ends or is told to (its stdin closed)."""
+
+    stderr = ""  # what it wrote to stderr, once ``finish`` has returned
+
+    def readline(self) -> str:
+        """The command's next line of output, or ``""`` once it has closed its output."""
+        raise NotImplementedError
+
+    def finish(self) -> int:
+        """Close the command's stdin and wait for it to exit; its exit status (``stderr`` is then known)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """End the command now, whatever it is doing (we were interrupted)."""
+        raise NotImplementedError
+
+    def last_error(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+class _LocalRunning(Running):
+    def __init__(self, command: str) -> None:
+        proc: subprocess.Popen[str] | None = None
+        try:
+            with _signals_held():  # a Ctrl-C held while it starts is raised here, once its pid is known
+                proc = subprocess.Popen(
+                    ["/bin/bash", "-c", command],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,  # as _run_local: a terminal's Ctrl-C reaches us, and we end it
+                )
+        except BaseException:
+            if proc is not None:
+                _end_group(proc)
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            raise
+        self.proc = proc
+
+    def readline(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def finish(self) -> int:
+        try:
+            _, self.stderr = self.proc.communicate()  # closes its stdin, reads the rest, waits
+        except BaseException:
+            self.stop()
+            raise
+        return self.proc.returncode
+
+    def stop(self) -> None:
+        _end_group(self.proc)
+        if self.proc.stdin is not None:
+            with suppress(OSError):
+                self.proc.stdin.close()
+
+
+class _RemoteRunning(Running):
+    """Over SSH: sshd closes the command's stdin when the channel closes or the connection drops."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.channel = channel
+        self.out = channel.makefile("r")
+
+    def readline(self) -> str:
+        return _text(self.out.readline())
+
+    def finish(self) -> int:
+        try:
+            self.channel.shutdown_write()
+            status = self.channel.recv_exit_status()
+            self.stderr = _text(self.channel.makefile_stderr("r").read())
+        finally:
+            self.channel.close()
+        return int(status)
+
+    def stop(self) -> None:
+        self.channel.close()  # a command still waiting on the host ends at its own timeout (``build_lock``)
+
+
+def _text(data: str | bytes) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
 def _run_local(command: str, timeout: float | None) -> Result:

@@ -51,7 +51,7 @@ from osfleet.replicas.template_memory import MemoryMode
 from osfleet.replicas.tunnels import Stream, Tunnels
 from osfleet.vm import screen
 from osfleet.vm.accel import detect_accelerator
-from osfleet.vm.images import GoldenImage
+from osfleet.vm.images import GoldenImage, ImageHold
 from osfleet.vm.virt import Virt
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,8 @@ class ReplicaHost:
         self._reserved = 0
         self.forks.prepare()  # the next fork's slots, if any are wanted (in the background)
         self._adopted: set[str] = set()
+        # Until ``close``: a build or publish of this image's name stops rather than replace it under this host.
+        self.image_hold = ImageHold(image)
 
     # --- lifecycle of the host object ----------------------------------------------------------------------
     def close(self) -> None:
@@ -193,6 +195,7 @@ class ReplicaHost:
             self.liveness.close,
             self.tunnels.shutdown,
             self.virt.close,
+            self.image_hold.release,
         ]
         for step in steps:
             try:

@@ -9,8 +9,10 @@ a benchmark's ``--recipe`` image is built so that it does not become every comma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,30 @@ class GoldenImage:
     @property
     def published(self) -> bool:
         return "published_at" in self.manifest
+
+
+class ImageHold:
+    """An open descriptor on an image's disk, kept while a host agent (any ``ReplicaHost``) serves the image.
+
+    Its saved running states rest on those bytes (``osfleet.replicas.saved_state``), even while no replica runs;
+    with the disk held, a build or a publish of the same name sees the image in use (``publisher.pids_using``
+    scans open descriptors) and stops instead of replacing it under the agent."""
+
+    def __init__(self, image: GoldenImage) -> None:
+        try:
+            self._fd: int | None = os.open(image.disk, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no disk to hold: whatever uses the image fails on its own, with its own message
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
 
 def load(manifest_path: Path) -> GoldenImage:
