@@ -29,7 +29,7 @@ from pulumi.runtime.proto import language_pb2
 
 from osfleet.errors import OsfleetError
 from osfleet.lab import engine
-from osfleet.lab.engine import engine_root, engine_version
+from osfleet.lab.engine import ensure_engine
 from osfleet.lab.language_host import HostError, Program, plugin_version
 
 pytestmark = pytest.mark.system
@@ -74,10 +74,9 @@ pulumi.export("token", cfg.require_secret("token"))
 @pytest.fixture(scope="module")
 def engine_bin() -> Path:
     try:
-        engine_version(engine_root())
+        bin_dir = ensure_engine() / "bin"  # built on first use (scripts/build-pulumi, once per machine)
     except OsfleetError as exc:
-        pytest.fail(f"the Pulumi engine is not built (scripts/build-pulumi): {exc}")
-    bin_dir = engine_root() / "bin"
+        pytest.fail(f"the Pulumi engine could not be built (scripts/build-pulumi): {exc}")
     if not (bin_dir / "pulumi-language-python").exists():
         pytest.fail(f"no pulumi-language-python in {bin_dir}: run scripts/build-pulumi")
     return bin_dir

@@ -27,9 +27,11 @@ TASKS = ["os-archive-folder", "calc-total-row", "vlc-play-file", "chrome-open-ta
 
 
 def harness_python() -> str:
-    out = subprocess.run([REPO / "scripts" / "setup-osworld-harness", "--print-python"], capture_output=True, text=True)
+    """The harness's python, installed on first use (~7 GiB, a few minutes once per machine; progress on stderr)."""
+    script = REPO / "scripts" / "setup-osworld-harness"
+    out = subprocess.run([script, "--print-python"], stdout=subprocess.PIPE, text=True, timeout=3600)
     python = out.stdout.strip()
-    assert os.path.exists(python), f"no OSWorld harness at {python!r}: run scripts/setup-osworld-harness"
+    assert os.path.exists(python), f"no OSWorld harness at {python!r}: scripts/setup-osworld-harness failed"
     return python
 
 

@@ -78,9 +78,9 @@ def run(hosts: int, warm: int, settings: Settings, say: Say) -> dict[str, Any]:
     from pulumi import automation as auto
 
     from osfleet.lab import lab as lab_ops
-    from osfleet.lab.engine import call, engine_root, engine_version, purge_stack_files, stack, stack_files
+    from osfleet.lab.engine import call, engine_version, ensure_engine, purge_stack_files, stack, stack_files
 
-    engine = engine_version(engine_root(settings))
+    engine = engine_version(ensure_engine(settings, say))
     root = lab_ops.lab_root(settings)
     result: dict[str, Any] = {"engine": engine, "hosts": hosts, "warm": warm, "stack": STACK}
     say(f"[1/7] lab up --hosts {hosts}")

@@ -210,11 +210,11 @@ def _preflight(settings: Settings, sizes: list[int]) -> tuple[Kubectl, dict[str,
 
 
 def run(sizes: list[int], settings: Settings, say: Say, sample_seconds: float = 30.0) -> dict[str, Any]:
-    from osfleet.lab.engine import engine_root, engine_version
+    from osfleet.lab.engine import engine_version, ensure_engine
 
     kubectl, before, image = _preflight(settings, sizes)
     result: dict[str, Any] = {
-        "engine": engine_version(engine_root(settings)),
+        "engine": engine_version(ensure_engine(settings, say)),
         "image": image,
         "kwok_nodes": len(before),
         "sample_seconds": sample_seconds,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from osfleet.checkout import project_dir as project_dir  # where it always was importable
+from osfleet.checkout import run_build_script
 from osfleet.config import Settings
 from osfleet.errors import ConfigError, MissingToolError, OsfleetError
 from osfleet.lab.kube import tools
@@ -38,6 +39,25 @@ def engine_root(settings: Settings | None = None) -> Path:
     s = settings or Settings.from_env()
     tools = Path(os.environ.get("OSFLEET_TOOLS", str(s.home / "tools")))
     return tools / f"pulumi-v{sdk_version()}"
+
+
+BUILD_TIME = "5-12 minutes on 2 cores"  # docs/benchmarks/2026-12-01-deployment.md: 322 s idle, 726 s on a busy machine
+
+
+def ensure_engine(settings: Settings | None = None, say: Callable[[str], None] | None = None) -> Path:
+    """The engine's root (``engine_root``), built first when this machine has none: the commands that drive Pulumi
+    build it on their first use (``scripts/build-pulumi``, from the Go module proxy, once per machine and version)
+    instead of every set-up, which neither the quick start nor an agent's episode needs. Progress lines go to
+    ``say`` (default: stderr)."""
+    s = settings or Settings.from_env()
+    root = engine_root(s)
+    if not (root / "bin" / "pulumi").exists():
+        speak = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        speak(f"osfleet: building the Pulumi engine v{sdk_version()} on its first use on this machine "
+              f"(scripts/build-pulumi, {BUILD_TIME}; once per machine)")  # fmt: skip
+        run_build_script("build-pulumi", [], speak, env={"OSFLEET_HOME": str(s.home)})
+    engine_version(root)
+    return root
 
 
 def engine_version(root: Path | None = None) -> str:
@@ -133,9 +153,8 @@ def run_cli(
     """``pulumi ARGS`` in the project's root (or ``cwd``) with ``engine_env``, as a user types it.
 
     Its output is returned when ``capture``, else each line goes to ``echo`` (default: stderr) as it comes.
-    A failure raises ``EngineError`` with the one line a user can act on."""
-    root = engine_root(settings)
-    engine_version(root)
+    A failure raises ``EngineError`` with the one line a user can act on. The engine is built on first use."""
+    root = ensure_engine(settings, echo)
     env = {**os.environ, **engine_env(settings)}
     cmd = [str(root / "bin" / "pulumi"), *args]
     say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -200,8 +219,7 @@ def stack(name: str, settings: Settings | None = None, work_dir: Path | None = N
 
     if work_dir is None and name not in STACKS:
         raise ConfigError(f"unknown stack {name!r}; one of {', '.join(STACKS)}")
-    root = engine_root(settings)
-    engine_version(root)
+    root = ensure_engine(settings)
     env = _inline_env(settings)
     project = project_dir()
     infra = str(project / "infra")

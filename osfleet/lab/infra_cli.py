@@ -34,10 +34,10 @@ def infra_env() -> None:
     update checks, no plugin downloads), and ``SSL_CERT_FILE``: the system's CAs plus those of the stacks deployed
     from here, so the shell verifies the agents' HTTPS (``curl``, Python, Go) without a ``--cacert``."""
     from osfleet.config import Settings
-    from osfleet.lab.engine import engine_env, engine_root, engine_version
+    from osfleet.lab.engine import engine_env, ensure_engine
     from osfleet.tls import write_trust_bundle
 
-    engine_version(engine_root())
+    ensure_engine()  # built on first use; its progress goes to stderr, the exports to stdout
     env = engine_env()
     env["SSL_CERT_FILE"] = str(write_trust_bundle(Settings.from_env().home))
     for key, value in env.items():
@@ -109,10 +109,9 @@ def infra_pulumi(args: tuple[str, ...]) -> None:
     in the project's root after ``eval "$(osfleet infra env)"``)."""
     import os
 
-    from osfleet.lab.engine import engine_env, engine_root, engine_version, project_dir
+    from osfleet.lab.engine import engine_env, ensure_engine, project_dir
 
-    root = engine_root()
-    engine_version(root)
+    root = ensure_engine()
     env = {**os.environ, **engine_env()}
     os.chdir(project_dir())
     os.execve(str(root / "bin" / "pulumi"), ["pulumi", *args], env)

@@ -18,7 +18,9 @@ SETUP = HERE.parent.parent / "scripts" / "setup-osworld-reference"
 
 
 def reference_python() -> Path:
-    out = subprocess.run([str(SETUP), "--print-python"], capture_output=True, text=True, check=True)
+    """The reference environment's python, installed on first use (a few minutes, once per machine; its progress
+    goes to stderr), as scripts/setup no longer does."""
+    out = subprocess.run([str(SETUP), "--print-python"], stdout=subprocess.PIPE, text=True, check=True, timeout=1800)
     return Path(out.stdout.strip())
 
 
@@ -38,7 +40,7 @@ class Reference:
         ``source``: a folder with OSWorld's ``desktop_env/`` to load instead of the release's (its main branch)."""
         python = python or reference_python()
         if not python.exists():
-            raise FileNotFoundError(f"{python}: run scripts/setup-osworld-reference (scripts/setup does)")
+            raise FileNotFoundError(f"{python}: scripts/setup-osworld-reference did not install it")
         env = {
             **os.environ,
             "PYTHONPATH": "",

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from osfleet.checkout import project_dir
+from osfleet.checkout import project_dir, run_build_script
 from osfleet.errors import CommandFailedError
 
 PARTS = ("cluster", "provider")
@@ -37,21 +36,5 @@ def build(part: str, say: Callable[[str], None]) -> Path:
     process group is ended (its Go compilers with it)."""
     if built(part):
         return bin_dir(part)
-    proc = subprocess.Popen(
-        [str(_script()), part], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0,
-        env={**os.environ},
-    )  # fmt: skip
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            say(line.rstrip("\n"))
-        proc.wait()
-    except BaseException:
-        import signal
-
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
-        raise
-    if proc.returncode != 0:
-        raise CommandFailedError(f"scripts/build-k8s {part} failed (exit {proc.returncode}); its log is named above")
+    run_build_script("build-k8s", [part], say)
     return bin_dir(part)
