@@ -5,13 +5,15 @@ Generated, never copied by hand (so a route, a metric or a limit added to the co
 ``reference/http-api.md`` and ``reference/openapi.json`` from the host agent's FastAPI app, ``reference/metrics.md``
 from the Prometheus registries, ``reference/limits.md`` from the constants that enforce them, and
 ``reference/task-schema.md`` from the task model. The CLI (mkdocs-click) and the SDK (mkdocstrings) are generated
-by their plugins from ``reference/cli.md`` and ``reference/sdk.md``.
+by their plugins from ``reference/cli.md`` and ``reference/sdk.md``. The benchmarks' index gets its table of headline
+figures from the newest dated pages' front matter, and a page a newer one supersedes says so at its top.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -57,6 +59,91 @@ def _with_dated_benchmarks(nav: list[Any], docs_dir: Path) -> list[Any]:
             new = [f"benchmarks/{p.name}" for p in dated if f"benchmarks/{p.name}" not in listed]
             entry["Benchmarks"] = section[:1] + new + section[1:]
     return nav
+
+
+# --- the benchmarks: a headline table from the newest dated pages, older pages marked superseded ----------------
+DATED = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<name>[a-z0-9-]+)\.md$")
+HEADLINE_MARK = "<!-- headline-figures -->"
+
+
+@dataclass(frozen=True)
+class BenchmarkPage:
+    """A dated page of ``docs/benchmarks`` and what its front matter says: ``headline`` (a list of ``{what: ...,
+    value: ...}``, each value as the page's body has it) and ``supersedes`` (older pages, by file stem, whose
+    figures this one replaces; a newer page of the same name replaces the older one by itself)."""
+
+    path: Path
+    date: str
+    name: str
+    title: str
+    headline: tuple[tuple[str, str], ...]
+    supersedes: tuple[str, ...]
+    body: str
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+
+def benchmark_pages(docs_dir: Path) -> list[BenchmarkPage]:
+    """Every dated benchmark page, newest first."""
+    from mkdocs.utils.meta import get_data
+
+    pages = []
+    for path in sorted((docs_dir / "benchmarks").glob("*.md"), reverse=True):
+        found = DATED.match(path.name)
+        if not found:
+            continue
+        body, meta = get_data(path.read_text())
+        title = next((ln[2:].strip() for ln in body.splitlines() if ln.startswith("# ")), path.stem)
+        headline = tuple((str(h["what"]), str(h["value"])) for h in meta.get("headline") or [])
+        pages.append(BenchmarkPage(path, found["date"], found["name"], title, headline,
+                                   tuple(meta.get("supersedes") or []), body))  # fmt: skip
+    return pages
+
+
+def superseded_by(pages: list[BenchmarkPage]) -> dict[str, BenchmarkPage]:
+    """Each older page's newest replacement: a later page of the same name, or one that names it in ``supersedes``."""
+    out: dict[str, BenchmarkPage] = {}
+    for newer in reversed(pages):  # oldest first, so the newest replacement is written last
+        for older in pages:
+            if older.date < newer.date and (older.name == newer.name or older.stem in newer.supersedes):
+                out[older.stem] = newer
+    return out
+
+
+def headline_table(pages: list[BenchmarkPage]) -> str:
+    """The current figures: one row per headline figure of each page no newer page supersedes, newest first."""
+    gone = superseded_by(pages)
+    lines = ["| figure | value | page |", "|---|---|---|"]
+    for page in (p for p in pages if p.stem not in gone):
+        link = f"[{_cell(page.title)}]({page.path.name})"
+        for what, value in page.headline or (("(see the page)", ""),):
+            lines.append(f"| {_cell(what)} | {_cell(value)} | {link} |")
+    older = [p for p in pages if p.stem in gone]
+    note = f"{len(older)} older pages, superseded, are listed in the navigation below these." if older else ""
+    return "\n".join([*lines, "", note]).strip() + "\n"
+
+
+def superseded_note(newer: BenchmarkPage) -> str:
+    return (
+        f'!!! warning "Superseded"\n    Newer figures: [{newer.title}]({newer.path.name}). This page is kept as the '
+        "record of what was measured then.\n\n"
+    )
+
+
+def on_page_markdown(markdown: str, page: Any, config: MkDocsConfig, files: Files) -> str:
+    """The benchmarks index gets its headline table; a superseded dated page says so, with a link, at its top."""
+    src = page.file.src_uri
+    if src == "benchmarks/index.md" and HEADLINE_MARK in markdown:
+        return markdown.replace(HEADLINE_MARK, headline_table(benchmark_pages(DOCS_DIR)))
+    found = DATED.match(Path(src).name)
+    if src.startswith("benchmarks/") and found:
+        newer = superseded_by(benchmark_pages(DOCS_DIR)).get(Path(src).stem)
+        if newer is not None:
+            title_end = markdown.find("\n", markdown.find("# ")) + 1
+            return markdown[:title_end] + "\n" + superseded_note(newer) + markdown[title_end:]
+    return markdown
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:

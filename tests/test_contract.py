@@ -1,7 +1,7 @@
 """The published OpenAPI is the truth: what its request schemas allow, the server runs.
 
-Bodies are generated from the app's own schema by schemathesis (the tool ../shared/acceptance/api-contract
-runs against a live agent) and fed to the server's parsers; none may be refused.
+Bodies are generated from the app's own schema by schemathesis (the tool that also checks a live agent's contract)
+and fed to the server's parsers; none may be refused.
 """
 
 from __future__ import annotations

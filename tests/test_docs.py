@@ -5,9 +5,12 @@ screenshot per section that is not blank."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
 import http.server
+import importlib
+import inspect
 import re
 import shutil
 import subprocess
@@ -82,6 +85,42 @@ def test_the_reference_covers_every_command_route_and_public_name(site: Path) ->
     routes = [f"{m.upper()} {p}" for p, ops in host_agent_openapi()["paths"].items() for m in ops]
     assert routes and not [r for r in routes if html.escape(r) not in api]
     assert (site / "reference" / "openapi.json").is_file()
+
+
+def documented_members(module_name: str) -> list[str]:
+    """What the SDK page must show of a module it renders (``::: module``): every name of its ``__all__`` (else its
+    public names defined there) and, of each class, the public methods and properties it declares itself and its
+    dataclass fields. mkdocstrings leaves out what has no docstring, so a missing one shows here by name."""
+    module = importlib.import_module(module_name)
+    names = getattr(module, "__all__", None) or [
+        n for n, v in vars(module).items() if getattr(v, "__module__", None) == module_name
+    ]
+    found = []
+    for name in (n for n in names if not n.startswith("_")):
+        obj = getattr(module, name)
+        found.append(f"{module_name}.{name}")
+        if inspect.isclass(obj):
+            fields = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
+            methods = [
+                m for m, v in vars(obj).items()
+                if not m.startswith("_")
+                and (inspect.isfunction(v) or isinstance(v, property | classmethod | staticmethod))
+            ]  # fmt: skip
+            found += [f"{module_name}.{name}.{m}" for m in dict.fromkeys(fields + methods)]
+    return found
+
+
+def test_the_sdk_reference_shows_every_public_member(site: Path) -> None:
+    """Not only each name: every method, property and field of the SDK's public types has its entry on the page
+    (the blocking ``Session.reset/step/evaluate``, ``Group``, ``ResetResult``... once had none)."""
+    page = (site / "reference" / "sdk" / "index.html").read_text()
+    shown = set(re.findall(r'id="([\w.]+)"', page))
+    modules = re.findall(r"^::: ([\w.]+)$", (REPO / "docs" / "reference" / "sdk.md").read_text(), re.M)
+    assert "osfleet.client" in modules, modules
+    expected = [m for name in modules for m in documented_members(name)]
+    assert {"osfleet.client.Session.reset", "osfleet.client.StepResult.replayed"} <= set(expected)
+    missing = [m for m in expected if m not in shown]
+    assert not missing, f"on the SDK page without an entry (give each a docstring): {missing}"
 
 
 def test_limits_and_metrics_pages_read_the_code(site: Path) -> None:

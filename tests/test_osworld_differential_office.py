@@ -19,6 +19,7 @@ import pytest
 
 from osfleet.tasks.model import UnsupportedTaskError
 from osfleet.tasks.osworld_format.metrics import METRICS, require
+from tests.conftest import OSWORLD_TASKS
 from tests.osworld_reference.cases import Case, References, compare, same
 from tests.osworld_reference.office_cases import REGISTRY, SHIMMED, UNCHECKED
 from tests.osworld_reference.reference import STAND_INS
@@ -26,8 +27,7 @@ from tests.osworld_reference.verified import VERIFIED
 
 pytestmark = pytest.mark.system
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "osworld" / "examples"
-EXAMPLES = EXAMPLES if EXAMPLES.is_dir() else Path("/work/shared/data/osworld/examples")
+EXAMPLES = OSWORLD_TASKS / "examples"  # scripts/fetch-osworld-tasks
 
 # The OSWorld modules this check covers, and the office metrics the benchmark takes from other modules.
 OFFICE_MODULES = ("table", "docs", "slides", "pdf", "libreoffice")
@@ -69,8 +69,7 @@ def _office_metrics_of_the_benchmark() -> set[str]:
     return used & (defined | set(OFFICE_ELSEWHERE)) | (used & set(UNCHECKED))
 
 
-def test_every_office_metric_of_the_benchmark_is_in_osfleet_and_checked() -> None:
-    assert EXAMPLES.is_dir(), f"the benchmark's task files are not at {EXAMPLES}"
+def test_every_office_metric_of_the_benchmark_is_in_osfleet_and_checked(osworld_tasks: Path) -> None:
     used = _office_metrics_of_the_benchmark()
     checked = {c.metric for c in REGISTRY.cases}
     assert len(used) >= 35, sorted(used)  # 39 in the task files of desktop-env 1.0.2's time

@@ -1,13 +1,12 @@
-"""OSWorld's own task files (``../shared/data/osworld``, the benchmark's 369 tasks) import: none is refused as a
-bad task, and with every metric name they use counted as supported, all but the tasks that need the internet
-or a Google account have every step, getter and option supported (the metric functions themselves are
+"""OSWorld's own task files (the benchmark's 369 tasks, fetched by ``scripts/fetch-osworld-tasks``) import: none is
+refused as a bad task, and with every metric name they use counted as supported, all but the tasks that need the
+internet or a Google account have every step, getter and option supported (the metric functions themselves are
 ``osfleet/tasks/osworld_format/metrics``'s, and the import verdict reads that registry).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +17,18 @@ from osfleet.tasks.model import UnsupportedTaskError
 from osfleet.tasks.osworld_format.convert import METRICS, OsworldTask, from_osworld, unsupported_features
 from osfleet.tasks.osworld_format.importer import import_folder
 from osfleet.tasks.osworld_format.spec import OFFLINE
+from tests.conftest import OSWORLD_TASKS
 
 pytestmark = pytest.mark.unit
 
-# shared/ sits beside the checkout (a helper's worktree is one folder deeper)
-DATA = next(
-    (p / "shared" / "data" / "osworld" for p in Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()),
-    Path("shared/data/osworld"),
-)
+DATA = OSWORLD_TASKS
 
 
 @pytest.fixture
-def examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def examples(osworld_tasks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The benchmark's task files (scripts/fetch-osworld-tasks; skipped, saying so, where they were never fetched)."""
     monkeypatch.setenv("OSFLEET_HOME", str(tmp_path / "home"))
-    if not (DATA / "test_all.json").exists():
-        # CI always has shared/ beside its clone, so there a missing folder is a broken set-up, not a reason to
-        # pass quietly; elsewhere (a clone without shared/) the skip names the folder it looked for.
-        why = f"OSWorld's task files are not beside the checkout ({DATA}/test_all.json)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI has shared/ beside its clone, so this is a broken set-up")
-        pytest.skip(why)
-    return DATA / "examples"
+    return osworld_tasks / "examples"
 
 
 def metric_names(folder: Path) -> set[str]:

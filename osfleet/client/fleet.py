@@ -442,6 +442,7 @@ class AsyncGroup(Sequence[AsyncSession]):
         return iter(self.sessions)
 
     async def release(self) -> None:
+        """Release every session of the group (each one's failure is ignored, so all are tried)."""
         await asyncio.gather(*(s.release() for s in self.sessions), return_exceptions=True)
 
     async def __aenter__(self) -> AsyncGroup:
@@ -608,14 +609,19 @@ class AsyncFleet:
             yield session, await session.reset(task)
 
     async def replicas(self) -> list[ReplicaView]:
+        """The replicas this client's token may see, with their state (a tenant's own; an operator's, all)."""
         data = await self._t.call("GET", "/v1/replicas", retry="idempotent", what="list replicas")
         return [ReplicaView.model_validate(x) for x in data]
 
     async def health(self) -> dict[str, Any]:
+        """The server's ``/health`` answer: its ``status``; with this client's token also the largest request body it
+        takes (an upload's bound), and with an operator's token more (a gateway's hosts and their state)."""
         data = await self._t.call("GET", "/health", retry="idempotent", what="health")
         return dict(data)
 
     async def aclose(self) -> None:
+        """Close the connections (``async with`` does it on exit). Leases still held are not released: they
+        expire on the server."""
         await self._t.aclose()
 
     async def __aenter__(self) -> AsyncFleet:

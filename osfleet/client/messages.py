@@ -31,10 +31,15 @@ class ModelView:
     """The screen as a model sees it, and how to map its coordinates back to the desktop's."""
 
     screen: Screen
+    """The screen to send to the model, shrunk to its limits."""
     scale_x: float
+    """Desktop pixels per model pixel, across."""
     scale_y: float
+    """Desktop pixels per model pixel, down."""
     desktop_width: int
+    """The desktop's own width in pixels."""
     desktop_height: int
+    """The desktop's own height in pixels."""
 
     @property
     def view(self) -> View:

@@ -44,8 +44,15 @@ CA an osfleet infra stack made (``pulumi stack output caCert``); a context: as g
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 6  # per call, the first included
-    backoff: float = 0.5  # seconds before the second attempt when the server gave no Retry-After; doubles
+    """How often a call is sent again, and how long the client waits in between (``Fleet(url, retry=...)``).
+    Which calls may be sent again at all is the contract's rule, not the policy's: a step (its ``action_id``) or a
+    reset on any connection failure or 503, a lease only when nothing reached the server; a 429 waits for the
+    server's ``Retry-After``."""
+
+    attempts: int = 6
+    """Attempts per call, the first included; what still fails after them raises ``InfrastructureError``."""
+    backoff: float = 0.5
+    """Seconds before the second attempt when the server said no ``Retry-After``; doubled at each attempt."""
 
 
 class Transport:

@@ -38,10 +38,15 @@ class Screen:
     """One observation: the encoded image as the server sent it, decoded on demand."""
 
     data: bytes
+    """The encoded image, as the server sent it."""
     format: str
+    """Its format: ``png``, ``jpeg`` or ``webp``."""
     width: int
+    """Width of the desktop's screen in pixels (the image's, unless it was scaled by ``screenshot``)."""
     height: int
+    """Height in pixels, as ``width``."""
     quality: int | None = None
+    """The lossy formats' quality the server encoded with (None for PNG)."""
     accessibility_tree: str | None = None
     """OSWorld's accessibility tree (XML) when the observation asked for it (``include``)."""
     terminal: str | None = None
@@ -51,6 +56,7 @@ class Screen:
 
     @classmethod
     def of(cls, obs: Observation | None) -> Screen | None:
+        """The screen of a server's observation (its base64 decoded), or None when it carries no screenshot."""
         if obs is None or obs.screenshot is None:
             return None
         return cls(
@@ -65,6 +71,7 @@ class Screen:
         )
 
     def image(self) -> Image.Image:
+        """The image decoded by Pillow, in RGB."""
         from PIL import Image
 
         return Image.open(io.BytesIO(self.data)).convert("RGB")
@@ -76,31 +83,49 @@ class Screen:
         return np.asarray(self.image(), dtype=np.uint8)
 
     def base64(self) -> str:
+        """The encoded image in base64, as the model APIs take it (with ``media_type``)."""
         return base64.b64encode(self.data).decode()
 
     @property
     def media_type(self) -> str:
+        """``image/<format>``, the MIME type of ``data``."""
         return f"image/{self.format}"
 
 
 @dataclass(frozen=True)
 class ResetResult:
+    """What ``Session.reset`` hands back: the replica's new generation, the task's instruction, its first screen."""
+
     replica_id: str
+    """The replica that was reset."""
     generation: int
+    """Counts the replica's resets: a new generation is a new disk layer and a fresh desktop."""
     task_id: str | None
+    """The task it was reset to (None: no task)."""
     instruction: str | None
+    """The task's instruction to the agent."""
     seconds: float
+    """How long the reset took on the host, the task's set-up included."""
     screen: Screen | None
+    """The first screen after the set-up (None when the reset was asked with ``observe=False``)."""
 
 
 @dataclass(frozen=True)
 class StepResult:
+    """What ``Session.step`` hands back: each action's outcome and the screen after them."""
+
     action_id: str
+    """The step's id: sent again, the step is not applied twice but answered from the first time."""
     replayed: bool
+    """True when this answer is the first one's, replayed for a retry with the same ``action_id``."""
     done: bool
-    results: list[ActionOutcome]  # one per action; a replay's long outputs may be digests (``digests``)
+    """True when an action of the step ended the episode (``terminate``, or OSWorld's ``DONE`` or ``FAIL``)."""
+    results: list[ActionOutcome]
+    """One per action, in order; a replay's long outputs may be digests (``digests``)."""
     screen: Screen | None
-    failed: list[ActionOutcome] = field(default_factory=list)  # results with ok false, for convenience
+    """The screen after the actions (None when the step was asked with ``observe=False``)."""
+    failed: list[ActionOutcome] = field(default_factory=list)
+    """The results whose ``ok`` is false, for convenience."""
 
 
 def actions_of(actions: ActionLike | Sequence[ActionLike]) -> list[Action]:

@@ -17,6 +17,7 @@ from osfleet.gym.env import DesktopEnv, DesktopEnvError, DesktopInfrastructureEr
 from osfleet.gym.vector import DesktopVectorEnv
 
 ENV_ID = "osfleet/Desktop-v0"
+"""The id ``gymnasium.make`` takes for ``DesktopEnv`` (and ``gymnasium.make_vec`` for ``DesktopVectorEnv``)."""
 
 if ENV_ID not in gymnasium.registry:
     gymnasium.register(

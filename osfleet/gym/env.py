@@ -200,6 +200,7 @@ class DesktopEnv(gymnasium.Env[Any, Any]):
         return self._observation(r.screen), reward, terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
+        """The last screen as a (height, width, 3) uint8 array with ``render_mode="rgb_array"``; else None."""
         if self.render_mode != "rgb_array" or self._last is None:
             return None
         return self._last.copy()

@@ -104,6 +104,8 @@ class DesktopVectorEnv(VectorEnv[Any, Any, Any]):
         return results
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset every desktop to the task (``options={"task": ...}`` changes it), all at once; the infos hold each
+        one's instruction and reset time."""
         super().reset(seed=seed)
         self._check_open()
         if options and "task" in options:
@@ -120,6 +122,8 @@ class DesktopVectorEnv(VectorEnv[Any, Any, Any]):
         return self._batch(screens), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """One action per desktop, applied concurrently; a desktop whose episode ended is reset by this step instead
+        (Gymnasium's next-step autoreset). The reward is the task's, evaluated when an episode ends."""
         self._check_open()
         if isinstance(actions, list | tuple):  # one action per desktop: samples of the single space, or native
             per_env = list(actions)
@@ -181,6 +185,7 @@ class DesktopVectorEnv(VectorEnv[Any, Any, Any]):
             raise gymnasium.error.ClosedEnvironmentError("the vector environment is closed")
 
     def close_extras(self, **kwargs: Any) -> None:
+        """Release every lease and close the client (Gymnasium's hook, called by ``close``)."""
         loop = getattr(self, "_loop", None)
         if loop is None:
             return
@@ -192,6 +197,7 @@ class DesktopVectorEnv(VectorEnv[Any, Any, Any]):
         self._loop = None  # type: ignore[assignment]
 
     def close(self, **kwargs: Any) -> None:
+        """Release the desktops and close the client; safe to call twice."""
         if self.closed:
             return
         self.close_extras(**kwargs)

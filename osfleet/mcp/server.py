@@ -46,7 +46,8 @@ GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096, descri
 Observe = Annotated[bool, Field(description="also return a screenshot taken after the action")]
 
 INSTRUCTIONS = (
-    "A Linux desktop (Xfce) leased from an osfleet fleet for this session, released when the session ends. "
+    "A Linux desktop (X11 with a plain window manager, twm or openbox: no panel, dock or start menu; start "
+    "programs from a terminal) leased from an osfleet fleet for this session, released when the session ends. "
     "Call screenshot first to see it and learn its size; coordinates are screen pixels from the top-left corner. "
     "reset puts it back to its initial state (optionally a task's start, whose instruction it returns) and "
     "evaluate scores that task. run_command runs sh as the desktop user, never root."
