@@ -282,8 +282,10 @@ def test_k8s_stack_runs_the_agent_as_a_privileged_daemonset_on_kvm_nodes(mocks: 
     assert c["securityContext"] == {"privileged": True}
     assert c["command"][:3] == ["osfleet", "host", "serve"] and "--warm" in c["command"]
     assert c["command"][-4:] == ["--tls-cert", "/run/osfleet-tls/tls.crt", "--tls-key", "/run/osfleet-tls/tls.key"]
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health" == c["readinessProbe"]["httpGet"]["path"]
-    assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Restarted only when its process stops answering; out of service while it cannot serve (osfleet.api.probes).
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 8080, "scheme": "HTTPS"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8080, "scheme": "HTTPS"}
+    assert c["startupProbe"]["httpGet"]["path"] == "/livez" and c["startupProbe"]["failureThreshold"] == 120
     # TLS: the agents' certificate, signed by the stack's CA, for the Service's names; its key only as a secret.
     tls = secrets["osfleet-agent-tls"].inputs
     assert tls["type"] == "kubernetes.io/tls" and is_secret(tls["stringData"])
@@ -334,7 +336,8 @@ def test_k8s_with_kvm_nodes_adds_the_fleet_gateway_in_front_of_the_agents(mocks:
         {"name": "tls", "secret": {"secretName": "osfleet-gateway-tls"}},
         {"name": "ca", "secret": {"secretName": "osfleet-ca"}},  # the CA's certificate, never the agents' key
     ]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8090, "scheme": "HTTPS"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8090, "scheme": "HTTPS"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 8090, "scheme": "HTTPS"}
     # The agents' certificate names the KVM nodes' addresses the gateway calls them at; the gateway's its Service.
     secrets = {x.inputs["metadata"]["name"]: x.inputs["stringData"] for x in mocks.of("kubernetes:core/v1:Secret")}
     for addr in ("10.0.0.11", "10.0.0.12"):

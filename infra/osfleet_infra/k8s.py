@@ -34,6 +34,7 @@ from typing import Any
 
 import pulumi
 
+from osfleet.api.probes import LIVENESS_PATH, READINESS_PATH
 from osfleet.tls import dns_names_of
 from osfleet_infra.components import CertificateAuthority
 from osfleet_infra.settings import REPO, Common, ConfigError, bool_value, list_value
@@ -78,6 +79,27 @@ GATEWAY_LABELS = {"app.kubernetes.io/name": "osfleet-gateway", "app.kubernetes.i
 
 
 GATEWAY_PORT = 8090
+# How long a starting agent or gateway may take to answer at all (adopting a node's replicas, a first poll of its
+# hosts) before its liveness counts: STARTUP_PERIOD_SECONDS x STARTUP_FAILURES.
+STARTUP_PERIOD_SECONDS = 5
+STARTUP_FAILURES = 120
+
+
+def probes(core: Any, port: int) -> dict[str, Any]:
+    """A container's probes (``osfleet.api.probes``): restarted only when its process stops answering
+    (``/livez``), out of its Service while it cannot serve (``/readyz``), e.g. an agent whose failure monitor died,
+    a gateway with no healthy host; liveness waits for a slow start first."""
+
+    def get(path: str, **timing: int) -> Any:
+        return core.ProbeArgs(http_get=core.HTTPGetActionArgs(path=path, port=port, scheme="HTTPS"), **timing)
+
+    return {
+        "startup_probe": get(LIVENESS_PATH, period_seconds=STARTUP_PERIOD_SECONDS, failure_threshold=STARTUP_FAILURES),
+        "liveness_probe": get(LIVENESS_PATH, period_seconds=10, failure_threshold=3),
+        "readiness_probe": get(READINESS_PATH, period_seconds=5, failure_threshold=2),
+    }
+
+
 TLS_DIR = "/run/osfleet-tls"  # a pod's own certificate and key (tls.crt, tls.key)
 CA_DIR = "/run/osfleet-ca"  # the stack CA's certificate (ca.crt), to verify others
 
@@ -321,9 +343,6 @@ class K8sFleet(pulumi.ComponentResource):
     def _agent_daemonset(self, env: list[Any], mounts: list[Any], volumes: list[Any], account: list[Any]) -> Any:
         kube, k, common, port, ns = self._kube(), self.k, self.common, self.agent_port, self.ns
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
-        probe = core.ProbeArgs(
-            http_get=core.HTTPGetActionArgs(path="/health", port=port, scheme="HTTPS"), period_seconds=10
-        )
         return apps.DaemonSet(
             f"{self.name}-agent",
             metadata=meta(name="osfleet-agent", namespace=ns, labels=AGENT_LABELS),
@@ -354,8 +373,7 @@ class K8sFleet(pulumi.ComponentResource):
                                 ports=[core.ContainerPortArgs(container_port=port, name="api")],
                                 security_context=core.SecurityContextArgs(privileged=True),
                                 volume_mounts=mounts,
-                                liveness_probe=probe,
-                                readiness_probe=probe,
+                                **probes(core, port),
                                 resources=core.ResourceRequirementsArgs(**agent_resources(common.warm, k)),
                             )
                         ],
@@ -409,9 +427,6 @@ class K8sFleet(pulumi.ComponentResource):
         watches are refused yet, and ``destroy`` takes the pods down before what they read with."""
         kube, k, name, ns, child = self._kube(), self.k, self.name, self.ns, self.child
         meta, core, apps = kube.meta.v1.ObjectMetaArgs, kube.core.v1, kube.apps.v1
-        probe = core.ProbeArgs(
-            http_get=core.HTTPGetActionArgs(path="/health", port=GATEWAY_PORT, scheme="HTTPS"), period_seconds=10
-        )
         tls_args = ["--hosts-ca-file", f"{CA_DIR}/ca.crt", "--tls-cert", f"{TLS_DIR}/tls.crt",
                     "--tls-key", f"{TLS_DIR}/tls.key"]  # fmt: skip
         tls_mounts = [
@@ -441,7 +456,7 @@ class K8sFleet(pulumi.ComponentResource):
                             env=[_secret_env(core, "osfleet-gateway-token")],
                             ports=[core.ContainerPortArgs(container_port=GATEWAY_PORT, name="api")],
                             volume_mounts=[token_mount, *tls_mounts],
-                            liveness_probe=probe, readiness_probe=probe,
+                            **probes(core, GATEWAY_PORT),
                         )],
                         volumes=[token_volume, *tls_volumes],
                     ),

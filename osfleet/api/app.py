@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from osfleet import __version__
-from osfleet.api import auth, errors
+from osfleet.api import auth, errors, probes
 from osfleet.api.contract import Routes, add_metrics_route
 from osfleet.api.limits import BodyLimit, size_thread_pool
 from osfleet.api.models import Health
@@ -88,6 +88,8 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
             body.replicas = counts
             body.problem = None if ok else "the failure monitor or the warm pool has stopped"
         return JSONResponse(body.model_dump(exclude_none=True), status_code=200 if ok else 503)
+
+    probes.install(app, ready=lambda: "state" in running and running["state"].host.background_alive())
 
     async def render_metrics() -> bytes:
         s = state()

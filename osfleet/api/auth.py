@@ -30,6 +30,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from osfleet.api.errors import Forbidden
+from osfleet.api.probes import PATHS as PROBES
 from osfleet.cli_support import load_or_create_token as load_or_create_token  # the token file, kept by the CLI
 from osfleet.config import AgentConfig, ClientToken
 from osfleet.errors import ConfigError
@@ -45,7 +46,7 @@ MIN_TOKEN_CHARS = 16
 OSGYM_PATHS = frozenset({"/reset", "/step", "/shutdown", "/screenshot"})
 # What anyone may ask without a token; the dashboard (``/ui``) checks its sessions itself, and reads its small
 # bodies (login 4 KiB) only after that or under their own limit.
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}) | PROBES
 
 
 @dataclass(frozen=True)

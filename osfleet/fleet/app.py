@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 
 from osfleet import __version__
-from osfleet.api import auth, errors
+from osfleet.api import auth, errors, probes
 from osfleet.api.contract import add_metrics_route
 from osfleet.api.limits import BodyLimit
 from osfleet.config import DEFAULT_MAX_BODY_BYTES, AgentConfig, ClientToken
@@ -106,6 +106,8 @@ def create_gateway(
         if who is not None and who.operator:
             body["hosts"] = {h.name: {"healthy": h.healthy, "reason": h.reason} for h in pool.hosts}
         return JSONResponse(body, status_code=200 if pool.healthy() else 503)
+
+    probes.install(app, ready=lambda: bool(get_gateway().pool.healthy()))  # /livez and /readyz, for Kubernetes
 
     async def render_metrics() -> bytes:
         return _render_metrics(get_gateway())
