@@ -135,10 +135,10 @@ class LabFleet:
     def __enter__(self) -> LabFleet:
         from osfleet.bench.chaos import Gateway, gateway_overhead
         from osfleet.lab import lab as lab_ops
-        from osfleet.lab.engine import engine_root, engine_version
+        from osfleet.lab.engine import engine_version, ensure_engine
 
-        try:
-            self.result["engine"] = engine_version(engine_root(self.settings))
+        try:  # the engine is built on its first use here (bench all on a fresh machine)
+            self.result["engine"] = engine_version(ensure_engine(self.settings, self.say))
             self.say(f"lab up --hosts {self.hosts}")
             t = time.monotonic()
             self._lab_state = lab_ops.up(self.hosts, lab_ops.lab_root(self.settings), self.say)
