@@ -29,7 +29,7 @@ from osfleet.protocol.models import ImageFormat
 from osfleet.recording import Recorder, TrajectoryStore, store_dir
 from osfleet.recording.store import EndReason
 from osfleet.replicas.actions import READ_FILE_SECONDS
-from osfleet.replicas.episodes import Episode, EpisodeStore
+from osfleet.replicas.episodes import OSGYM_VM_IDS, Episode, EpisodeStore
 from osfleet.replicas.errors import LeaseError, LeaseLostError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.leases import Claim
 from osfleet.replicas.lifecycle import Timed
@@ -142,7 +142,7 @@ class AgentState:
             self._episodes[rec.id] = LiveEpisode(ep, task, started=True)
             if ep.osgym is not None:
                 self._osgym[ep.osgym.vm_id] = rec.id
-                self._next_vm = max(self._next_vm, ep.osgym.vm_id + 1)
+                self._next_vm = max(self._next_vm, (ep.osgym.vm_id + 1) % OSGYM_VM_IDS)
 
     # --- episodes ------------------------------------------------------------------------------------------------
     def episode(self, rid: str, lease_id: str, who: Principal) -> LiveEpisode:
@@ -253,9 +253,12 @@ class AgentState:
 
     # --- OSGym vm ids ----------------------------------------------------------------------------------------
     def new_vm(self, rid: str) -> int:
+        """The next OSGym vm id not in use, below ``OSGYM_VM_IDS`` (wrapping around): a gateway folds it with this
+        host's key into one number, which must never spill into another host's."""
         with self._lock:
-            vm_id = self._next_vm
-            self._next_vm += 1
+            while (vm_id := self._next_vm) in self._osgym:  # fewer vms than ids are ever held: it ends
+                self._next_vm = (vm_id + 1) % OSGYM_VM_IDS
+            self._next_vm = (vm_id + 1) % OSGYM_VM_IDS
             self._osgym[vm_id] = rid
             return vm_id
 

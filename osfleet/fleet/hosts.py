@@ -21,7 +21,7 @@ from osfleet.api.auth import ON_BEHALF_OF, VOUCHED_BY
 from osfleet.api.errors import NotFound
 from osfleet.errors import ConfigError, OsfleetError, first_problem
 from osfleet.fleet.hostclient import HostCallError, HostCallTimeout, HostClient, HostConnectError, HostResponse
-from osfleet.fleet.ids import HOST_NAME
+from osfleet.fleet.ids import HOST_NAME, host_key
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ class HostPool:
         self.gateway = gateway
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
         self._by_name = {h.name: h for h in self.hosts}
+        self._by_vm_key: dict[int, list[HostState]] = {}
+        for h in self.hosts:
+            self._keyed(h)
         self.client = client
         for e in entries:
             client.verify_with(e.url, e.ca_file)
@@ -127,10 +130,16 @@ class HostPool:
             raise NotFound(f"no host {name} in this fleet")
         return host
 
-    def by_index(self, index: int) -> HostState:
-        if not 0 <= index < len(self.hosts):
-            raise NotFound(f"no host number {index} in this fleet")
-        return self.hosts[index]
+    def by_vm_key(self, key: int) -> list[HostState]:
+        """The hosts whose name gives OSGym vm ids this key (``ids.host_key``): one, or none, or more than one only
+        for names whose hashes collide (about 1 in 10**10 per pair), which serve no OSGym vm (``ids``)."""
+        return self._by_vm_key.get(key, [])
+
+    def _keyed(self, host: HostState) -> None:
+        same = self._by_vm_key.setdefault(host_key(host.name), [])
+        same.append(host)
+        if len(same) > 1:
+            log.error("hosts %s give OSGym vm ids the same number: rename one", ", ".join(h.name for h in same))
 
     def healthy(self) -> list[HostState]:
         return [h for h in self.hosts if h.healthy]
@@ -147,6 +156,7 @@ class HostPool:
             host = HostState(entry, len(self.hosts))
             self.hosts.append(host)
             self._by_name[entry.name] = host
+            self._keyed(host)
             log.warning("host %s joined at %s", entry.name, entry.url)
         elif host.entry.url != entry.url or host.entry.token != entry.token:
             log.warning("host %s moved to %s", entry.name, entry.url)

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from osfleet.api.auth import Caller, Operator, OsgymCaller, Principal
 from osfleet.api.contract import CALLERS, OCTET_STREAM, Endpoint, RawBody, Routes
-from osfleet.api.errors import Conflict
+from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.models import (
     CheckpointRequest,
     CheckpointView,
@@ -53,6 +53,7 @@ from osfleet.api.operations import (
     Operation,
     OsgymScreenshotQuery,
 )
+from osfleet.errors import ConfigError
 from osfleet.fleet import ids, placement
 from osfleet.fleet.gateway import Gateway, lease_on, passthrough, rewritten
 from osfleet.fleet.hostclient import HostResponse
@@ -301,27 +302,41 @@ def osgym(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
         gateway = get_gateway()
         body = {"task_config": req.task_config.model_dump(mode="json", exclude_unset=True), "timeout": req.timeout}
         for host in gateway.lease_hosts():
+            if len(gateway.pool.by_vm_key(ids.host_key(host.name))) > 1:
+                continue  # its vm ids would name two hosts (``on_vm_host``)
             try:
                 resp = await gateway.call("reset", host, "POST", "/reset", who, json=body)
             except HostNotReachedError:  # only then: a host that timed out may have leased a vm all the same
                 continue
             if resp.status_code == 200:
                 out = resp.json()
-                out["vm_id"] = ids.vm_to_fleet(host.index, int(out["vm_id"]))
+                out["vm_id"] = ids.vm_to_fleet(host.name, int(out["vm_id"]))
                 return JSONResponse(out)
             if resp.status_code != 503 or resp.json().get("kind") != "capacity":
                 return passthrough(resp)
         raise NoReplicaAvailableError("no host has a ready replica; try again shortly")
 
-    def vm_host(fleet_vm: int) -> tuple[HostState, int]:
-        index, local = ids.vm_from_fleet(fleet_vm)
-        return get_gateway().pool.by_index(index), local
+    async def on_vm_host(
+        fleet_vm: int, route: str, method: str, path: str, who: Principal, vm_field: str, **kw: Any
+    ) -> HostResponse:
+        """Send a call about ``fleet_vm`` to the host its id names, with the host's own vm id in ``vm_field``
+        (of the JSON body, or of the query for a GET)."""
+        gateway = get_gateway()
+        key, local = ids.vm_from_fleet(fleet_vm)
+        hosts = gateway.pool.by_vm_key(key)
+        if not hosts:
+            raise NotFound(f"vm {fleet_vm} is not allocated to this client")
+        if len(hosts) > 1:  # each counts its vm ids from 0: which one's is this cannot be known
+            names = ", ".join(sorted(h.name for h in hosts))
+            raise ConfigError(f"hosts {names} give OSGym vm ids the same number: the operator must rename one")
+        where = "params" if method == "GET" else "json"
+        kw[where] = {**kw.get(where, {}), vm_field: local}
+        return await gateway.call(route, hosts[0], method, path, who, **kw)
 
     @r(OSGYM_STEP)
     async def step(req: OsgymStep, who: OsgymCaller) -> Response:
-        host, local = vm_host(req.vm_id)
-        body = {"action": req.action, "vm_id": local}
-        return passthrough(await get_gateway().call("step", host, "POST", "/step", who, json=body))
+        resp = await on_vm_host(req.vm_id, "step", "POST", "/step", who, "vm_id", json={"action": req.action})
+        return passthrough(resp)
 
     @r(OSGYM_SHUTDOWN)
     async def shutdown(req: OsgymShutdown, who: OsgymCaller) -> Response:
@@ -333,15 +348,12 @@ def osgym(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
                 return_exceptions=True,
             )
             return JSONResponse({"vm_id": "all"})
-        host, local = vm_host(req.vm_id)
-        resp = await gateway.call("release", host, "POST", "/shutdown", who, json={"vm_id": local})
+        resp = await on_vm_host(int(req.vm_id), "release", "POST", "/shutdown", who, "vm_id")
         return JSONResponse({"vm_id": req.vm_id}) if resp.status_code == 200 else passthrough(resp)
 
     @r(OSGYM_SCREENSHOT)
     async def screenshot(query: Annotated[OsgymScreenshotQuery, Query()], who: OsgymCaller) -> Response:
-        vm_id = query.vm_id
-        host, local = vm_host(vm_id)
-        resp = await get_gateway().call("quick", host, "GET", "/screenshot", who, params={"vmId": local})
+        resp = await on_vm_host(query.vm_id, "quick", "GET", "/screenshot", who, "vmId")
         if resp.status_code != 200:
             return passthrough(resp)
-        return JSONResponse({**resp.json(), "vm_id": vm_id})
+        return JSONResponse({**resp.json(), "vm_id": query.vm_id})

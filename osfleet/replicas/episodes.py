@@ -62,6 +62,11 @@ class AppliedStep(BaseModel):
     declared_infeasible: bool = False
 
 
+# A host agent's OSGym vm ids are below this (they wrap around), so a gateway folds them with the host's key into
+# one number (``osfleet.fleet.ids``) that never names another host.
+OSGYM_VM_IDS = 1_000_000
+
+
 class OsgymClient(BaseModel):
     """An OSGym vm id handed to a client that authenticated as ``owner``."""
 
