@@ -189,11 +189,6 @@ class Recipe(BaseModel):
             raise ValueError("must be a colour like #2f5f8f")
         return value.lower()
 
-    @property
-    def background_rgb(self) -> tuple[int, int, int]:
-        v = self.background
-        return int(v[1:3], 16), int(v[3:5], 16), int(v[5:7], 16)
-
 
 def load_recipe(path: Path) -> Recipe:
     """Read and validate a recipe file, turning every problem into one readable line."""

@@ -123,14 +123,6 @@ def check(path: Path) -> None:
     _run([_qemu_img(), "check", "-q", str(path)])
 
 
-def convert_to_qcow2(src: Path, dst: Path, src_format: str = "raw", compress: bool = True) -> None:
-    """Write ``src`` as a standalone (optionally compressed) qcow2 image."""
-    cmd = [_qemu_img(), "convert", "-f", src_format, "-O", "qcow2"]
-    if compress:
-        cmd.append("-c")
-    _run(cmd + [str(src), str(dst)])
-
-
 def _run(cmd: list[str]) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -3,7 +3,6 @@ small builders of OSWorld-format set-up steps, evaluators and oracle steps."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -128,7 +127,3 @@ def chrome_with_devtools() -> list[dict[str, Any]]:
     """Chrome started as OSWorld's own browser tasks start it, DevTools on 1337: osfleet's runner and OSWorld's
     harness (through the provider's forward of that port) both find it there."""
     return [launch("google-chrome --remote-debugging-port=1337")]
-
-
-def json_file(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")

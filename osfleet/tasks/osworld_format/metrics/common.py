@@ -131,12 +131,6 @@ def text_lines(text: str) -> list[str]:
     return [*lines, parts[-1]] if parts[-1] else lines
 
 
-def rules_of(expected: Any) -> dict[str, Any]:
-    if isinstance(expected, dict):
-        return expected
-    raise CannotScore(f"expected rules (an object), got {type(expected).__name__}")
-
-
 def match_record(pattern: dict[str, Any], item: dict[str, Any]) -> bool:
     """Every key of ``pattern`` is in ``item`` with an equal value."""
     return all(k in item and item[k] == v for k, v in pattern.items())
