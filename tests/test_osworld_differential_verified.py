@@ -9,7 +9,7 @@ and skipped with that reason otherwise. ``compare_image_text`` runs OSWorld's fu
 Tesseract (``tests/osworld_reference/shim_easyocr.py``): everything but the OCR engine is compared here; the
 engines' agreement is a separate figure (``docs/reference/osworld-verified.md``).
 
-The table: ``pytest -s`` on this file (its last test prints it).
+The table: ``pytest -s`` on this file (printed after its last test).
 """
 
 from __future__ import annotations
@@ -354,7 +354,10 @@ def test_compare_image_text_reads_a_terminal_screenshot_at_1920x1080(tmp_path: P
     assert run_metric("compare_image_text", shot, {"type": "text", "text": "Templates"}, {})[0] == 1.0
 
 
-def test_print_the_table() -> None:
-    """The closing note's table (shown with ``pytest -s``)."""
+@pytest.fixture(scope="module", autouse=True)
+def print_the_table() -> Iterator[None]:
+    """The closing note's table, once this file's tests have run (shown with ``pytest -s``); a fixture, not a
+    test that asserts nothing."""
+    yield
     if OUTCOMES:
         print("\n" + table(OUTCOMES))
