@@ -24,6 +24,9 @@ GUEST_PYTHON = "/usr/bin/python3"  # Debian's, root's: never the first python3 o
 
 
 class GuestShell(Protocol):
+    """What running a command in the guest needs of a host: the query script here, the writes of
+    ``guest_writes``."""
+
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
 
 

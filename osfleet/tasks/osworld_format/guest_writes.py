@@ -18,19 +18,15 @@ import shlex
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
 
 from osfleet.errors import OsfleetError
 from osfleet.replicas.actions import GUEST_USER
+from osfleet.tasks.osworld_format.guest_query import GuestShell
 
 RAW_CHUNK_BYTES = 48 * 1024  # 64 KiB of base64 per command
 # OSWorld's per-task cache (``execute``'s ``stdout``/``stderr`` files, read back by ``cache_file``), kept in the
 # guest so it starts empty with every reset; root's, so the agent (the desktop user) cannot rewrite it.
 CACHE_DIR = "/var/lib/osfleet-task-cache"
-
-
-class GuestShell(Protocol):
-    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
 
 
 class GuestWriteError(OsfleetError):
