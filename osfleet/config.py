@@ -63,6 +63,8 @@ class RecordingConfig:
 # Request bodies are refused above this size before they are read or authenticated (413). A step of 100
 # shell commands at their 100 000-character limit is ~10 MB; client metadata above 256 KiB is not kept anyway.
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+# The most of each host-wide budget one client may hold (``host serve --client-share``; osfleet.api.admission).
+DEFAULT_CLIENT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class AgentConfig:
     # Whether the operator's token may name the client it acts for (X-Osfleet-Client): true on a host agent
     # (its gateway does so); false on the gateway, which is the edge and sets that header itself.
     on_behalf_of: bool = True
+    # The most of each host-wide budget one client may hold: evaluation slots, saved forks and checkpoints,
+    # recordings (osfleet.api.admission; a share under 1 leaves room for others whatever one client does).
+    client_share: float = DEFAULT_CLIENT_SHARE
 
 
 @dataclass(frozen=True)

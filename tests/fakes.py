@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from osfleet.config import Settings
+from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import GuestFileTooLargeError, OsfleetError
 from osfleet.protocol.actions import Action, ActionResult
 from osfleet.protocol.models import ImageFormat, Mode
@@ -71,9 +71,12 @@ class FakeHost:
     desktop_files: dict[str, bytes] = field(default_factory=dict)  # the desktop's files (upload_file, download_file)
     folders: set[str] = field(default_factory=set)  # paths that are folders in the desktop
     acting: threading.Event = field(default_factory=threading.Event)  # set while an ``act`` is waiting at the gate
+    shell_gate: threading.Event | None = None  # when set, ``shell`` (a task's check) waits for it, outside the lock
+    shelling: threading.Event = field(default_factory=threading.Event)  # set while a ``shell`` waits at its gate
 
     def __post_init__(self) -> None:
         self.settings = Settings(home=self.home, libvirt_uri="test:///default")
+        self.shape = ReplicaShape()  # what a fork or checkpoint is counted at (its memory) against the fork budget
         self.image.disk = self.home / "golden-fake.qcow2"
         self.image.disk.parent.mkdir(parents=True, exist_ok=True)
         self.image.disk.write_bytes(b"")
@@ -296,6 +299,9 @@ class FakeHost:
     ) -> dict[str, Any]:
         with self._touching(rid, claim):
             pass
+        if self.shell_gate is not None:
+            self.shelling.set()
+            self.shell_gate.wait(30)
         if command.startswith("test -e"):
             return {"exit_code": 0, "stdout": "absent\n", "stderr": ""}
         out = "yes\n" if self.files else ""  # a shell action has run in this generation

@@ -5,7 +5,8 @@ Routes live one module per resource in ``osfleet.api.routes`` (leases, replicas,
 joined here with their shared auth and error docs. Handlers that block on libvirt are plain (threaded)
 functions, in a thread pool sized to the host's replicas; what must always answer (``/health``, ``/v1/host``,
 ``/metrics``) never waits for that pool. Request bodies over the limit are refused before anything else, and a
-body is read only once its caller is known (``auth.AuthBeforeBody``).
+body is read only once its caller is known (``auth.AuthBeforeBody``) and within its client's fair share
+(``admission.Admission``: 429 past it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from osfleet import __version__
 from osfleet.api import auth, errors, probes
+from osfleet.api.admission import Admission, Ledger
 from osfleet.api.contract import Routes, add_metrics_route
 from osfleet.api.limits import BodyLimit, size_thread_pool
 from osfleet.api.models import Health
@@ -54,6 +56,11 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
     app = FastAPI(title="osfleet host agent", version=__version__, lifespan=lifespan)
     app.state.config = config
     errors.install(app, on_error=lambda kind: state().metrics.failure(kind) if "state" in running else None)
+
+    def ledger() -> Ledger | None:
+        return running["state"].ledger if "state" in running else None
+
+    app.add_middleware(Admission, ledger=ledger, max_body_bytes=lambda: config.max_body_bytes)  # fair shares
     app.add_middleware(auth.AuthBeforeBody)
     app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 
@@ -93,7 +100,7 @@ def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> 
 
     async def render_metrics() -> bytes:
         s = state()
-        return await asyncio.get_running_loop().run_in_executor(s.sampler, s.metrics.render, s.host)
+        return await asyncio.get_running_loop().run_in_executor(s.sampler, s.metrics.render, s.host, s.ledger)
 
     add_metrics_route(app, render_metrics)
 

@@ -139,9 +139,22 @@ def principal_of_token(config: AgentConfig, token: str) -> Principal | None:
     return Principal(found) if found is not None else None
 
 
+_KNOWN = "osfleet.principal"  # the request's principal, once found (the middlewares and the route ask in turn)
+
+
 def authenticate(conn: HTTPConnection) -> Principal | None:
     """The request's principal from its bearer token (None without a valid one). The operator's token may
-    name the client it acts for (the gateway does) where the server trusts that (``on_behalf_of``)."""
+    name the client it acts for (the gateway does) where the server trusts that (``on_behalf_of``). Found once
+    per request: the answer is kept in its scope for the next to ask."""
+    if _KNOWN in conn.scope:
+        known: Principal | None = conn.scope[_KNOWN]
+        return known
+    who = _authenticate(conn)
+    conn.scope[_KNOWN] = who
+    return who
+
+
+def _authenticate(conn: HTTPConnection) -> Principal | None:
     token = _bearer(conn)
     if token is None:
         return None

@@ -12,7 +12,7 @@ import click
 
 from osfleet.cli_support import api_token, serve, tenant_options
 from osfleet.cli_support import friendly as _friendly
-from osfleet.config import Settings
+from osfleet.config import DEFAULT_CLIENT_SHARE, Settings
 from osfleet.protocol.models import MODES, Mode
 from osfleet.tls import Listener, listener_options
 
@@ -39,6 +39,14 @@ def host() -> None:
     help="bearer token file (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/api-token, made if missing)",
 )
 @tenant_options
+@click.option(
+    "--client-share",
+    default=DEFAULT_CLIENT_SHARE,
+    show_default=True,
+    type=click.FloatRange(0.01, 1.0),
+    help="the most of each host-wide budget one client may hold: evaluation slots, saved forks and checkpoints, "
+    "recordings (past it: 429 or 507 for that client alone)",
+)
 @click.option(
     "--allow-agent-root/--no-allow-agent-root",
     default=False,
@@ -89,6 +97,7 @@ def host_serve(
     lease_seconds: float,
     token_file: Path | None,
     clients_file: Path | None,
+    client_share: float,
     allow_agent_root: bool,
     max_body_mib: int,
     osgym_allow: tuple[str, ...],
@@ -141,6 +150,7 @@ def host_serve(
         clients=clients,
         allow_agent_root=allow_agent_root,
         max_body_bytes=max_body_mib * 2**20,
+        client_share=client_share,
     )
     app = create_app(
         config,

@@ -37,7 +37,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         doc: dict[str, Any] = {"model": ErrorBody, "description": WHY[code]}
-        if code == 503:
+        if code in (429, 503):
             doc["headers"] = RETRY_AFTER
         if code == 401:
             doc["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
@@ -63,7 +63,7 @@ class BoundaryRoute(APIRoute):
 
 
 CALLERS: dict[Auth, Any] = {"caller": auth.Caller, "operator": auth.Operator, "osgym": auth.OsgymCaller}
-EVERY_ROUTE_MAY_ANSWER = (401, 413, 422)
+EVERY_ROUTE_MAY_ANSWER = (401, 413, 422, 429)  # 429: the caller's share of the host in use (api.admission)
 Endpoint = Callable[..., Any]
 OCTET_STREAM = "application/octet-stream"
 BINARY = {"type": "string", "format": "binary"}

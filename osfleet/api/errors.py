@@ -53,6 +53,20 @@ class Forbidden(OsfleetError):
     pool), or a root shell for a client on a host that does not allow it."""
 
 
+class Throttled(OsfleetError):
+    """The caller's own share of the host is in use (``osfleet.api.admission``): 429 with ``Retry-After``, nothing of
+    the request done. Another client's load never causes it."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ShareFull(OsfleetError):
+    """What the caller keeps on the host (saved forks and checkpoints) has reached its share of the host's budget:
+    507 ``quota``, until it releases or deletes some (``osfleet.api.admission``)."""
+
+
 class PayloadTooLarge(OsfleetError):
     """A request body over the server's limit (refused before it is read)."""
 
@@ -74,6 +88,8 @@ KIND: list[tuple[type[Exception], ErrorKind]] = [
     (CheckpointNotFoundError, "not_found"),
     (CheckpointExistsError, "conflict"),
     (CheckpointQuotaError, "quota"),
+    (Throttled, "throttled"),
+    (ShareFull, "quota"),
     (CheckpointNameError, "invalid_request"),
     (Conflict, "conflict"),
     (Forbidden, "forbidden"),
@@ -122,6 +138,8 @@ def install(app: FastAPI, on_error: object = None) -> None:
         if callable(on_error):
             on_error(kind)
         headers = {"Retry-After": "2"} if code == 503 else None
+        if code == 429:  # a host's 429 relayed by the gateway keeps the client retrying too
+            headers = {"Retry-After": str(exc.retry_after if isinstance(exc, Throttled) else 1)}
         return JSONResponse(status_code=code, content={"error": str(exc), "kind": kind}, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

@@ -9,6 +9,7 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from osfleet.api.admission import Ledger
 from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import State
 from osfleet.vm import qcow2
@@ -38,6 +39,13 @@ class Metrics:
             "osfleet_fork_children", "Replicas using a saved fork (sum of reference counts)", registry=self.registry
         )
         self.fork_bytes = Gauge("osfleet_fork_bytes", "Saved forks' bytes", ["kind"], registry=self.registry)
+        self.client_use = Gauge(
+            "osfleet_client_in_use",
+            "What each client holds of its fair share now (osfleet.api.admission): requests in flight, bytes of "
+            "bodies they declared, evaluations under way, bytes of forks and checkpoints being saved",
+            ["client", "resource"],
+            registry=self.registry,
+        )
 
     def failure(self, kind: str) -> None:
         self.failures.labels(kind=kind).inc()
@@ -73,8 +81,17 @@ class Metrics:
             "capacity": capacity(host, counts),
         }
 
-    def render(self, host: ReplicaHost) -> bytes:
+    def shares(self, ledger: Ledger) -> None:
+        """Each client's use of its fair share (clients that hold nothing now are not listed)."""
+        self.client_use.clear()
+        for resource, counts in ledger.snapshot().items():
+            for client, n in counts.items():
+                self.client_use.labels(client=client, resource=resource).set(n)
+
+    def render(self, host: ReplicaHost, ledger: Ledger | None = None) -> bytes:
         self.sample(host)
+        if ledger is not None:
+            self.shares(ledger)
         return bytes(generate_latest(self.registry))
 
 

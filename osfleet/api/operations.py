@@ -77,7 +77,7 @@ class Operation:
     query: type[BaseModel] | None = None
     response: Any = None
     status: int = 200
-    errors: tuple[int, ...] = ()  # besides 401, 413 and 422, which every operation can answer
+    errors: tuple[int, ...] = ()  # besides 401, 413, 422 and 429, which every operation can answer
     auth: Auth = "caller"
     tag: str = "replicas"
     # A file's bytes as they are (``application/octet-stream``), not JSON: the request's body (instead of a
@@ -195,18 +195,20 @@ FORK = Operation(
     "Fork the leased replica mid-episode: ``children`` replicas start from its current state (screen, memory, "
     "disk), each with its own identity, leased to the caller, with the parent's task and applied steps "
     "(``evaluate`` works on each). The parent pauses only while it is saved, then goes on. 503 capacity when its "
-    "host cannot hold that many more replicas.",
+    "host cannot hold that many more replicas or its disk would be nearly full; 507 quota when the caller's saved "
+    "forks and checkpoints hold its share of the host's fork budget.",
     body=ForkRequest,
     response=ForkResponse,
     status=201,
-    errors=(404, 409, 503),
+    errors=(404, 409, 503, 507),
 )
 EVALUATE = Operation(
     "evaluate",
     "POST",
     "/v1/replicas/{rid}/evaluate",
     "The task's reward now. An evaluation the infrastructure could not finish is 503 (kind infrastructure), "
-    "never a reward of 0.",
+    "never a reward of 0. 429 (kind throttled, with Retry-After) while the caller's share of the host's evaluation "
+    "slots is in use by its other evaluations.",
     body=LeaseBody,
     response=Evaluation,
     errors=(404, 409, 503),
@@ -293,7 +295,8 @@ CHECKPOINT = Operation(
     "Keep the leased replica's running state (memory and disk) under a name of the caller's; the replica goes on. "
     "Start replicas from it later with POST /v1/leases {checkpoint}. It outlives the replica and the host "
     "agent's restarts until deleted. 409 for a name the caller keeps already; 507 when the caller's checkpoint "
-    "quota on the host (number or bytes, named) is full.",
+    "quota on the host (number or bytes, named) is full, or its forks and checkpoints hold its share of the host's "
+    "fork budget; 503 capacity when the host's disk would be nearly full.",
     body=CheckpointRequest,
     response=CheckpointView,
     status=201,

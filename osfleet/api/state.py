@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from osfleet.api.auth import Principal
+from osfleet.api.admission import Ledger, Shares
+from osfleet.api.auth import OPERATOR, Principal
 from osfleet.api.errors import Conflict, NotFound
 from osfleet.api.metrics import Metrics
 from osfleet.config import AgentConfig
@@ -103,6 +104,8 @@ class AgentState:
         self.host = host
         self.config = config
         self.metrics = Metrics()
+        shares = Shares.for_host(config.max_body_bytes, config.client_share)
+        self.ledger = Ledger(shares, self.leases_held)  # each client's fair share of this host (api.admission)
         self.store = EpisodeStore(host.settings.replicas_dir)
         self.audit_dir = host.settings.home / "audit"
         self.audit_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +121,9 @@ class AgentState:
         rc = config.recording
         if rc is not None:
             trajectories = TrajectoryStore(store_dir(host.settings.home), rc.max_bytes, rc.max_episodes)
-            self.recorder = Recorder(trajectories, rc, host_name=socket.gethostname())
+            self.recorder = Recorder(
+                trajectories, rc, socket.gethostname(), config.client_share, unbounded=frozenset({OPERATOR})
+            )
             self.recorder.start(self.lease_ended)
         # replica -> the lease a person drives it under from the dashboard (a later lease is not affected)
         self.taken_over: dict[str, str] = {}
@@ -247,6 +252,10 @@ class AgentState:
             del self._osgym[live.data.osgym.vm_id]
 
     # --- replicas a caller may see -----------------------------------------------------------------------------
+    def leases_held(self, owner: str) -> int:
+        """How many replicas ``owner`` holds a lease on (its share of requests in flight grows with them)."""
+        return sum(1 for r in self.host.replicas() if r.lease is not None and r.lease.owner == owner)
+
     def visible(self, who: Principal) -> list[ReplicaRecord]:
         """Every replica for the operator; a client's own leased ones for a client (the warm pool is not theirs)."""
         return [r for r in self.host.replicas() if who.operator or (r.lease is not None and r.lease.owner == who.name)]

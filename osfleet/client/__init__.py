@@ -28,6 +28,7 @@ from osfleet.client.errors import (
     LeaseError,
     NotFoundError,
     QuotaError,
+    ThrottledError,
 )
 from osfleet.client.fleet import AsyncFleet, AsyncGroup, AsyncSession
 from osfleet.client.forward import PortForward
@@ -60,4 +61,5 @@ __all__ = [
     "Screen",
     "Session",
     "StepResult",
+    "ThrottledError",
 ]

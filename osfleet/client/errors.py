@@ -80,8 +80,17 @@ class CapacityError(FleetError):
     status = 503
 
 
+class ThrottledError(FleetError):
+    """429: this client's own share of the host is in use (requests in flight, bodies being received, evaluations
+    under way); nothing of the request was done, so it is sent again after the server's ``Retry-After``. Another
+    client's load never causes it."""
+
+    status = 429
+
+
 class QuotaError(FleetError):
-    """507: the client's quota on the host is full (its checkpoints' number or bytes, named in the message)."""
+    """507: the client's quota or share on the host is full (its checkpoints' number or bytes, or its saved forks' and
+    checkpoints' share of the host's fork budget, named in the message)."""
 
     status = 507
 
@@ -106,6 +115,7 @@ BY_KIND: dict[ErrorKind, type[FleetError]] = {
     "invalid_action": InvalidActionError,
     "invalid_task": InvalidTaskError,
     "capacity": CapacityError,
+    "throttled": ThrottledError,
     "quota": QuotaError,
     "infrastructure": InfrastructureError,
 }

@@ -3,7 +3,9 @@
 Why retries live here and not in callers: whether a request may be sent again depends on what it is. A step
 carries its ``action_id``, so the server applies it once however often it arrives — it is retried on any
 connection failure or 503 (with the server's ``Retry-After``). A lease is not idempotent: it is retried only
-when the connection was refused (nothing reached the server) or the fleet answered 503 capacity. What is left
+when the connection was refused (nothing reached the server) or the fleet answered 503 capacity. A 429 (this
+client's own share of the host in use: nothing of the request was done) is sent again, whatever the request, after
+the server's ``Retry-After``, within the call's attempts. What is left
 after the retries becomes an ``InfrastructureError``: never a bare HTTP error, never a hang (every call has a
 deadline).
 """
@@ -23,7 +25,14 @@ from typing import Any, Literal
 
 import httpx2 as httpx
 
-from osfleet.client.errors import CapacityError, FleetError, InfrastructureError, LeaseError, from_response
+from osfleet.client.errors import (
+    CapacityError,
+    FleetError,
+    InfrastructureError,
+    LeaseError,
+    ThrottledError,
+    from_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +154,13 @@ class Transport:
                     # The replica failed under an earlier attempt and its lease went with it: the cause is the
                     # infrastructure, not the caller's lease.
                     raise last from err
+                if isinstance(err, ThrottledError):  # refused before anything was done: safe to send again
+                    if attempt >= self.retry.attempts:
+                        raise err
+                    delay = _retry_after(resp, delay)
+                    log.debug("%s: throttled (attempt %d); again in %.1f s", what, attempt, delay)
+                    await asyncio.sleep(delay)
+                    continue
                 if resp.status_code != 503:
                     raise err
                 last = err

@@ -24,6 +24,7 @@ ErrorKind = Literal[
     "invalid_action",
     "invalid_task",
     "capacity",
+    "throttled",
     "quota",
     "infrastructure",
 ]
@@ -41,7 +42,8 @@ STATUS: dict[ErrorKind, int] = {
     "invalid_action": 422,  # an action cannot be carried out as given (off-screen, untypable, unknown key)
     "invalid_task": 422,  # the task is malformed or uses a feature this host does not run
     "capacity": 503,  # no replica free now: retry after Retry-After
-    "quota": 507,  # the client's quota on the host is full (its checkpoints): delete something first
+    "throttled": 429,  # the client's own share of the host is in use (requests, bodies, evaluations): retry after
+    "quota": 507,  # the client's quota or share on the host is full (checkpoints, forks): delete something first
     "infrastructure": 503,  # the replica, its guest or its host failed: never a reward of 0
 }
 
@@ -54,6 +56,7 @@ USUAL_KIND: dict[int, ErrorKind] = {
     409: "lease",
     413: "too_large",
     422: "invalid_request",
+    429: "throttled",
     503: "infrastructure",
     507: "quota",
 }
@@ -67,7 +70,10 @@ WHY: dict[int, str] = {
     413: "the request body is over the server's limit (refused before it is read), or a file to download is over "
     "the most a host reads from a guest (named)",
     422: "malformed request, action or task (the problem is named)",
-    507: "the client's quota on this host is full (the figure is named): delete a checkpoint first",
+    429: "this client's own share of the host is in use now (requests in flight, bodies being received, "
+    "evaluations): nothing of the request was done; retry after Retry-After (other clients are not affected)",
+    507: "the client's quota or share on this host is full (the figure is named): delete a checkpoint or release "
+    "forked replicas first",
     503: "no capacity right now, or the replica or guest failed (kind: infrastructure, never a reward of 0)",
 }
 

@@ -8,9 +8,10 @@ by ``sweep``, which the agent runs every few seconds, and the episode is ended a
 Recording never fails a request: a write error is logged and that episode stops being recorded.
 
 Caps that hold under a flood: what a client sent is clipped (action and result texts, metadata); one episode
-records at most ``1/EPISODE_SHARE`` of the store's cap (``capped_at_step`` says where it stopped); a store
-over its cap loses its oldest finished episodes first, then its oldest unfinished ones (a dropped episode is
-not recorded again until its lease ends), down to ``LOW_WATER`` of the cap.
+records at most ``1/EPISODE_SHARE`` of the store's cap (``capped_at_step`` says where it stopped); one client's
+recordings at most ``client_share`` of it; a client over its share, or a store over its cap, loses episodes
+fairly (the client over its share first, else whoever holds the most): finished ones first, then unfinished ones
+(a dropped episode is not recorded again until its lease ends), each oldest first, down to ``LOW_WATER``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,16 @@ class _Open:
 
 
 class Recorder:
-    def __init__(self, store: TrajectoryStore, config: RecordingConfig, host_name: str = "") -> None:
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        config: RecordingConfig,
+        host_name: str = "",
+        client_share: float = 1.0,
+        unbounded: frozenset[str] = frozenset(),
+    ) -> None:
+        """``client_share``: the most of the store's cap one client's recordings may hold (``--client-share``), but
+        the owners ``unbounded`` (the operator, who is no tenant)."""
         self.store = store
         self.config = config
         self.host_name = host_name
@@ -65,6 +75,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._check: LeaseCheck | None = None
         self._bytes = 0
+        self._owner_bytes: dict[str, int] = {}  # what each client's recordings hold (owner "" : the operator's)
         self._grown_while_counting = 0  # growth reported while a prune recounts the store (see _grew)
         self._dropped: set[tuple[str, str]] = set()  # (replica, lease) whose episode was evicted or failed
         self._pruning = threading.Lock()
@@ -73,9 +84,12 @@ class Recorder:
         fs_cap = shutil.disk_usage(store.root).total // FS_SHARE
         self.max_bytes = fs_cap if config.max_bytes is None else min(config.max_bytes, fs_cap)
         self.episode_max_bytes = self.max_bytes // EPISODE_SHARE
+        self.client_max_bytes = int(self.max_bytes * client_share)
+        self.unbounded = unbounded
         store.max_bytes = self.max_bytes
         for meta in store.all():  # episodes left open by an agent that stopped: the sweep ends them
             self._bytes += meta.bytes
+            self._owner_bytes[meta.owner] = self._owner_bytes.get(meta.owner, 0) + meta.bytes
             if meta.open:
                 self._open.setdefault(meta.replica_id, _Open(meta))
 
@@ -127,7 +141,7 @@ class Recorder:
         with self._lock:
             self._open[rid] = _Open(meta)
             self._dropped.discard((rid, lease_id))
-        self._grew(meta.bytes, new_episode=True)
+        self._grew(meta.bytes, meta.owner, new_episode=True)
         return meta.id
 
     def step(
@@ -190,7 +204,7 @@ class Recorder:
                         del self._open[rid]
                     self._dropped.add((rid, lease_id))
                 return
-        self._grew(meta.bytes - before)
+        self._grew(meta.bytes - before, meta.owner)
 
     def evaluated(self, rid: str, lease_id: str, reward: float, success: bool) -> None:
         current = self._get(rid, lease_id)
@@ -280,8 +294,9 @@ class Recorder:
         except OSError as exc:
             log.error("recording episode %s: %s", meta.id, exc)
 
-    def _grew(self, added: int, new_episode: bool = False) -> None:
-        """Account for ``added`` bytes and prune when the store is over its cap.
+    def _grew(self, added: int, owner: str, new_episode: bool = False) -> None:
+        """Account for ``added`` bytes of ``owner``'s and prune when the store is over its cap or the owner over its
+        share of it.
 
         A prune recounts the store from disk while other episodes keep writing. A write that lands after the
         recount read its episode would be lost if the recount simply replaced the running total (the store then
@@ -289,30 +304,53 @@ class Recorder:
         by both is counted twice: an over-estimate, which only makes the next step prune (and recount) again."""
         with self._lock:
             self._bytes += added
+            self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + added
             self._grown_while_counting += added
-            over = self._bytes > self.max_bytes
+            over = self._bytes > self.max_bytes or self._owner_bytes[owner] > self._cap(owner)
         limit = self.config.max_episodes
         if not over and not (new_episode and limit is not None and len(self.store.ids()) > limit):
             return
         with self._pruning:  # one prune at a time; a step that waited for one finds the store pruned
             with self._lock:
-                if self._bytes <= self.max_bytes and not new_episode:
+                within = self._bytes <= self.max_bytes and self._owner_bytes.get(owner, 0) <= self._cap(owner)
+                if within and not new_episode:
                     return
                 self._grown_while_counting = 0
-            self.store.prune(keep=self.open_ids(), low_water=LOW_WATER)
-            total = sum(m.bytes for m in self.store.all())
-            if total > self.max_bytes * LOW_WATER:
-                total = self._evict_open(total)
+            self.store.prune(self.open_ids(), LOW_WATER, self.client_max_bytes, self.unbounded)
+            held = self._count()
+            if sum(held.values()) > self.max_bytes * LOW_WATER or any(b > self._cap(o) for o, b in held.items()):
+                held = self._evict_open(held)
             with self._lock:
-                self._bytes = total + self._grown_while_counting
+                self._bytes = sum(held.values()) + self._grown_while_counting
+                self._owner_bytes = held
+                if self._grown_while_counting:
+                    self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + self._grown_while_counting
 
-    def _evict_open(self, total: int) -> int:
-        """Drop unfinished episodes, oldest first, until the store is back under its low-water mark."""
+    def _cap(self, owner: str) -> int:
+        return self.max_bytes if owner in self.unbounded else self.client_max_bytes
+
+    def _count(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for m in self.store.all():
+            held[m.owner] = held.get(m.owner, 0) + m.bytes
+        return held
+
+    def _evict_open(self, held: dict[str, int]) -> dict[str, int]:
+        """Drop unfinished episodes until every client is within its share and the store back under its low-water
+        mark: a client over its share first, then whoever holds the most, each its oldest first."""
         with self._lock:
             oldest = sorted(self._open.items(), key=lambda kv: kv[1].meta.started_at)
-        for rid, current in oldest:
-            if total <= self.max_bytes * LOW_WATER:
-                break
+        while True:
+            over = [o for o, b in held.items() if b > self._cap(o) * LOW_WATER]
+            if not over and sum(held.values()) <= self.max_bytes * LOW_WATER:
+                return held
+            candidates = over or list(held)
+            victims = [(rid, o) for rid, o in oldest if o.meta.owner in candidates]
+            if not victims:
+                return held
+            owner = max({o.meta.owner for _, o in victims}, key=lambda x: held.get(x, 0))
+            rid, current = next((rid, o) for rid, o in victims if o.meta.owner == owner)
+            oldest.remove((rid, current))
             with self._lock:
                 if self._open.get(rid) is not current:
                     continue
@@ -320,6 +358,11 @@ class Recorder:
                 self._dropped.add((rid, current.meta.lease_id))
             with current.lock:  # a step being written to it finishes first
                 self.store.delete(current.meta.id)
-                total -= current.meta.bytes
-            log.warning("recording: the store is over its %d-byte cap; dropped open episode %s", self.max_bytes, rid)
-        return total
+                held[owner] = held.get(owner, 0) - current.meta.bytes
+            log.warning(
+                "recording: over a cap (the store's %d bytes, or %d for one client); dropped open episode %s of %s",
+                self.max_bytes,
+                self.client_max_bytes,
+                rid,
+                owner or "the operator",
+            )

@@ -3,9 +3,11 @@
 One folder per episode, named so that names sort by start time (``t-<UTC time to the millisecond>-<random>``).
 ``meta.json`` is rewritten atomically whenever the episode's summary changes (started, a step, evaluated,
 ended); each step is one JSON line appended to ``steps.jsonl`` after its image is written, so a reader never
-sees a step whose image is missing. The store keeps under a byte cap and an episode count: the oldest finished
-episodes go first (``prune``); the recorder, which knows which episodes are being written, evicts the oldest
-unfinished ones after them when that is not enough (``Recorder``), so the cap holds under any flood of steps.
+sees a step whose image is missing. The store keeps under a byte cap and an episode count, and each client under its
+share of the cap: the episodes of a client over its share go first, then those of whoever holds the most, finished
+before unfinished, oldest first (``prune``); the recorder, which knows which episodes are being written, evicts
+unfinished ones the same way after them when that is not enough (``Recorder``), so the caps hold under any flood of
+steps, and one client's flood costs its own recordings.
 Everything a client sent is clipped before it is stored: action and result texts, client metadata.
 """
 
@@ -248,30 +250,57 @@ class TrajectoryStore:
         meta.steps = step.index + 1
         self.write_meta(meta)
 
-    def prune(self, keep: frozenset[str] | set[str] = frozenset(), low_water: float = 1.0) -> list[str]:
-        """Remove the oldest episodes until the store is within its caps (its byte cap times ``low_water``, so
-        that a store at its cap is not pruned again at every step); never those in ``keep``."""
-        if self.max_bytes is None and self.max_episodes is None:
+    def prune(
+        self,
+        keep: frozenset[str] | set[str] = frozenset(),
+        low_water: float = 1.0,
+        owner_max_bytes: int | None = None,
+        unbounded: frozenset[str] = frozenset(),
+    ) -> list[str]:
+        """Remove episodes until the store is within its caps (its byte cap times ``low_water``, so that a store
+        at its cap is not pruned again at every step) and every client within ``owner_max_bytes`` (times
+        ``low_water``) but those ``unbounded`` (the operator); never those in ``keep``. Fairly: an owner over its
+        own cap loses its episodes first, then, while the store is over its cap, whoever holds the most; each
+        owner's finished episodes go before its unfinished ones (a crashed agent's), oldest first. So one
+        tenant's flood costs its own recordings, never another's while it holds more than they do."""
+        if self.max_bytes is None and self.max_episodes is None and owner_max_bytes is None:
             return []
         with self._lock:
             metas = list(reversed(self.all()))  # oldest first
             sizes = {m.id: _folder_bytes(self.root / m.id) for m in metas}
             total, count = sum(sizes.values()), len(metas)
-            removed: list[str] = []
-            # finished episodes first, then unfinished ones (a crashed agent's), each oldest first
+            held: dict[str, int] = {}
+            for m in metas:
+                held[m.owner] = held.get(m.owner, 0) + sizes[m.id]
+            # each owner's removable episodes: finished first, then unfinished, each oldest first
+            queue: dict[str, list[TrajectoryMeta]] = {}
             for m in [m for m in metas if not m.open] + [m for m in metas if m.open]:
+                if m.id not in keep:
+                    queue.setdefault(m.owner, []).append(m)
+            removed: list[str] = []
+            while True:
+                owners = [o for o in queue if queue[o]]
+                over_owner = [
+                    o
+                    for o in owners
+                    if owner_max_bytes is not None and o not in unbounded and held[o] > owner_max_bytes * low_water
+                ]
                 over_bytes = self.max_bytes is not None and total > self.max_bytes * low_water
                 over_count = self.max_episodes is not None and count > self.max_episodes
-                if not (over_bytes or over_count):
+                if over_owner:
+                    owner = max(over_owner, key=lambda o: held[o])
+                elif (over_bytes or over_count) and owners:
+                    owner = max(owners, key=lambda o: held[o])
+                else:
                     break
-                if m.id in keep:
-                    continue
+                m = queue[owner].pop(0)
                 shutil.rmtree(self.root / m.id, ignore_errors=True)
                 total -= sizes[m.id]
+                held[owner] -= sizes[m.id]
                 count -= 1
                 removed.append(m.id)
             if removed:
-                log.info("trajectory store over its cap: removed %d oldest episode(s)", len(removed))
+                log.info("trajectory store over a cap: removed %d episode(s), largest holders first", len(removed))
             return removed
 
     def delete(self, tid: str) -> None:

@@ -30,7 +30,9 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
     def checkpoint(rid: str, req: CheckpointRequest, who: Caller) -> CheckpointView:
         s = state()
         live = s.episode(rid, req.lease_id, who)
-        with live.lock:  # no step of the replica is half-applied in the saved state
+        expected = s.host.shape.memory_mib * 2**20  # at most its RAM, plus a disk layer of what it wrote
+        # within the client's share of the host's fork budget, and the host's disk and memory keep room
+        with s.ledger.keeping(s.host, who, expected), live.lock:  # no step is half-applied in the saved state
             s.check_not_taken_over(rid, req.lease_id)
             claim = live.on(s.host, who).claim
             made = s.host.checkpoint(rid, req.name, who.name, req.lease_id, claim=claim, task=live.data.task)

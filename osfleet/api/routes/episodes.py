@@ -118,7 +118,9 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
     def fork(rid: str, req: ForkRequest, who: Caller) -> ForkResponse:
         s = state()
         live = s.episode(rid, req.lease_id, who)
-        with live.lock:  # no step of the parent is half-applied in the saved state
+        saved = s.host.shape.memory_mib * 2**20  # the fork's RAM at most, as the host-wide fork budget counts it
+        # within the client's share of the host's fork budget, and the host's disk and memory keep room
+        with s.ledger.keeping(s.host, who, saved), live.lock:  # no step of the parent is half-applied in the fork
             s.check_not_taken_over(rid, req.lease_id)
             claim = live.on(s.host, who).claim
             forked = s.host.fork(rid, req.children, req.lease_id, s.config.lease_seconds, claim=claim)
@@ -148,7 +150,7 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
     def evaluate(rid: str, req: LeaseBody, who: Caller) -> Evaluation:
         s = state()
         live = s.episode(rid, req.lease_id, who)
-        with live.lock:
+        with s.ledger.evaluating(who), live.lock:  # one of the client's evaluation slots (429 when all are held)
             task = s.task_of(live, rid)
             start = time.monotonic()
             result = runner.evaluate(live.on(s.host, who), rid, task, live.data.declared_infeasible())

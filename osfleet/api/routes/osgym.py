@@ -8,6 +8,7 @@ newer vm on the same replica. ``finish()`` scores the task and releases the vm, 
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Annotated
@@ -126,7 +127,8 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
         s = state()
         rid, live = s.vm(req.vm_id, who)
         parsed = parse_osgym(req.action)
-        with live.lock:
+        # a finishing step scores: its client's evaluation slot is taken first, so a 429 leaves the vm untouched
+        with s.ledger.evaluating(who) if parsed.finish else contextlib.nullcontext(), live.lock:
             leased = live.on(s.host, who)
             release = parsed.finish  # the client is done with this vm, whatever comes of scoring it
             try:
