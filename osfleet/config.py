@@ -93,6 +93,8 @@ class AgentConfig:
     # Whether the operator's token may name the client it acts for (X-Osfleet-Client): true on a host agent
     # (its gateway does so); false on the gateway, which is the edge and sets that header itself.
     on_behalf_of: bool = True
+    # A token that reads /metrics and nothing else (a Prometheus server's), besides the operator's; None: none.
+    metrics_token: str | None = None
     # The most of each host-wide budget one client may hold: evaluation slots, saved forks and checkpoints,
     # recordings (osfleet.api.admission; a share under 1 leaves room for others whatever one client does).
     client_share: float = DEFAULT_CLIENT_SHARE

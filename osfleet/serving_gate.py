@@ -13,8 +13,9 @@ commands on it. So every HTTP request and WebSocket handshake passes this gate b
   ``peer`` authentication do) needs no token: that process could read the token file anyway. Another user of the
   machine, a container with a forwarded port or any remote address still needs the token.
 - **Origin**: a request that carries an ``Origin`` header comes from a browser; it must be one of the allowed
-  origins (default: loopback origins), else 403, so a web page cannot drive a desktop through a browser that
-  happens to run beside the server (DNS rebinding included). Programs send no ``Origin`` and are not affected.
+  origins (default: the server's own, ``http://127.0.0.1:<its port>``; a page served on another port of the same
+  machine is another site), else 403, so a web page cannot drive a desktop through a browser that happens to run
+  beside the server (DNS rebinding included). Programs send no ``Origin`` and are not affected.
 
 A refusal is 401 (with ``WWW-Authenticate``) or 403 and a JSON reason, and for a WebSocket the handshake is refused
 the same way: nothing of the session starts.
@@ -26,19 +27,20 @@ import base64
 import binascii
 import fnmatch
 import hmac
-import ipaddress
 import json
 import os
-import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-LOOPBACK_ORIGINS = tuple(f"http://{h}:*" for h in ("127.0.0.1", "localhost", "[::1]")) + tuple(
-    f"http://{h}" for h in ("127.0.0.1", "localhost", "[::1]")
-)
-PROC_TCP = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+from osfleet.peers import loopback_peer_uid
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def own_origins(port: int) -> tuple[str, ...]:
+    """The origins of a loopback server's own pages (the default allowed): another port is another site."""
+    return tuple(f"http://{name}:{port}" for name in LOOPBACK_NAMES)
 
 
 class ServingGate:
@@ -55,7 +57,7 @@ class ServingGate:
         self.app = app
         self._token = token.encode()
         self.same_user_peers = same_user_peers
-        self.origins = tuple(origins) if origins is not None else LOOPBACK_ORIGINS
+        self.origins = tuple(origins) if origins is not None else None  # None: the server's own origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -63,7 +65,8 @@ class ServingGate:
             return
         headers = {name.lower(): value for name, value in scope.get("headers", ())}
         origin = headers.get(b"origin")
-        if origin is not None and not self.origin_allowed(origin.decode("latin-1")):
+        port = int(scope["server"][1]) if scope.get("server") else 0
+        if origin is not None and not self.origin_allowed(origin.decode("latin-1"), port):
             await _refuse(scope, send, 403, f"Origin {origin.decode('latin-1')[:100]} is not allowed", "forbidden")
             return
         if not (self.token_given(headers.get(b"authorization")) or self._same_user_peer(scope)):
@@ -71,8 +74,10 @@ class ServingGate:
             return
         await self.app(scope, receive, send)
 
-    def origin_allowed(self, origin: str) -> bool:
-        return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.origins)
+    def origin_allowed(self, origin: str, port: int) -> bool:
+        """``origin`` is one of ``--allow-origin``'s patterns, or (by default) a page of this very server."""
+        allowed = self.origins if self.origins is not None else own_origins(port)
+        return any(fnmatch.fnmatchcase(origin, pattern) for pattern in allowed)
 
     def token_given(self, authorization: bytes | None) -> bool:
         """``Bearer <token>``, or Basic with the token as password (any user name)."""
@@ -94,36 +99,6 @@ class ServingGate:
         if not self.same_user_peers or not scope.get("client") or not scope.get("server"):
             return False
         return loopback_peer_uid(tuple(scope["client"]), tuple(scope["server"])) == os.geteuid()
-
-
-def loopback_peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
-    """The owner of the client's end of a loopback TCP connection to ``server``, or None (not loopback, not found:
-    a process in another network namespace, a connection already gone)."""
-    try:
-        if not ipaddress.ip_address(client[0]).is_loopback:
-            return None
-        local, remote = _proc_address(*client), _proc_address(*server)
-    except (ValueError, OSError):
-        return None
-    for table in PROC_TCP:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 7 and fields[1] == local and fields[2] == remote:
-                return int(fields[7])
-    return None
-
-
-def _proc_address(host: str, port: int) -> str:
-    """``host:port`` as ``/proc/net/tcp{,6}`` prints it: each 32-bit word of the address in host byte order, in
-    hex, then the port in hex."""
-    ip = ipaddress.ip_address(host)
-    raw = ip.packed  # network order, as the kernel keeps it; /proc prints it word by word in host order
-    words = struct.unpack(f"={len(raw) // 4}I", raw)
-    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
 
 
 async def _refuse(scope: Scope, send: Send, status: int, reason: str, kind: str) -> None:

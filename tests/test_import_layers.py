@@ -69,6 +69,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "osfleet.logs",
                 "osfleet.measure",
                 "osfleet.network_policy",
+                "osfleet.peers",
                 "osfleet.protocol",
                 "osfleet.recipe",
                 "osfleet.serving_gate",

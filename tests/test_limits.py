@@ -203,7 +203,7 @@ def test_health_and_the_host_sample_answer_while_steps_hold_every_worker_thread(
             try:
                 assert fake.acting.wait(30)
                 time.sleep(1)  # let the other steps take every worker thread (they queue behind the first)
-                for path, headers in (("/health", {}), ("/v1/host", AUTH), ("/metrics", {})):
+                for path, headers in (("/health", {}), ("/v1/host", AUTH), ("/metrics", AUTH)):
                     start = time.monotonic()
                     r = httpx.get(f"{s.url}{path}", headers=headers, timeout=5)
                     assert r.status_code == 200 and time.monotonic() - start < 2, path

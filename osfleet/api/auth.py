@@ -3,8 +3,8 @@
 A caller is a ``Principal``: the **operator** (the server's own token, ``--token-file``: may do everything),
 a **client** (a tenant named in ``--clients-file``: sees and touches only its own replicas, leases and
 episodes), or an **OSGym caller by address** (``--osgym-allow``; OSGym clients send no token), a principal of
-its own named ``ip:<address>``. ``/health`` is open (up or down; more with a token); ``/metrics`` is open
-to loopback only.
+its own named ``ip:<address>``. ``/health`` is open (up or down; more with a token); ``/metrics`` needs the
+operator's token or the metrics token (``require_metrics_reader``), from loopback too.
 
 The gateway reaches its hosts with their operator token and names the client it acts for in
 ``X-Osfleet-Client``, and itself in ``X-Osfleet-Gateway``; a host honours them only from the operator's token, and
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -222,12 +221,29 @@ async def require_principal_or_osgym_ip(request: HTTPConnection) -> Principal:
     raise _unauthorized("send a bearer token, or call from an address in the OSGym allow-list")
 
 
-async def require_loopback_or_token(request: HTTPConnection) -> None:
-    try:
-        if ipaddress.ip_address(client_address(request)).is_loopback:
-            return
-    except ValueError:
-        pass
+def foreign_origin(conn: HTTPConnection) -> str | None:
+    """The request's ``Origin`` when a browser sent it from a page of another site than this server (its scheme,
+    host and port are not the ``Host`` it was sent to), else None. Programs send no ``Origin``."""
+    origin = conn.headers.get("origin")
+    if origin is None:
+        return None
+    host = conn.headers.get("host", "")
+    if host and origin.lower() in (f"http://{host}".lower(), f"https://{host}".lower()):
+        return None
+    return origin
+
+
+async def require_metrics_reader(request: HTTPConnection) -> None:
+    """``/metrics``: a browser page of another site is refused (403) whatever it sends; then the operator's token or
+    the metrics token (``--metrics-token-file``: one that reads ``/metrics`` and nothing else), from loopback too. A
+    page of any site, or another user of the machine, must not learn how busy the host is and who it serves."""
+    origin = foreign_origin(request)
+    if origin is not None:
+        raise Forbidden(f"Origin {origin[:100]} is not this server's: /metrics is not for other sites' pages")
+    token = _bearer(request)
+    reader = _config(request).metrics_token
+    if token is not None and reader is not None and hmac.compare_digest(token.encode(), reader.encode()):
+        return
     await require_operator(request)
 
 

@@ -40,6 +40,13 @@ def host() -> None:
 )
 @tenant_options
 @click.option(
+    "--metrics-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="a token that reads /metrics and nothing else (a Prometheus server's); /metrics takes the operator's "
+    "token too, from loopback as from anywhere",
+)
+@click.option(
     "--client-share",
     default=DEFAULT_CLIENT_SHARE,
     show_default=True,
@@ -97,6 +104,7 @@ def host_serve(
     lease_seconds: float,
     token_file: Path | None,
     clients_file: Path | None,
+    metrics_token_file: Path | None,
     client_share: float,
     allow_agent_root: bool,
     max_body_mib: int,
@@ -126,6 +134,9 @@ def host_serve(
         settings = dataclasses.replace(settings, replica_network=replica_network)  # checked as it is made
     token = api_token(token_file, settings.token_file, say=lambda m: click.echo(m, err=True))
     clients = load_clients(clients_file, token) if clients_file is not None else ()
+    metrics_token = api_token(metrics_token_file, settings.token_file) if metrics_token_file is not None else None
+    if metrics_token is not None and metrics_token == token:
+        raise click.UsageError("--metrics-token-file holds the operator's token: give Prometheus a token of its own")
     image = find_image(image_ref, settings)
     from osfleet.config import RecordingConfig
 
@@ -150,6 +161,7 @@ def host_serve(
         clients=clients,
         allow_agent_root=allow_agent_root,
         max_body_bytes=max_body_mib * 2**20,
+        metrics_token=metrics_token,
         client_share=client_share,
     )
     app = create_app(

@@ -196,13 +196,14 @@ PROMETHEUS = "text/plain; version=0.0.4"
 
 
 def add_metrics_route(app: FastAPI, render: Callable[[], Awaitable[bytes]]) -> None:
-    """``GET /metrics`` in Prometheus's text format: open to loopback, the operator's token elsewhere.
+    """``GET /metrics`` in Prometheus's text format, for the operator's token or the metrics token (a foreign
+    ``Origin`` refused first: ``auth.require_metrics_reader``).
     ``render`` is awaited on the event loop: it must hand any blocking work to a thread of its own."""
 
     @app.get(
         "/metrics",
         tags=["meta"],
-        dependencies=[Depends(auth.require_loopback_or_token)],
+        dependencies=[Depends(auth.require_metrics_reader)],
         response_class=Response,
         responses={
             200: {"content": {PROMETHEUS: {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
@@ -210,5 +211,6 @@ def add_metrics_route(app: FastAPI, render: Callable[[], Awaitable[bytes]]) -> N
         },
     )
     async def metrics() -> Response:
-        """Prometheus text format; open to loopback, the operator's token elsewhere."""
+        """Prometheus text format; the operator's token or the metrics token (``--metrics-token-file``), from
+        loopback too; a browser page of another site is refused."""
         return Response(await render(), media_type=PROMETHEUS)

@@ -6,19 +6,23 @@ DevTools) connect to ``127.0.0.1:<forward.port>`` here; each connection they mak
 arrives, what comes out is fetched with waiting receives. A connection the replica refuses (nothing listens there)
 is closed at once, as a refused connection would be; when the lease ends, so do its connections.
 
-It listens on 127.0.0.1 only: whoever can connect to it acts as the desktop user on that port of the replica, as
-whoever holds the lease can.
+It listens on 127.0.0.1 only, and whoever can connect to it acts as the desktop user on that port of the replica,
+as whoever holds the lease can: so a connection is served only when its other end belongs to this process's own
+user (read from the kernel's socket table, ``osfleet.peers``; Playwright's driver is a child process, so the same
+user). Another user of the machine is closed at once, before a tunnel is opened for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 from typing import Protocol
 
 from osfleet.client.errors import FleetError
+from osfleet.peers import loopback_peer_uid
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +66,13 @@ class PortForward:
     def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, peer = self._listener.accept()
             except OSError:
                 return  # the listener was closed: stop()
+            if loopback_peer_uid(peer, (LOOPBACK, self.port)) != os.geteuid():
+                log.warning("forward to replica port %d: a connection of another user refused", self.guest_port)
+                conn.close()
+                continue
             with self._lock:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name=f"forward-{self.port}-conn", daemon=True).start()

@@ -7,7 +7,9 @@ and sends each request it receives into the guest as one ``shell`` step of the l
 JSON line, which the relay answers with. It is HTTP request by request, not a byte stream: enough for VLC's
 interface (plain GETs with basic authentication), not for a WebSocket (Chrome's DevTools).
 
-When nothing listens in the guest (VLC not running) the relay closes the connection without an answer, so the
+Like the protocol server, it answers only the process that leased the replica (or a holder of its secret), never
+a browser page (``local_gate``). When nothing listens in the guest (VLC not running) the relay closes the connection
+without an answer, so the
 caller's ``requests`` raises a connection error as it does against an OSWorld VM whose port is closed. Bodies are
 bounded both ways (``MAX_REQUEST_BYTES``, ``MAX_ANSWER_BYTES``: a guest's answer is hostile input) and the
 guest's JSON line is parsed with its fields checked before anything is answered.
@@ -27,6 +29,7 @@ from typing import Any, Protocol, cast
 
 from osfleet.client import FleetError
 from osfleet.osworld.errors import GuestFailed
+from osfleet.osworld.local_gate import LocalGate
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,7 @@ def parse_answer(stdout: str, exit_code: int) -> GuestAnswer:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     relay: GuestHttpRelay
+    gate: LocalGate
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -135,8 +139,22 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self._relay()
 
+    _from_us: bool | None = None  # whether this connection comes from this process, once asked
+
+    def _connection_is_ours(self) -> bool:
+        if self._from_us is None:
+            server = cast(tuple[str, int], self.server.server_address)
+            self._from_us = LocalGate.from_this_process(self.client_address, server)
+        return self._from_us
+
     def _relay(self) -> None:
-        relay = cast(_HTTPServer, self.server).relay
+        http = cast(_HTTPServer, self.server)
+        relay = http.relay
+        refused = http.gate.refusal(self.headers, int(http.server_address[1]), self._connection_is_ours)
+        if refused is not None:  # the same gate as the protocol server's (osworld.local_gate): its body unread
+            self.close_connection = True
+            self._answer(refused[0], "text/plain", refused[1].encode())
+            return
         try:
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
@@ -176,6 +194,7 @@ class GuestHttpRelay:
         self.shell, self.guest_port = shell, guest_port
         self._httpd = _HTTPServer((LOOPBACK, port), _Handler)
         self._httpd.relay = self
+        self._httpd.gate = LocalGate()
         self._thread: threading.Thread | None = None
 
     @property

@@ -7,8 +7,9 @@ the endpoint's limit is refused without keeping the body (a body up to ``DRAIN_B
 its client is not still sending when the answer comes). The body is then read whole, within ``READ_SECONDS`` of
 silence, and handed to ``endpoints``.
 
-It listens on the loopback only: whoever can reach it acts as the desktop user of the replica, as whoever can
-reach port 5000 of an OSWorld VM does. Nothing guards it beyond that, like OSWorld's own server.
+It listens on the loopback only, and whoever can use it acts as the desktop user of the replica, so unlike
+OSWorld's own server it lets in only the process that leased the replica (or a holder of its per-lease secret),
+and no browser page (``local_gate``): each request is checked before its body is read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 from osfleet.osworld.endpoints import Answer, Endpoints, ErrorShape, Request, Route, route_for
 from osfleet.osworld.errors import HarnessError, LengthRequired, TooLarge
+from osfleet.osworld.local_gate import LocalGate
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ DRAIN_CHUNK = 1 << 16
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     endpoints: Endpoints
+    gate: LocalGate
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -54,9 +57,23 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:  # noqa: N802
         self._serve()
 
+    _from_us: bool | None = None  # whether this connection comes from this process, once asked
+
+    def _connection_is_ours(self) -> bool:
+        if self._from_us is None:
+            server = cast(tuple[str, int], self.server.server_address)
+            self._from_us = LocalGate.from_this_process(self.client_address, server)
+        return self._from_us
+
     def _serve(self) -> None:
         path = urlsplit(self.path).path
-        endpoints = cast(_HTTPServer, self.server).endpoints
+        http = cast(_HTTPServer, self.server)
+        endpoints = http.endpoints
+        refused = http.gate.refusal(self.headers, int(http.server_address[1]), self._connection_is_ours)
+        if refused is not None:
+            self.close_connection = True  # its body is not read
+            self._send(ErrorShape.ERROR.answer(*refused))
+            return
         route: Route | None = None
         try:
             route = route_for(self.command, path)
@@ -122,11 +139,17 @@ class ProtocolServer:
     def __init__(self, endpoints: Endpoints, port: int = 0) -> None:
         self._httpd = _HTTPServer((LOOPBACK, port), _Handler)
         self._httpd.endpoints = endpoints
+        self._httpd.gate = LocalGate()
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return int(self._httpd.server_address[1])
+
+    @property
+    def secret(self) -> str:
+        """The per-lease secret another process may present (``Authorization: Bearer <secret>``)."""
+        return self._httpd.gate.secret
 
     def start(self) -> ProtocolServer:
         if self._thread is None:

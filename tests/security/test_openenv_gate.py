@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from osfleet.serving_gate import ServingGate, _proc_address, loopback_peer_uid
+from osfleet.peers import loopback_peer_uid, proc_address
+from osfleet.serving_gate import ServingGate
 from tests.test_client import TOKEN, agent, openenv_server, url_of  # noqa: F401 - agent is a fixture
 from tests.test_fleet import Agent
 
@@ -113,8 +114,8 @@ def test_a_loopback_peer_is_known_by_its_socket_owner() -> None:
 
 @pytest.mark.unit
 def test_addresses_are_spelt_as_proc_net_tcp_spells_them() -> None:
-    assert _proc_address("127.0.0.1", 8080) == "0100007F:1F90"
-    assert _proc_address("::1", 22) == "00000000000000000000000001000000:0016"
+    assert proc_address("127.0.0.1", 8080) == "0100007F:1F90"
+    assert proc_address("::1", 22) == "00000000000000000000000001000000:0016"
 
 
 @pytest.mark.unit
@@ -123,7 +124,9 @@ def test_only_the_token_opens_the_gate() -> None:
     assert gate.token_given(b"Bearer s3cret") and gate.token_given(b"basic " + base64.b64encode(b"any:s3cret"))
     assert not gate.token_given(b"Bearer s3cre") and not gate.token_given(b"Basic !!!")
     assert not gate.token_given(b"Token s3cret") and not gate.token_given(None)
-    assert gate.origin_allowed("http://127.0.0.1:8000") and not gate.origin_allowed("http://127.0.0.1.evil.example")
+    assert gate.origin_allowed("http://127.0.0.1:8000", 8000) and gate.origin_allowed("http://localhost:8000", 8000)
+    assert not gate.origin_allowed("http://127.0.0.1.evil.example", 8000)
+    assert not gate.origin_allowed("http://127.0.0.1:8001", 8000)  # a page of another server of the machine
 
 
 @pytest.mark.system  # starts processes
