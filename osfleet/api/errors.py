@@ -35,7 +35,7 @@ from osfleet.replicas.errors import (
 )
 from osfleet.replicas.input import InputError
 from osfleet.replicas.records import InvalidTransitionError
-from osfleet.replicas.tunnels import TunnelNotFoundError, TunnelRefusedError
+from osfleet.replicas.tunnels import TunnelNotFoundError, TunnelRefusedError, TunnelStalledError
 from osfleet.tasks.model import TaskError
 from osfleet.tasks.runner import TaskSetupError, VerifierError
 
@@ -85,6 +85,7 @@ KIND: list[tuple[type[Exception], ErrorKind]] = [
     (NotFound, "not_found"),
     (TunnelNotFoundError, "not_found"),
     (TunnelRefusedError, "conflict"),
+    (TunnelStalledError, "conflict"),
     (CheckpointNotFoundError, "not_found"),
     (CheckpointExistsError, "conflict"),
     (CheckpointQuotaError, "quota"),

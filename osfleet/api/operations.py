@@ -55,6 +55,7 @@ from osfleet.api.models import (
 )
 from osfleet.protocol.actions import MAX_READ_BYTES
 from osfleet.protocol.tasks import Evaluation
+from osfleet.replicas.tunnels import MAX_QUEUED, SEND_SECONDS
 
 Auth = Literal["caller", "operator", "osgym"]
 """``caller``: any principal (the operator or a client); ``operator``: the operator's token only (403 for a
@@ -262,7 +263,9 @@ TUNNEL_SEND = Operation(
     "tunnel_send",
     "PUT",
     "/v1/replicas/{rid}/tunnel",
-    "Send the request's body (bytes, application/octet-stream) into the tunnel. 404 once the tunnel is closed.",
+    "Send the request's body (bytes, application/octet-stream) into the tunnel. 404 once the tunnel is closed; "
+    f"409 (the tunnel then closed) when the replica takes too little of it within {SEND_SECONDS:.0f} s (a tunnel "
+    f"holds at most {MAX_QUEUED // 2**20} MiB the replica has not taken yet).",
     query=TunnelQuery,
     raw_body=True,
     response=TunnelSent,

@@ -19,7 +19,9 @@ at most ``MAX_PAYLOAD`` bytes:
     CLOSE  id, payload: a reason       both ways: the connection is over (no half-close)
 
 Anything malformed from the host ends the program (the host starts a new one); the host treats what this program
-sends as hostile input too (bounded frames, known ids only).
+sends as hostile input too (bounded frames, known ids only). A service that stops reading its connection holds
+nothing else up: what the host sends it waits in that connection's own buffer (``MAX_PENDING``; past it the
+connection is closed, and the host told why), and every socket is written only when it has room.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ HEADER = struct.Struct(">BII")
 HELLO, OPEN, OPENED, DATA, CLOSE = 1, 2, 3, 4, 5
 MAX_PAYLOAD = 64 * 1024
 MAX_CONNECTIONS = 64
+MAX_PENDING = 1 * 2**20  # what the host sent a connection and its service has not read yet
 CONNECT_SECONDS = 5.0
 READ_CHUNK = 32 * 1024
 PID_FILE = "/run/osfleet-tunnel.pid"
@@ -74,6 +77,7 @@ class Relay:
         self.fd = fd
         self.conns: dict[int, socket.socket] = {}
         self.ids: dict[int, int] = {}  # socket fd -> connection id
+        self.pending: dict[int, bytearray] = {}  # connection id -> bytes its service has not taken yet
         self.buf = b""
 
     def send(self, kind: int, conn: int, payload: bytes = b"") -> None:
@@ -88,6 +92,7 @@ class Relay:
 
     def drop(self, conn: int, reason: str = "", tell: bool = True) -> None:
         sock = self.conns.pop(conn, None)
+        self.pending.pop(conn, None)
         if sock is not None:
             self.ids.pop(sock.fileno(), None)
             sock.close()
@@ -119,19 +124,32 @@ class Relay:
             self.ids[sock.fileno()] = conn
             self.send(OPENED, conn)
         elif kind == DATA:
-            target = self.conns.get(conn)
-            if target is None:
+            if conn not in self.conns:
                 return  # closed here while the host was still sending
-            try:
-                target.setblocking(True)
-                target.sendall(payload)
-                target.setblocking(False)
-            except OSError as exc:
-                self.drop(conn, f"send: {exc.strerror or exc}")
+            pending = self.pending.setdefault(conn, bytearray())
+            if len(pending) + len(payload) > MAX_PENDING:
+                self.drop(conn, f"the service did not read {MAX_PENDING} bytes sent to it")
+                return
+            pending += payload
+            self.flush(conn)
         elif kind == CLOSE:
             self.drop(conn, tell=False)
         else:
             raise ValueError(f"unknown frame kind {kind}")
+
+    def flush(self, conn: int) -> None:
+        """What the connection's service has room for, without waiting (the socket is non-blocking)."""
+        pending, sock = self.pending.get(conn), self.conns.get(conn)
+        if not pending or sock is None:
+            return
+        try:
+            sent = sock.send(pending)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.drop(conn, f"send: {exc.strerror or exc}")
+            return
+        del pending[:sent]
 
     def read_host(self) -> bool:
         """Frames from the host; False when no host is connected (the port reads empty until one is)."""
@@ -178,11 +196,15 @@ class Relay:
         connect a while after it happened, so an empty read is not the end at once)."""
         alone_since: float | None = None
         while True:
+            waiting = [self.conns[c].fileno() for c, p in self.pending.items() if p and c in self.conns]
             try:
-                readable, _, _ = select.select([self.fd, *self.ids], [], [], 1.0)
+                readable, writable, _ = select.select([self.fd, *self.ids], waiting, [], 1.0)
             except OSError:  # the port itself is gone
                 self.reset()
                 return
+            for fd in writable:
+                if fd in self.ids:
+                    self.flush(self.ids[fd])
             for fd in readable:
                 if fd != self.fd:
                     self.read_conn(fd)

@@ -12,7 +12,14 @@ the guest sent (``MAX_BUFFERED``: a client that stops reading loses its stream, 
 API's calls (``osfleet.api.routes.tunnels``) check the caller's lease first; only then is a stream looked up.
 
 Everything from the guest is hostile: frames are bounded, ids must be ones the host opened, and the relay's
-answers are awaited with deadlines.
+answers are awaited with deadlines. A guest that stops reading its channel must not hold anything of the host
+either, so nothing is written to the channel by the thread that has something to send: frames wait in the
+``Outbox`` (control frames first, then one frame of each stream in turn, each stream's bytes bounded by
+``MAX_QUEUED``) and the ``Mux``'s own writer thread writes them, each within ``WRITE_SECONDS`` (a channel that
+takes nothing for that long is given up: its streams end, the replica's next tunnel starts a new one). A client's
+bytes wait for room in their stream's queue at most ``SEND_SECONDS`` (then the stream ends and the sender is told
+why, 409): asynchronously for the API (``Tunnels.send``: no worker thread waits), and never under the replica's
+lock.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import select
 import shlex
 import socket
 import struct
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -44,6 +53,9 @@ HELLO_SECONDS = 1.5  # an answer from a relay already running (milliseconds, eve
 START_SECONDS = 60.0  # python3 starting in a TCG guest
 OPEN_SECONDS = 15.0
 MAX_BUFFERED = 8 * 2**20  # what the guest sent and the client has not read yet, per stream
+MAX_QUEUED = 1 * 2**20  # what the client sent and the guest's channel has not taken yet, per stream
+WRITE_SECONDS = 10.0  # a frame the guest's channel does not take within this: the channel is given up
+SEND_SECONDS = 15.0  # a client's bytes that find no room in their stream's queue within this: the stream ends
 MAX_STREAMS_PER_REPLICA = 16
 MAX_WAIT_SECONDS = 25.0
 
@@ -59,6 +71,10 @@ class TunnelNotFoundError(OsfleetError):
 class TunnelRefusedError(OsfleetError):
     """Nothing accepted the connection inside the replica (no program listens on that port), or too many
     streams are open already."""
+
+
+class TunnelStalledError(OsfleetError):
+    """The replica did not take what was sent into a tunnel within ``SEND_SECONDS``: the stream ended."""
 
 
 @dataclass
@@ -77,6 +93,7 @@ class Stream:
     closed: str | None = None  # why, once the connection is over
     cond: threading.Condition = field(default_factory=threading.Condition)
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+    senders: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
 
     def feed(self, data: bytes) -> None:
         with self.cond:
@@ -97,12 +114,19 @@ class Stream:
             self._wake()
 
     def _wake(self) -> None:
-        """Under ``cond``: threads waiting in ``take`` and event loops waiting in ``take_async``."""
+        """Under ``cond``: threads waiting in ``take`` or ``Mux.send``, event loops in ``take_async`` or
+        ``Tunnels.send`` (an ended stream wakes its senders too)."""
         self.cond.notify_all()
-        for loop, event in self.waiters:
+        for loop, event in self.waiters + self.senders:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
                 loop.call_soon_threadsafe(event.set)
         self.waiters.clear()
+        self.senders.clear()
+
+    def room(self) -> None:
+        """The channel took one of this stream's frames: its senders may queue more."""
+        with self.cond:
+            self._wake()
 
     async def take_async(self, max_bytes: int, wait: float) -> bytes | None:
         """``take`` for an event loop: the wait holds no thread (a host agent's worker threads are few, and a
@@ -145,6 +169,77 @@ class Stream:
             return out
 
 
+class Outbox:
+    """Frames waiting for a channel: control frames (HELLO, OPEN, CLOSE) first, then one frame of each stream in
+    turn, so a stream with much to send never holds another's up. Each stream holds at most ``limit`` bytes here;
+    ``put`` takes what fits and says how much. Thread-safe."""
+
+    def __init__(self, limit: int = MAX_QUEUED) -> None:
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._control: deque[bytes] = deque()
+        self._streams: OrderedDict[int, deque[bytes]] = OrderedDict()
+        self._queued: dict[int, int] = {}
+        self._closed = False
+
+    def control(self, data: bytes) -> None:
+        with self._cond:
+            self._control.append(data)
+            self._cond.notify()
+
+    def put(self, conn: int, data: bytes) -> int:
+        """Queue as much of ``data`` as the stream's room takes (whole frames of at most ``MAX_PAYLOAD``)."""
+        taken = 0
+        with self._cond:
+            if self._closed:
+                return 0
+            frames = self._streams.setdefault(conn, deque())
+            while taken < len(data):
+                chunk = data[taken : taken + MAX_PAYLOAD]
+                if self._queued.get(conn, 0) + len(chunk) > self.limit:
+                    break
+                frames.append(frame(DATA, conn, chunk))
+                self._queued[conn] = self._queued.get(conn, 0) + len(chunk)
+                taken += len(chunk)
+            if taken:
+                self._cond.notify()
+        return taken
+
+    def queued(self, conn: int) -> int:
+        with self._cond:
+            return self._queued.get(conn, 0)
+
+    def drop(self, conn: int) -> None:
+        """Forget what a stream still had to send (it ended)."""
+        with self._cond:
+            self._streams.pop(conn, None)
+            self._queued.pop(conn, None)
+
+    def take(self) -> tuple[int | None, bytes] | None:
+        """The next frame and its stream (None for a control frame), waiting for one; None once closed."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                if self._control:
+                    return None, self._control.popleft()
+                for conn, frames in self._streams.items():
+                    if frames:
+                        data = frames.popleft()
+                        self._queued[conn] -= len(data) - HEADER.size
+                        self._streams.move_to_end(conn)  # the others go first next time
+                        return conn, data
+                self._cond.wait()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._control.clear()
+            self._streams.clear()
+            self._queued.clear()
+            self._cond.notify_all()
+
+
 class Mux:
     """The host's end of one running VM's tunnel channel (the module's docstring)."""
 
@@ -152,11 +247,11 @@ class Mux:
         self.path = path
         self._start_relay = start_relay
         self._sock: socket.socket | None = None
-        self._write = threading.Lock()
         self._lock = threading.Lock()
         self._streams: dict[int, Stream] = {}
         self._next = 1
         self._hello: tuple[bytes, threading.Event] | None = None
+        self._outbox = Outbox()
         self.dead: str | None = None
 
     # --- the channel ----------------------------------------------------------------------------------------------
@@ -170,6 +265,7 @@ class Mux:
             raise TunnelError(f"tunnel channel {self.path}: {exc.strerror or exc}") from None
         self._sock = sock
         threading.Thread(target=self._read, name=f"tunnel-{self.path.parent.name}", daemon=True).start()
+        threading.Thread(target=self._write_frames, name=f"tunnel-w-{self.path.parent.name}", daemon=True).start()
         if self._say_hello(HELLO_SECONDS):
             return
         self._start_relay()
@@ -190,11 +286,33 @@ class Mux:
         return answered.wait(timeout)
 
     def _send(self, data: bytes) -> None:
-        sock = self._sock
-        if sock is None or self.dead is not None:
+        """A control frame, queued for the writer (``OSError`` once the channel is closed)."""
+        if self._sock is None or self.dead is not None:
             raise OSError("the tunnel channel is closed")
-        with self._write:
-            sock.sendall(data)
+        self._outbox.control(data)
+
+    def _write_frames(self) -> None:
+        """The writer thread: each queued frame into the channel within ``WRITE_SECONDS``, else the channel is
+        given up (a guest that stops reading it holds nothing of the host)."""
+        while True:
+            item = self._outbox.take()
+            sock = self._sock
+            if item is None or sock is None:
+                return
+            conn, data = item
+            try:
+                _write_within(sock, data, WRITE_SECONDS)
+            except TimeoutError:
+                self.close(f"the guest did not read its tunnel channel for {WRITE_SECONDS:.0f} s")
+                return
+            except OSError as exc:
+                self.close(f"the tunnel channel failed: {exc}")
+                return
+            if conn is not None:
+                with self._lock:
+                    stream = self._streams.get(conn)
+                if stream is not None:
+                    stream.room()
 
     def _read(self) -> None:
         sock, buf = self._sock, b""
@@ -244,6 +362,7 @@ class Mux:
         """End the channel and every stream on it."""
         if self.dead is None:
             self.dead = reason
+        self._outbox.close()
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -252,7 +371,7 @@ class Mux:
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
-            stream.end(reason)
+            stream.end(self.dead)  # the first reason, whichever thread saw the end first
 
     # --- streams --------------------------------------------------------------------------------------------------
     def open(self, port: int, make: Callable[[int], Stream]) -> Stream:
@@ -283,22 +402,62 @@ class Mux:
             raise TunnelError(f"the guest's relay did not connect to port {port} within {OPEN_SECONDS:.0f} s")
         raise TunnelRefusedError(f"nothing accepted a connection to port {port} in the replica: {stream.closed}")
 
-    def send(self, stream: Stream, data: bytes) -> None:
-        for i in range(0, len(data), MAX_PAYLOAD):
-            try:
-                self._send(frame(DATA, stream.conn, data[i : i + MAX_PAYLOAD]))
-            except OSError as exc:
-                stream.end(str(exc))
-                raise TunnelNotFoundError(f"tunnel {stream.id} is closed ({stream.closed})") from None
+    def queue(self, stream: Stream, data: bytes) -> int:
+        """Queue what fits of ``data`` for the stream (the caller holds ``stream.cond``); ``TunnelNotFoundError``
+        when the stream or its channel is over."""
+        if self.dead is not None and stream.closed is None:
+            stream.closed = self.dead
+        if stream.closed is not None:
+            raise TunnelNotFoundError(f"tunnel {stream.id} is closed ({stream.closed})")
+        return self._outbox.put(stream.conn, data)
+
+    def stalled(self, stream: Stream) -> TunnelStalledError:
+        """End a stream whose bytes found no room within ``SEND_SECONDS``; the error says why."""
+        why = f"the replica did not take what was sent into tunnel {stream.id} within {SEND_SECONDS:.0f} s"
+        stream.end(why)
+        self.send_close(stream.conn)
+        return TunnelStalledError(f"{why}: the tunnel is closed")
+
+    def send(self, stream: Stream, data: bytes, seconds: float | None = None) -> None:
+        """Queue ``data`` for the stream, waiting (this thread) up to ``seconds`` (default ``SEND_SECONDS``) for room
+        as the channel takes it."""
+        deadline = time.monotonic() + (SEND_SECONDS if seconds is None else seconds)
+        with stream.cond:
+            while data:
+                data = data[self.queue(stream, data) :]
+                left = deadline - time.monotonic()
+                if data and left <= 0:
+                    raise self.stalled(stream)
+                if data:
+                    stream.cond.wait(left)
 
     def send_close(self, conn: int) -> None:
         self._forget(conn)
+        self._outbox.drop(conn)
         with contextlib.suppress(OSError):
             self._send(frame(CLOSE, conn))
 
     def _forget(self, conn: int) -> None:
         with self._lock:
             self._streams.pop(conn, None)
+
+
+def _write_within(sock: socket.socket, data: bytes, seconds: float) -> None:
+    """All of ``data`` into a blocking socket within ``seconds`` (``TimeoutError`` past them), without ever
+    blocking in ``send`` itself: each write takes what the socket's buffer has room for."""
+    deadline = time.monotonic() + seconds
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{len(view)} bytes not taken within {seconds:.0f} s")
+        _, writable, _ = select.select([], [sock], [], left)
+        if not writable:
+            continue
+        try:
+            view = view[sock.send(view, socket.MSG_DONTWAIT) :]
+        except BlockingIOError:
+            continue
 
 
 def relay_source() -> str:
@@ -376,11 +535,34 @@ class Tunnels:
             raise TunnelNotFoundError(f"tunnel {tunnel_id} ended when replica {replica_id} was reset or released")
         return stream
 
-    def send(self, stream: Stream, data: bytes) -> None:
-        """Into the stream (``TunnelNotFoundError`` when it is over)."""
-        if stream.closed is not None:
-            raise TunnelNotFoundError(f"tunnel {stream.id} is closed: {stream.closed}")
-        stream.mux.send(stream, data)
+    async def send(self, stream: Stream, data: bytes, seconds: float | None = None) -> None:
+        """Into the stream's queue, waiting (on the event loop: no thread held) up to ``seconds`` (default
+        ``SEND_SECONDS``) for room; ``TunnelNotFoundError`` when the stream is over, ``TunnelStalledError`` when the
+        replica took too little."""
+        deadline = time.monotonic() + (SEND_SECONDS if seconds is None else seconds)
+        mux = stream.mux
+        while True:
+            event = asyncio.Event()
+            with stream.cond:
+                data = data[mux.queue(stream, data) :]
+                if not data:
+                    return
+                stream.senders.append((asyncio.get_running_loop(), event))
+            left = deadline - time.monotonic()
+            try:
+                if left > 0:
+                    await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                pass
+            finally:
+                with stream.cond, contextlib.suppress(ValueError):
+                    stream.senders.remove((asyncio.get_running_loop(), event))
+            if not event.is_set() and deadline - time.monotonic() <= 0:
+                with stream.cond:
+                    data = data[mux.queue(stream, data) :]
+                    if not data:
+                        return
+                raise mux.stalled(stream)
 
     async def receive(self, stream: Stream, max_bytes: int, wait: float) -> bytes:
         """What the guest sent (b"" when nothing came within ``wait``); ``TunnelNotFoundError`` once the

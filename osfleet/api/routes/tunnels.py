@@ -3,7 +3,8 @@
 As every operation on one replica, a request finds its episode first (404 for another client's replica, 409 for a
 lease that does not hold it); the host checks the lease again under the replica's lock and only then looks the
 tunnel up (404 for one that is not this lease's). Reads and writes happen outside the replica's lock and the
-episode's, so a receive waiting for bytes never holds a step up, and its wait holds no worker thread either.
+episode's, so a receive waiting for bytes, or a send waiting for room in its stream's bounded queue, never holds a
+step up, and its wait holds no worker thread either (409 when the replica takes nothing for ``SEND_SECONDS``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
         return TunnelOpened(tunnel_id=stream.id, port=stream.port)
 
     @routes(TUNNEL_SEND)
-    def tunnel_send(rid: str, query: Annotated[TunnelQuery, Query()], data: RawBody, who: Caller) -> TunnelSent:
+    async def tunnel_send(rid: str, query: Annotated[TunnelQuery, Query()], data: RawBody, who: Caller) -> TunnelSent:
+        # the lease checked in a worker thread (it may wait for the replica's lock); waiting for room in the
+        # stream's queue holds none (a replica that stops reading cannot hold the host's threads)
         s = state()
-        live = s.episode(rid, query.lease_id, who)
-        stream = live.on(s.host, who).tunnel(rid, query.tunnel_id)
-        s.host.tunnels.send(stream, data)
+
+        def find() -> Stream:
+            live = s.episode(rid, query.lease_id, who)
+            return live.on(s.host, who).tunnel(rid, query.tunnel_id)
+
+        stream = await run_in_threadpool(find)
+        await s.host.tunnels.send(stream, data)
         return TunnelSent(bytes=len(data))
 
     @routes(TUNNEL_RECEIVE)
