@@ -89,8 +89,8 @@ def test_nodes_joining_moving_cordoned_and_gone_are_followed(
     tmp_path: Path, port: int, agents: list[LoopbackAgent]
 ) -> None:
     async def scenario() -> None:
-        async with HostClient() as client:
-            pool = HostPool([], client, "gateway-under-test")
+        async with HostClient() as client, HostClient() as polls:
+            pool = HostPool([], client, "gateway-under-test", polls)
             kd = KubeDiscovery(discovery(port), pool)
             agents.append(LoopbackAgent(tmp_path / "a", "127.0.0.1", port))
             kd.on_pod("ADDED", pod("agent-x1", "node-a.example", "127.0.0.1"))
@@ -147,8 +147,8 @@ def test_nodes_joining_moving_cordoned_and_gone_are_followed(
 
 def test_a_node_cordoned_before_its_agent_pod_shows_up_starts_drained(tmp_path: Path, port: int) -> None:
     async def scenario() -> None:
-        async with HostClient() as client:
-            pool = HostPool([], client, "gateway-under-test")
+        async with HostClient() as client, HostClient() as polls:
+            pool = HostPool([], client, "gateway-under-test", polls)
             kd = KubeDiscovery(discovery(port), pool)
             kd.on_node("ADDED", node("node-c", cordoned=True))
             kd.on_pod("ADDED", pod("agent-c", "node-c", "127.0.0.1"))
@@ -180,8 +180,8 @@ class FakeWatches:
 def test_the_watches_ask_for_the_agent_pods_of_the_namespace_and_the_nodes(port: int) -> None:
     async def scenario() -> FakeWatches:
         fake = FakeWatches({Pod: [("ADDED", pod("agent-1", "node-1", "127.0.0.1"))], Node: [("ADDED", node("node-1"))]})
-        async with HostClient() as client:
-            pool = HostPool([], client, "gateway-under-test")
+        async with HostClient() as client, HostClient() as polls:
+            pool = HostPool([], client, "gateway-under-test", polls)
             task = asyncio.create_task(KubeDiscovery(discovery(port), pool, lambda: fake).run())
             for _ in range(100):
                 if pool.known("node-1"):

@@ -63,8 +63,9 @@ def create_gateway(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with HostClient() as client:
-            pool = HostPool(entries, client, auth.gateway_id(token))
+        # callers' calls and health polls on connections of their own (hosts.py says why)
+        async with HostClient() as client, HostClient() as poll_client:
+            pool = HostPool(entries, client, auth.gateway_id(token), poll_client)
             running["gateway"] = Gateway(pool)
             await pool.poll_once()  # a restarted gateway knows its hosts before the first request
             tasks = [asyncio.create_task(pool.poll_forever())]

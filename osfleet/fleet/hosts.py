@@ -3,6 +3,11 @@
 Each host is polled (``/health`` then ``/v1/host``) every ``POLL_SECONDS``. A host that fails
 ``FAILS_TO_DRAIN`` polls in a row, or refuses a connection during a proxied call, is drained: its episodes
 end as 503 infrastructure with the reason, and nothing new goes to it. It rejoins on its first good poll.
+
+Polls go over connections of their own (a second ``HostClient``), never the ones that carry clients' calls:
+those are bounded per host (``hostclient.MAX_CONNECTIONS_PER_HOST``), and a tenant holding every one of them
+with long-polls (a tunnel's receive waits up to 25 s) would make the polls wait for a connection past their
+deadline, and a healthy host would be drained with every other tenant's episodes on it.
 """
 
 from __future__ import annotations
@@ -111,8 +116,12 @@ class HostState:
 class HostPool:
     """The hosts, their state, and calls to them with deadlines."""
 
-    def __init__(self, entries: list[HostEntry], client: HostClient, gateway: str) -> None:
-        """``gateway``: this gateway's name on its hosts (``auth.gateway_id``), sent with every client it names."""
+    def __init__(self, entries: list[HostEntry], client: HostClient, gateway: str, poll_client: HostClient) -> None:
+        """``gateway``: this gateway's name on its hosts (``auth.gateway_id``), sent with every client it names;
+        ``client`` carries the calls made for callers, ``poll_client`` the health polls: never the same
+        connections (see the module's docstring)."""
+        if poll_client is client:
+            raise ValueError("health polls need a HostClient of their own, not the one of callers' calls")
         check_unique(entries)
         self.gateway = gateway
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
@@ -121,8 +130,10 @@ class HostPool:
         for h in self.hosts:
             self._keyed(h)
         self.client = client
+        self.poll_client = poll_client
         for e in entries:
-            client.verify_with(e.url, e.ca_file)
+            for c in (client, self.poll_client):
+                c.verify_with(e.url, e.ca_file)
 
     def get(self, name: str) -> HostState:
         host = self._by_name.get(name)
@@ -165,7 +176,8 @@ class HostPool:
             self.drain(host, f"host {entry.name} moved to {entry.url}; not polled there yet")
         else:
             return host
-        self.client.verify_with(entry.url, entry.ca_file, tls_name)
+        for c in (self.client, self.poll_client):
+            c.verify_with(entry.url, entry.ca_file, tls_name)
         return host
 
     def hold(self, name: str, source: str, reason: str | None) -> None:
@@ -213,7 +225,7 @@ class HostPool:
 
     async def _get(self, host: HostState, path: str, auth: bool) -> HostResponse:
         headers = {"Authorization": f"Bearer {host.entry.token}"} if auth else {}
-        return await self.client.get(host.entry.url + path, headers=headers, timeout=POLL_TIMEOUT_SECONDS)
+        return await self.poll_client.get(host.entry.url + path, headers=headers, timeout=POLL_TIMEOUT_SECONDS)
 
     def drain(self, host: HostState, reason: str) -> None:
         if host.healthy:
