@@ -101,6 +101,9 @@ class HostState:
     healthy: bool = False
     reason: str = "not polled yet"
     sample: dict[str, Any] | None = None
+    # Ready replicas by the last sample, less the leases this gateway was granted there since (None: no sample):
+    # between two polls, leases go where a replica is left instead of asking full hosts first (``Gateway``).
+    ready: int | None = None
     failures: int = 0
     drains: int = 0
     since: float = field(default_factory=time.time)
@@ -126,6 +129,7 @@ class HostPool:
         self.gateway = gateway
         self.hosts = [HostState(e, i) for i, e in enumerate(entries)]
         self._by_name = {h.name: h for h in self.hosts}
+        self.version = 0  # counts changes of hosts and samples: what is computed from them is redone after one
         self._by_vm_key: dict[int, list[HostState]] = {}
         for h in self.hosts:
             self._keyed(h)
@@ -167,6 +171,7 @@ class HostPool:
             host = HostState(entry, len(self.hosts))
             self.hosts.append(host)
             self._by_name[entry.name] = host
+            self.version += 1
             self._keyed(host)
             log.warning("host %s joined at %s", entry.name, entry.url)
         elif host.entry.url != entry.url or host.entry.token != entry.token:
@@ -210,6 +215,8 @@ class HostPool:
             if sample.status_code != 200:
                 raise HostUnavailableError(f"/v1/host answered {sample.status_code}")
             host.sample = sample.json()
+            host.ready = _ready(host.sample)
+            self.version += 1
         except (HostCallError, HostUnavailableError, ValueError) as exc:
             host.failures += 1
             if host.failures >= FAILS_TO_DRAIN:
@@ -274,6 +281,14 @@ class HostPool:
             # no connection made (refused, unreachable, TLS refused): the host never saw the request
             unseen = isinstance(exc, HostConnectError)
             raise (HostNotReachedError if unseen else HostUnavailableError)(f"{host.reason}; lease again") from None
+
+
+def _ready(sample: Any) -> int | None:
+    """Ready replicas a host's ``/v1/host`` sample counts (None when it says nothing readable)."""
+    try:
+        return int(sample["replicas"]["ready"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -52,9 +52,14 @@ def room(host: str, sample: dict[str, Any]) -> Room:
     )
 
 
+def fullest_first(rooms: list[Room]) -> list[str]:
+    """Hosts, the fullest on its binding resource first (the order leases try them in)."""
+    return [r.host for r in sorted(rooms, key=lambda r: (-r.used_share, r.host))]
+
+
 def lease_order(rooms: list[Room]) -> list[str]:
     """Hosts to try for a lease: those with a ready replica, fullest first."""
-    return [r.host for r in sorted((r for r in rooms if r.ready > 0), key=lambda r: (-r.used_share, r.host))]
+    return fullest_first([r for r in rooms if r.ready > 0])
 
 
 def scale_plan(rooms: list[Room], count: int) -> dict[str, int]:

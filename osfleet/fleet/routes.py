@@ -159,6 +159,7 @@ def native(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
                 )
             except HostNotReachedError:
                 continue
+            gateway.took_lease(host, resp.status_code)
             if resp.status_code == 201:
                 if i:
                     gateway.metrics.failovers.inc()
@@ -308,6 +309,7 @@ def osgym(r: Routes, get_gateway: Callable[[], Gateway]) -> None:
                 resp = await gateway.call("reset", host, "POST", "/reset", who, json=body)
             except HostNotReachedError:  # only then: a host that timed out may have leased a vm all the same
                 continue
+            gateway.took_lease(host, resp.status_code)
             if resp.status_code == 200:
                 out = resp.json()
                 out["vm_id"] = ids.vm_to_fleet(host.name, int(out["vm_id"]))
