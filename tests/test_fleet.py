@@ -129,8 +129,10 @@ def test_a_client_cannot_tell_the_fleet_from_one_host(agents: dict[str, Agent]) 
         assert host in agents and lid.startswith(f"{host}.")
         r = gw.post(f"/v1/replicas/{rid}/reset", json={"lease_id": lid, "task": TASK, "observe": False}, headers=AUTH)
         assert r.status_code == 200 and r.json()["replica_id"] == rid
+        assert "total;dur=" in r.headers["server-timing"]  # where the host spent the time, relayed with its ids
         step = {"lease_id": lid, "action_id": "a1", "actions": SHELL, "observe": False}
-        assert gw.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["replayed"] is False
+        r = gw.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH)
+        assert r.json()["replayed"] is False and "total;dur=" in r.headers["server-timing"]  # and as it was
         assert gw.post(f"/v1/replicas/{rid}/step", json=step, headers=AUTH).json()["replayed"] is True
         assert gw.post(f"/v1/replicas/{rid}/evaluate", json={"lease_id": lid}, headers=AUTH).json()["reward"] == 1.0
         other = "small" if host == "big" else "big"

@@ -124,10 +124,14 @@ class Gateway:
         return passthrough(await self.forward("step", rid, req.lease_id, "step", req.model_dump(mode="json"), who))
 
 
+# Headers of a host's answer that its caller gets too: ``Server-Timing`` says where the host spent the request's
+# time (``osfleet.measure.timing``), which a client through the gateway wants as much as one at the host.
+RELAYED_HEADERS = ("retry-after", "www-authenticate", "server-timing")
+
+
 def passthrough(resp: HostResponse, media_type: str = "application/json") -> Response:
     """The host's answer as it was (a JSON body unless ``media_type`` says otherwise: a file's bytes)."""
-    headers = {k: v for k, v in resp.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
-    return Response(resp.content, status_code=resp.status_code, media_type=media_type, headers=headers)
+    return Response(resp.content, status_code=resp.status_code, media_type=media_type, headers=_relayed(resp))
 
 
 def rewritten(resp: HostResponse, host: str, keys: tuple[str, ...] = ("replica_id", "lease_id")) -> Response:
@@ -138,7 +142,11 @@ def rewritten(resp: HostResponse, host: str, keys: tuple[str, ...] = ("replica_i
     for key in keys:
         if isinstance(body.get(key), str):
             body[key] = ids.join(host, body[key])
-    return JSONResponse(body, status_code=resp.status_code)
+    return JSONResponse(body, status_code=resp.status_code, headers=_relayed(resp))
+
+
+def _relayed(resp: HostResponse) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k in RELAYED_HEADERS}  # HostResponse's names are lower case
 
 
 def lease_on(host: str, fleet_lease: str) -> str:
