@@ -172,7 +172,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         error = tier_error(item)
         if error:
             item.stash[TIER_ERROR] = error
-        elif tiers_of(item)[0] == "vm" and not item.get_closest_marker("xdist_group"):
+        elif tiers_of(item)[0] == "vm":  # whatever group its file names: vm tests share the machine's libvirt
             item.add_marker(pytest.mark.xdist_group(VM_GROUP))
 
 

@@ -19,7 +19,10 @@ import pytest
 
 from osfleet.tasks.osworld_format.guest import query as q
 
-pytestmark = pytest.mark.system
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.xdist_group("chrome"),
+]  # one xdist worker: the handover check scans the machine for google-chrome launchers
 
 
 @pytest.fixture

@@ -82,7 +82,8 @@ def test_a_machine_without_the_engine_builds_it_on_first_use_and_says_so(
     script.write_text(STAND_IN_BUILD)
     script.chmod(0o755)
     home = tmp_path / "home"
-    home.mkdir()
+    (home / "pulumi").mkdir(parents=True)
+    (home / "pulumi" / "passphrase").write_text("set-up made it\n")  # what set-up still does
     monkeypatch.setenv("OSFLEET_PROJECT", str(checkout))
     monkeypatch.setenv("VERSION", version)
     monkeypatch.delenv("OSFLEET_TOOLS", raising=False)

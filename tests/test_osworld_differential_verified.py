@@ -27,7 +27,10 @@ from tests.osworld_reference import Reference
 from tests.osworld_reference.verified import MAIN_ONLY, VERIFIED
 from tests.test_osworld_differential_general import Case, Outcome, image, score_both, table, write
 
-pytestmark = pytest.mark.system
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.xdist_group("chrome"),
+]  # one xdist worker: the handover check scans the machine for google-chrome launchers
 
 MAIN_SOURCE = os.environ.get("OSFLEET_OSWORLD_SOURCE", "")
 SHIMS = {"compare_image_text": ("easyocr",)}

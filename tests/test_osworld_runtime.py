@@ -35,7 +35,10 @@ from osfleet.tasks.osworld_format.convert import HISTORY_TEMPLATE_URL, from_oswo
 from osfleet.tasks.osworld_format.getters import GetterValueError, omnibox_text, time_format
 from osfleet.tasks.osworld_format.guest_paths import guest_path, shell_command
 
-pytestmark = pytest.mark.system
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.xdist_group("chrome"),
+]  # one xdist worker: the handover check scans the machine for google-chrome launchers
 
 CHROMIUM = "/usr/bin/chromium"
 DEBIAN_PYTHON = "/usr/bin/python3"

@@ -30,6 +30,10 @@ from osfleet.replicas.network import AddressBook, NetworkPolicy
 from osfleet.vm.domain_xml import DiskSpec, DomainSpec, NicSpec
 from osfleet.vm.images import GoldenImage
 
+pytestmark = pytest.mark.xdist_group(
+    "replica-network"
+)  # one xdist worker: its namespaces, addresses and ip_forward are the machine's
+
 INTERNET = "198.51.100.1"
 UPLINK_HOST = "198.51.100.2"
 WEB_PORT = 8000

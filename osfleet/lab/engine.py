@@ -50,6 +50,7 @@ def ensure_engine(settings: Settings | None = None, say: Callable[[str], None] |
     instead of every set-up, which neither the quick start nor an agent's episode needs. Progress lines go to
     ``say`` (default: stderr)."""
     s = settings or Settings.from_env()
+    passphrase_file(s)  # a machine set-up never ran on is told so before minutes of building
     root = engine_root(s)
     if not (root / "bin" / "pulumi").exists():
         speak = say or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -84,6 +85,14 @@ def session_bus_env() -> dict[str, str]:
     return {} if os.environ.get("DBUS_SESSION_BUS_ADDRESS") else {"DBUS_SESSION_BUS_ADDRESS": NO_SESSION_BUS}
 
 
+def passphrase_file(settings: Settings) -> Path:
+    """The file of the engine's secrets passphrase, which scripts/setup makes (never committed)."""
+    passphrase = settings.home / "pulumi" / "passphrase"
+    if not passphrase.is_file():
+        raise ConfigError(f"no Pulumi passphrase file {passphrase} (scripts/setup makes it)")
+    return passphrase
+
+
 def engine_env(settings: Settings | None = None, path: str | None = None) -> dict[str, str]:
     """Environment of the plain ``pulumi`` CLI here: the engine and our language host first on ``PATH``,
     local state, passphrase secrets, no update checks or plugin downloads, and the osfleet Python that the
@@ -91,9 +100,7 @@ def engine_env(settings: Settings | None = None, path: str | None = None) -> dic
     (default: this process's)."""
     s = settings or Settings.from_env()
     state = s.home / "pulumi"
-    passphrase = state / "passphrase"
-    if not passphrase.is_file():
-        raise ConfigError(f"no Pulumi passphrase file {passphrase} (scripts/setup makes it)")
+    passphrase = passphrase_file(s)
     for d in (state / "state", state / "home"):
         d.mkdir(parents=True, exist_ok=True)
     first = [str(engine_root(s) / "bin"), *kubernetes_bins()]
