@@ -72,6 +72,10 @@ class Outcome:
 
     @property
     def equal(self) -> bool:
+        if self.theirs is not None and not 0.0 <= self.theirs <= 1.0:
+            # OSWorld's run_sqlite3 returns its query's number; osfleet scores a value out of [0, 1] 0 and says so
+            # (osfleet.tasks.rewards: every reward is in [0, 1]).
+            return self.ours == 0.0 and "not a number in [0, 1]" in self.reason
         return self.theirs is not None and math.isclose(self.ours, self.theirs, rel_tol=1e-9, abs_tol=1e-9)
 
 

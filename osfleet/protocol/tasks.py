@@ -192,7 +192,7 @@ Check = Annotated[
 class Criterion(_M):
     name: str
     check: Check
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)  # finite: a reward is a weighted share in [0, 1]
     required: bool = True
 
 

@@ -40,10 +40,13 @@ from osfleet.tasks.osworld_format.convert import from_osworld
 
 
 def score(results: list[CriterionResult]) -> Evaluation:
-    total = sum(r.weight for r in results)
-    met = sum(r.weight for r in results if r.met)
+    """The weighted share of criteria met. Weights are finite and positive (``Criterion``); each is taken relative
+    to the largest, so no sum overflows (two weights of 1e308) and the share stays in [0, 1]."""
+    top = max((r.weight for r in results), default=0.0)
+    total = sum(r.weight / top for r in results) if top else 0.0
+    met = sum(r.weight / top for r in results if r.met) if top else 0.0
     return Evaluation(
-        reward=met / total if total else 0.0,
+        reward=min(met / total, 1.0) if total else 0.0,
         success=all(r.met for r in results if r.required),
         criteria=results,
     )

@@ -5,6 +5,7 @@
 - ``launch``: a root host agent's launcher (``python -I -m osfleet.tasks.jail.launch``), which stages the paths
   the jail's user cannot reach and drops to that user before bwrap;
 - ``seccomp``: the system calls refused, to the zygote and more strictly to each evaluation;
+- ``cgroups``: each evaluation's cgroup, which bounds its memory and its processes as a whole;
 - ``zygote``: the other side, inside the jail (``python -I -m osfleet.tasks.jail.zygote``), which forks one
   namespace set per evaluation;
 - ``numba_cache``: librosa's compiled code, made by the host and read-only in the jail.

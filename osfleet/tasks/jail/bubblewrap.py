@@ -15,13 +15,14 @@ which imports the agent's own file) runs in the evaluation sandbox's zygote and 
   ``/etc`` that programs read (the dynamic linker's cache, time zone, fonts, MIME types), the Python
   installation, the virtualenv and the osfleet package at their own paths (nothing else of the project's
   folder, nothing of ``$OSFLEET_HOME``, no ``/run``, no ``/var``, no ``/home``, no ``/root``), a fresh ``/proc``
-  and ``/dev``, and the spool of evaluation folders. No UNIX socket of the host is in it, so neither libvirt's
-  nor the host agent's can be reached, whatever the network namespace would allow.
+  and ``/dev`` (read-only too), and the spool of evaluation folders. No UNIX socket of the host is in it, so
+  neither libvirt's nor the host agent's can be reached, whatever the network namespace would allow.
 - **One evaluation, one namespace set.** The zygote (``zygote.py``) forks each evaluation as PID 1 of a new
   PID namespace with its own mount, network and IPC namespaces, where it sees only its own folder (read-only)
-  and a private ``/tmp``; when the evaluation ends its PID 1 exits and the kernel kills everything left in that
-  namespace (a ``setsid()`` and a double fork included). Its metric process has no capabilities and runs
-  under the evaluation seccomp filter (``seccomp``) with ``no_new_privs``.
+  and writes only into a tmpfs of its own (its ``/tmp`` and ``/dev/shm``); when the evaluation ends its PID 1
+  exits and the kernel kills everything left in that namespace (a ``setsid()`` and a double fork included). Its
+  metric process has no capabilities and runs under the evaluation seccomp filter (``seccomp``) with
+  ``no_new_privs``; its memory and processes are bounded as a whole by a cgroup of its own (``cgroups``).
 - **The host's side of it.** Paths a root host agent may reach but the jail user may not (pyenv's Python under
   ``/root``, mode 0700; a checkout anywhere) are bound first, as root, into a staging tmpfs inside a private
   mount namespace of the launcher (``launch``), which then drops to the jail user and runs bwrap on the
@@ -194,9 +195,10 @@ class Jail:
             argv += ["--ro-bind", self._staged(str(self.numba_cache), binds), numba_cache.JAIL_PATH]
             argv += ["--setenv", "NUMBA_CACHE_DIR", numba_cache.JAIL_PATH]
         argv += ["--chdir", "/"]
-        # The root tmpfs read-only too: it is shared by every evaluation of this zygote, and a file one of them
-        # left there (an /etc/ld.so.preload) would run in the next one's processes.
-        argv += ["--remount-ro", "/"]
+        # The root tmpfs read-only too, and /dev: they are shared by every evaluation of this zygote, and a file one
+        # of them left there (an /etc/ld.so.preload, a marker in /dev/shm) would be the next one's. An evaluation
+        # writes only into a tmpfs of its own, shown at /tmp and /dev/shm (zygote._isolate).
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
         argv += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--", *inner]
         if not self.who.switch:
             return argv, {}

@@ -15,8 +15,12 @@ runs in the host agent's process: ``Sandbox.run`` hands it to a child of a warm 
   libraries, the spool of evaluation folders and nothing else of the host (no token, no ``$OSFLEET_HOME``, no
   UNIX socket, no network), under a seccomp filter and ``no_new_privs``;
 - nothing shared with other evaluations: each one is PID 1 of a PID namespace of its own with its own mount,
-  network and IPC namespaces, sees only its own folder (read-only, ``/eval``) and a private ``/tmp``, runs its
-  metric without capabilities under a stricter seccomp filter, and ends with everything it started.
+  network and IPC namespaces, sees only its own folder (read-only, ``/eval``) and writes only into a tmpfs of its
+  own (``/tmp`` and ``/dev/shm``), runs its metric without capabilities under a stricter seccomp filter, and ends
+  with everything it started;
+- bounds on the evaluation as a whole: a cgroup of its own (``osfleet.tasks.jail.cgroups``) holds its memory (its
+  tmpfs files included) and its number of processes, where the host has cgroups to give; ``RLIMIT_NPROC`` bounds
+  the processes of every evaluation together in any case.
 
 Whatever happens inside (a parse error, ``zlib.error``, ``BadZipFile``, an encrypted zip, ``RecursionError``,
 ``MemoryError``, a limit's signal, a crash, a kill) the evaluation scores 0 with the reason in its detail: the
@@ -26,9 +30,11 @@ zygote died) is an infrastructure failure (``SandboxError``: 503), like failing 
 
 Why a zygote and not a fresh interpreter per evaluation: importing the metric modules with openpyxl and
 python-docx took 2.6-3.9 s here (2 cores), a fork of the warm zygote ~16 ms (README, "Security model").
-Why limits in the child and not a cgroup: ``RLIMIT_AS`` needs no privileges and no delegated cgroup tree, and
-works the same in a container, a systemd service and a developer's shell; the host bounds how many children
-run at once (``max_jobs``), so the sandbox's memory is at most ``max_jobs x memory_bytes`` above the zygote.
+Why a cgroup as well as the limits in the child: ``RLIMIT_AS`` needs no privileges and works the same everywhere,
+but it is per process (six children of one evaluation held six times its memory), and ``RLIMIT_NPROC`` is per
+user, one pool for every evaluation of the jail. The cgroup needs a root host agent (or a delegated cgroup), so
+the per-process limits stay: without a cgroup the sandbox says so in ``info["cgroup"]`` and its memory is bounded
+by ``max_jobs`` children at once, each process under ``RLIMIT_AS``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ import collections
 import contextlib
 import json
 import logging
-import math
 import os
 import pickle
 import select
@@ -55,8 +60,10 @@ from pathlib import Path
 from typing import Any
 
 from osfleet.errors import OsfleetError
+from osfleet.tasks import rewards
 from osfleet.tasks.jail import seccomp as jail_seccomp
 from osfleet.tasks.jail.bubblewrap import Jail, JailError, stage
+from osfleet.tasks.jail.cgroups import Bounds, Group, Groups, Usage
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,9 @@ METRIC_CPU_SECONDS = 30
 METRIC_WALL_SECONDS = 45.0
 METRIC_FILE_BYTES = 64 * 2**20
 METRIC_OPEN_FILES = 256
+# Processes and threads of one evaluation (its cgroup's pids.max); a test suite is two processes, a metric one.
+METRIC_PROCESSES = 128
+ZYGOTE_TASKS = 8  # the zygote and bubblewrap, counted with the evaluations in the jail user's RLIMIT_NPROC
 # Children at once: one per core, 2 to 8 (the sandbox's memory is at most this many times METRIC_MEMORY_BYTES);
 # more evaluations wait for a slot, within their wall time.
 MAX_JOBS = min(8, max(2, os.cpu_count() or 2))
@@ -89,6 +99,11 @@ class Limits:
     wall_seconds: float = METRIC_WALL_SECONDS
     file_bytes: int = METRIC_FILE_BYTES
     open_files: int = METRIC_OPEN_FILES
+    processes: int = METRIC_PROCESSES
+
+    def bounds(self) -> Bounds:
+        """The evaluation's cgroup: its processes' memory and its tmpfs (``/tmp``, ``/dev/shm``) in one bound."""
+        return Bounds(self.memory_bytes + self.file_bytes, self.processes)
 
 
 SIGNALS = {
@@ -124,7 +139,10 @@ class Sandbox:
 
     def __init__(self, limits: Limits | None = None, max_jobs: int = MAX_JOBS) -> None:
         self.limits = limits or Limits()
+        self.max_jobs = max_jobs
         self._slots = threading.BoundedSemaphore(max_jobs)
+        self._groups: Groups | None = None  # made with the jail (None where the host has no cgroup to give)
+        self._cgroup = ""  # where the evaluations' cgroups are, or why there are none
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
@@ -165,6 +183,10 @@ class Sandbox:
         try:
             if self._jail is None:
                 self._jail = Jail()
+                self._groups, where = Groups.for_sandbox()
+                self._cgroup = where
+                if self._groups is None:
+                    log.warning("evaluation jail: no cgroup per evaluation (%s): RLIMIT_NPROC bounds them", where)
             jail = self._jail
         except (JailError, OSError) as exc:
             raise SandboxError(f"cannot set up the evaluation jail: {exc}") from None
@@ -216,7 +238,7 @@ class Sandbox:
         err.close()
         ours.settimeout(None)
         self._proc, self._control, self._zygote_pid = proc, ours, zygote
-        self.info = {**info, "jail_user": jail.who.name, "jail_uid": jail.who.uid}
+        self.info = {**info, "jail_user": jail.who.name, "jail_uid": jail.who.uid, "cgroup": self._cgroup}
         if not jail.who.switch:
             log.warning("evaluation jail: the host agent is not root: the jail runs as its user %s", jail.who.name)
         return ours
@@ -241,6 +263,9 @@ class Sandbox:
             if self._jail is not None:
                 self._jail.close()
                 self._jail = None
+            if self._groups is not None:
+                self._groups.close()
+                self._groups = None
 
     def pid(self) -> int | None:
         """The zygote's pid on the host while it runs (tests, and ``ps`` readers)."""
@@ -333,13 +358,14 @@ class Sandbox:
             result, expected = stage((result, expected), folder)
         except OSError as exc:
             raise SandboxError(f"cannot copy the getters' files into the jail's spool: {exc}") from None
+        jail_processes = self.limits.processes * self.max_jobs + ZYGOTE_TASKS
         job = pickle.dumps(
             {
                 "func": func,
                 "result": result,
                 "expected": expected,
                 "options": options,
-                "limits": {**asdict(self.limits), "wall_seconds": wall},
+                "limits": {**asdict(self.limits), "wall_seconds": wall, "jail_processes": jail_processes},
                 "folder": folder.name,
             }
         )
@@ -351,17 +377,47 @@ class Sandbox:
             pid = int(first["pid"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SandboxError(f"the evaluation sandbox did not take the job: {exc}") from None
-        with contextlib.suppress(OSError):  # the child is gone already: the zygote says how it ended
-            conn.sendall(struct.pack("!Q", len(job)) + job)
-        reply, status = self._answers(conn, end)
-        if reply is not None and "jail_error" in reply:
-            raise SandboxError(f"the evaluation jail could not be set up: {reply['jail_error']}")
-        if reply is None and status is None:  # its wall time is up: the zygote kills it (its PID 1 ignores alarms)
+        group = self._bound(pid)  # before the job is sent: nothing of the guest's runs outside its cgroup
+        try:
+            with contextlib.suppress(OSError):  # the child is gone already: the zygote says how it ended
+                conn.sendall(struct.pack("!Q", len(job)) + job)
+            reply, status = self._answers(conn, end)
+            if reply is not None and "jail_error" in reply:
+                raise SandboxError(f"the evaluation jail could not be set up: {reply['jail_error']}")
+            if reply is None and status is None:  # its wall time is up: the zygote kills it (PID 1 ignores alarms)
+                self._kill_job(pid)
+                with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it
+                    _, status = self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
+                return (0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"), status
+            usage = group.usage() if group is not None else None
+            return _verdict(func, reply, status, self.limits, wall, usage), status
+        finally:
+            if group is not None and self._groups is not None:
+                self._groups.release(group)
+
+    def _bound(self, pid: int) -> Group | None:
+        """The evaluation ``pid`` (the zygote's name for it) moved into a new cgroup of its own, where the host
+        has cgroups (else None). An evaluation that cannot be bounded does not run: ``SandboxError``."""
+        groups, zygote = self._groups, self._zygote_pid
+        if groups is None:
+            return None
+        try:
+            host_pid = _host_pid(zygote, pid) if zygote is not None else None
+            if host_pid is None:
+                raise OSError(f"evaluation {pid} is not among the zygote's children")
+            group = groups.evaluation(self.limits.bounds())
+        except OSError as exc:
             self._kill_job(pid)
-            with contextlib.suppress(OSError, SandboxError):  # the zygote reaps it
-                _, status = self._answers(conn, time.monotonic() + KILL_GRACE_SECONDS)
-            return (0.0, f"{func}: the metric hit its wall-time limit of {wall:.0f} s (killed)"), status
-        return _verdict(func, reply, status, self.limits, wall), status
+            raise SandboxError(f"cannot bound the evaluation with a cgroup: {exc}") from None
+        try:
+            group.add(host_pid)
+        except ProcessLookupError:  # it ended already: the zygote says how
+            pass
+        except OSError as exc:
+            self._kill_job(pid)
+            groups.release(group)
+            raise SandboxError(f"cannot move the evaluation into its cgroup: {exc}") from None
+        return group
 
     def _answers(self, conn: socket.socket, end: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """The child's reply (if it gave one) and the zygote's word on how it ended, until ``end``."""
@@ -414,6 +470,26 @@ def _read_info(fd: int, seconds: float) -> int | None:
     return None
 
 
+def _host_pid(zygote: int, pid: int) -> int | None:
+    """The host's pid of the zygote's child ``pid`` (its pid in the zygote's namespace): the child whose
+    ``NSpid`` line says so (the last number is 1: it is its own namespace's PID 1)."""
+    try:
+        with open(f"/proc/{zygote}/task/{zygote}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return None
+    for child in children:
+        try:
+            with open(f"/proc/{child}/status") as f:
+                line = next((x for x in f if x.startswith("NSpid:")), "")
+        except OSError:
+            continue
+        ids = line.split()[1:]
+        if len(ids) >= 2 and ids[-2] == str(pid):
+            return child
+    return None
+
+
 def _read_line(sock: socket.socket, limit: int) -> str:
     buf = b""
     while b"\n" not in buf:
@@ -427,14 +503,34 @@ def _read_line(sock: socket.socket, limit: int) -> str:
 
 
 def _verdict(
+    func: str,
+    reply: dict[str, Any] | None,
+    status: dict[str, Any] | None,
+    limits: Limits,
+    wall: float,
+    usage: Usage | None = None,
+) -> Score:
+    """The child's answer, or why it has none, as a score in [0, 1] and a reason; a 0 says what the evaluation's
+    cgroup counted against its bounds (a process the kernel ended for memory, forks refused)."""
+    score, detail = _answer(func, reply, status, limits, wall)
+    if score == 0.0 and usage is not None:
+        bounds = limits.bounds()
+        if usage.oom_kills:
+            detail += (
+                f" (the evaluation reached its memory bound of {_mib(bounds.memory_bytes)}: the kernel ended "
+                f"{usage.oom_kills} of its processes)"
+            )
+        if usage.refused_forks:
+            detail += f" (the evaluation reached its bound of {bounds.tasks} processes: {usage.refused_forks} refused)"
+    return score, detail[:500]
+
+
+def _answer(
     func: str, reply: dict[str, Any] | None, status: dict[str, Any] | None, limits: Limits, wall: float
 ) -> Score:
-    """The child's answer, or why it has none, as a score and a reason."""
     if reply is not None and "score" in reply:
-        score = reply["score"]
-        if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
-            return float(score), str(reply.get("detail", ""))[:500]
-        return 0.0, f"{func}: the metric's answer was not a score"
+        score, why = rewards.value(f"{func}", reply["score"])
+        return score, why or str(reply.get("detail", ""))[:500]
     if reply is not None and "error" in reply:
         error = str(reply["error"])[:500]
         if error.startswith("MemoryError"):

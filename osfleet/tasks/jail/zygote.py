@@ -15,9 +15,10 @@ forks the evaluation for it. Why this shape:
 One evaluation is one process, forked as PID 1 of a new PID namespace (the zygote ``unshare``s
 ``CLONE_NEWPID`` before the fork and goes back to its own with ``setns`` after it). It makes new mount, network
 and IPC namespaces, binds its own folder of the spool read-only at ``/eval``, hides the rest of the spool, mounts
-a private ``/tmp`` (at most ``file_bytes``) and a ``/proc`` that shows only its namespace, drops every
-capability, loads the evaluation seccomp filter (``seccomp``), sets its limits (address space, CPU seconds,
-file size, open files, no core dumps) and runs the metric in ``/eval``, writing one JSON line: ``{"score",
+a tmpfs of its own (at most ``file_bytes``) as its ``/tmp`` and ``/dev/shm``, a ``devpts`` of its own and a
+``/proc`` that shows only its namespace, drops every capability, loads the evaluation seccomp filter
+(``seccomp``), sets its limits (address space, CPU seconds, file size, open files, the jail's processes, no core
+dumps) and runs the metric in ``/eval``, writing one JSON line: ``{"score",
 "detail"}`` or ``{"error"}``. Whatever the metric raises becomes that error line; what it cannot raise (a
 crash, a limit, a denied system call) the zygote reports. When it ends, the kernel kills every process left in
 its namespace: nothing an evaluation starts outlives it (``setsid()`` and double forks included).
@@ -38,7 +39,6 @@ import contextlib
 import ctypes
 import importlib
 import json
-import math
 import os
 import pickle
 import re
@@ -76,6 +76,7 @@ REGISTRY = "osfleet.tasks.osworld_format.metrics"
 PRELOAD = ("openpyxl", "docx", "pptx", "yaml", "lxml.etree", "pandas", "numpy")
 REQUEST_MAX_BYTES = 256 * 2**20  # a job (what getters fetched) is at most a few 8 MiB files and outputs
 DETAIL_MAX_CHARS = 500
+SCRATCH_INODES = 16384  # files in an evaluation's /tmp and /dev/shm together (each costs kernel memory)
 FOLDER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -163,15 +164,19 @@ def _apply_limits(limits: dict[str, Any]) -> None:
     _limit(resource.RLIMIT_FSIZE, int(limits["file_bytes"]))
     _limit(resource.RLIMIT_NOFILE, int(limits["open_files"]))
     _limit(resource.RLIMIT_CORE, 0)  # a core dump would be a copy of a tenant's files
+    # Processes of the jail's user, every evaluation's together (the kernel counts per user of the namespace): a
+    # bound for the whole jail; the evaluation's own is its cgroup's (osfleet.tasks.jail.cgroups).
+    _limit(resource.RLIMIT_NPROC, int(limits["jail_processes"]))
 
 
 def _score(value: Any) -> float:
-    """A metric's score as a float: any finite number (OSWorld's ``run_sqlite3`` returns its query's number)."""
+    """A metric's value as a float, whatever number it is: the host judges it (``osfleet.tasks.rewards``), so a
+    value out of [0, 1] scores 0 there with the value named."""
     if isinstance(value, bool):
         return float(value)
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    if not isinstance(value, int | float):
         raise ValueError(f"the metric returned {type(value).__name__} {str(value)[:40]}, not a score")
-    return float(value)
+    return float(value)  # (an int too large for a float raises OverflowError: an error line)
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
@@ -230,17 +235,30 @@ def _numba_cache(func: str) -> None:
         os.environ["NUMBA_CACHE_DIR"] = "/tmp/numba-cache"
 
 
-def _isolate(folder: str, tmp_bytes: int) -> None:
-    """This evaluation's namespaces and mounts (it is PID 1 of its own PID namespace already)."""
+def _isolate(folder: str, file_bytes: int) -> None:
+    """This evaluation's namespaces and mounts (it is PID 1 of its own PID namespace already).
+
+    What it may write is one tmpfs of its own, at most ``file_bytes`` and ``SCRATCH_INODES`` files, shown as its
+    ``/tmp`` and its ``/dev/shm`` (so both count in one budget, and in its cgroup's memory: tmpfs lives in RAM),
+    and a ``devpts`` of its own (its pseudo-terminals, no one else's). The zygote's ``/dev`` is read-only, its
+    root too: the kernel frees all of it with the evaluation's mount namespace, and nothing an evaluation writes is
+    there for the next one. POSIX message queues, System V IPC and abstract UNIX sockets belong to the evaluation's
+    own IPC and network namespaces, which end with it as well."""
     _check(_libc().unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount(f"{JOBS}/{folder}", EVAL, None, MS_BIND)
     _mount(None, EVAL, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    _mount("tmpfs", JOBS, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0")  # the others'
     # The Python the metric runs on may live under /tmp (a checkout in /tmp): held open across the private /tmp
     # and bound back read-only at its own path, or the metric's own interpreter would be gone.
     held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in _PYTHON_UNDER_TMP]
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={max(tmp_bytes, 1 << 20)},mode=0700")
+    # Its scratch, made on the spool's mount point (which it hides), then shown at /tmp and /dev/shm.
+    size = f"size={max(file_bytes, 1 << 20)},nr_inodes={SCRATCH_INODES},mode=0755"
+    _mount("tmpfs", JOBS, "tmpfs", MS_NOSUID | MS_NODEV, size)
+    for name, target in (("tmp", "/tmp"), ("shm", "/dev/shm")):
+        os.mkdir(f"{JOBS}/{name}", 0o700)
+        _mount(f"{JOBS}/{name}", target, None, MS_BIND)
+    _mount("tmpfs", JOBS, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0")  # covered
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     for path, fd in held:
         os.makedirs(path, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)

@@ -2,8 +2,9 @@
 
 Each metric takes the ``result`` and ``expected`` values its getters produced (a local file path for
 ``vm_file``/``cloud_file``, a string for ``vm_command_line``, a dict for ``rule``) and the evaluator's
-``options``, and returns a score (in [0, 1] for all but ``run_sqlite3``, which returns its query's number as
-OSWorld does) with a reason. A value a metric cannot use (a file that is missing, corrupt, or of the wrong
+``options``, and returns a score with a reason: a number in [0, 1], or it scores 0 saying why
+(``osfleet.tasks.rewards``: ``run_sqlite3`` returns its query's number as OSWorld does, and a number above 1 is
+such a 0, never clamped). A value a metric cannot use (a file that is missing, corrupt, or of the wrong
 kind) scores 0 with a reason, as in OSWorld, where the metric raises and the task gets no score: the agent
 did not produce what was asked. Only failures to reach the guest are infrastructure errors, and those are
 raised by the getters. Metrics run in the evaluation sandbox (``run_metric``): a file built to hurt its parser

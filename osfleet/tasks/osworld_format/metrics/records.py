@@ -1,7 +1,8 @@
 """Metrics on records in a database (``check_csv`` and the spreadsheet column check live with the sheets).
 
 - ``run_sqlite3``: ``rules.sql`` run on the database file; the score is the first column of its first row
-  (a number; null counts 0). OSWorld returns that number as it is, so it may be above 1.
+  (a number; null counts 0). OSWorld returns that number as it is, so it may be above 1; the sandbox then scores
+  it 0 with the number named (``osfleet.tasks.rewards``: a reward is in [0, 1]).
 
 The query is the task's, but the database is the guest's: it is opened read-only, only reading statements
 are authorised (no ATTACH, no writes, no pragmas that change state), and it is interrupted after
