@@ -26,7 +26,7 @@ from typing import Any
 import openpyxl
 import pytest
 
-from osfleet.errors import GuestCommandKilledError, GuestTimeoutError
+from osfleet.errors import GuestCommandKilledError, GuestFileTooLargeError, GuestTimeoutError
 from osfleet.lab.engine import NO_SESSION_BUS
 from osfleet.tasks import runner
 from osfleet.tasks.assets import AssetStore
@@ -34,6 +34,7 @@ from osfleet.tasks.osworld_format import getters
 from osfleet.tasks.osworld_format.convert import HISTORY_TEMPLATE_URL, from_osworld
 from osfleet.tasks.osworld_format.getters import GetterValueError, omnibox_text, time_format
 from osfleet.tasks.osworld_format.guest_paths import guest_path, shell_command
+from tests import fake_guest_reads
 
 pytestmark = [
     pytest.mark.system,
@@ -73,7 +74,7 @@ class NamespaceGuest:
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
         inner = 'cd / && exec sh -c "$1"' if as_root else 'cd /home/user && HOME=/home/user exec sh -c "$1"'
-        p = self._run(inner, command, timeout)
+        p = self._run(inner, fake_guest_reads.as_local_user(command), timeout)
         return {"exit_code": p.returncode, "stdout": p.stdout.decode(), "stderr": p.stderr.decode()}
 
     def read_file(self, replica_id: str, path: str, limit: int, timeout: float = 30.0) -> bytes:
@@ -225,7 +226,7 @@ def test_file_getters_single_multi_gives_missing_and_capped(
     )
     assert stamped.name.startswith(f"r_{dt.datetime.now():%Y%m%d}")
     monkeypatch.setattr(getters, "MAX_READ_BYTES", 3)
-    with pytest.raises(GetterValueError, match="over the 3 bytes"):
+    with pytest.raises(GuestFileTooLargeError, match="file over 3 bytes: /home/user/a.txt"):
         get(guest, {"type": "vm_file", "path": "/home/user/a.txt", "dest": "a"}, tmp_path, store)
     for i, url in enumerate(("https://x.test/1", "https://x.test/2")):
         (tmp_path / f"c{i}").write_text(f"cloud {i}")
@@ -642,6 +643,7 @@ class DesktopGuest:
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
         env = {"PATH": f"{Path(DEBIAN_PYTHON).parent}:/bin", "DISPLAY": self.display, "HOME": str(self.home)}
+        command = fake_guest_reads.as_local_user(command)
         p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout, env=env)
         return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 

@@ -26,6 +26,7 @@ from osfleet.tasks.osworld_format.convert import from_osworld
 from osfleet.tasks.osworld_format.importer import import_folder
 from osfleet.tasks.suites import SUITES, load_suite
 from osfleet.tasks.suites.generate import HOME, generate
+from tests import fake_guest_reads
 
 pytestmark = pytest.mark.system
 
@@ -50,6 +51,7 @@ class HomeGuest:
         self.home, self.bin_dir = home, bin_dir
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
+        command = fake_guest_reads.as_local_user(command)  # (before the home's path changes in its text)
         command = command.replace(HOME, str(self.home))  # getters name the guest's home by its path
         env = {**os.environ, "HOME": str(self.home), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
         p = subprocess.run(

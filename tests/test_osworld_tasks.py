@@ -27,6 +27,7 @@ from osfleet.tasks.model import OsworldCheck, PutFile, Run, TaskError, Unsupport
 from osfleet.tasks.osworld_format.convert import OsworldTask, from_osworld, unsupported_features
 from osfleet.tasks.osworld_format.guest_writes import RAW_CHUNK_BYTES, put_file
 from osfleet.tasks.osworld_format.importer import import_folder
+from tests import fake_guest_reads
 from tests.fakes import FakeHost
 
 URL = "https://example.test/files/budget.xlsx"
@@ -57,6 +58,7 @@ class LocalGuest:
 
     def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]:
         self.commands.append(command)
+        command = fake_guest_reads.as_local_user(command)
         p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
         return {"exit_code": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 

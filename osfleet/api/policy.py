@@ -31,7 +31,7 @@ from osfleet.api.errors import Forbidden
 from osfleet.config import AgentConfig
 from osfleet.protocol.actions import Action, Shell
 from osfleet.replicas.actions import GUEST_USER
-from osfleet.tasks.model import CommandOutput, OsworldCheck, PutFile, Run, Task
+from osfleet.tasks.model import CommandOutput, OsworldCheck, PutFile, Run, Task, TaskError, find_task
 from osfleet.tasks.osworld_format.guest_writes import CACHE_DIR
 
 ROOT_REFUSED = (
@@ -42,6 +42,20 @@ ROOT_REFUSED = (
 
 def may_be_root(who: Principal, config: AgentConfig) -> bool:
     return who.operator or config.allow_agent_root
+
+
+def reads_as_root(task: Task, who: Principal, config: AgentConfig) -> bool:
+    """Whether ``task``'s checks may read the guest as root when ``who`` evaluates it: the operator, a host whose
+    clients may be root (``--allow-agent-root``), or a built-in task as it ships (the operator's, whoever resets to
+    it). Any other task is a client's own, and every check and getter of it reads as the desktop user
+    (``osfleet.tasks.runner.evaluate``'s ``as_user``): a ``file_content`` check of ``/etc/shadow`` is unmet, saying
+    the user may not read it, and nothing of the file."""
+    if may_be_root(who, config):
+        return True
+    try:
+        return find_task(task.id) == task
+    except TaskError:
+        return False
 
 
 def refuse_root_actions(actions: Sequence[Action], who: Principal, config: AgentConfig) -> None:

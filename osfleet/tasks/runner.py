@@ -4,6 +4,14 @@ Tasks converted from OSWorld's format are scored as OSWorld scores them (``Task.
 value in [0, 1]; ``and`` stops at the first 0 (score 0) and otherwise averages, ``or`` stops at the first 1
 and otherwise takes the maximum; an agent whose last action declared the task infeasible scores 1 on an
 ``infeasible`` task and 0 on any other, without its metrics being run.
+
+Every metric's value is judged in one place (``osfleet.tasks.rewards``, applied by the evaluation sandbox to
+every metric it runs): a finite number in [0, 1] or a 0 with the reason. So is every reward this module makes.
+
+Who reads the guest: a client's task (``as_user``, what the API decides with ``osfleet.api.policy``) reads it as
+the desktop user in every check and getter, an operator's task may read as root (its ``file_content`` checks, and
+``command_output`` checks marked ``as_root``). The getters read files as the desktop user for everyone
+(``osfleet.tasks.guest_reads``), but ``cache_file``, which reads osfleet's own root-owned task cache.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from osfleet.errors import GuestFileTooLargeError, GuestTimeoutError, OsfleetErr
 from osfleet.protocol.actions import MAX_READ_BYTES, Action, ActionResult
 from osfleet.replicas import actions
 from osfleet.replicas.lifecycle import Timed
+from osfleet.tasks import guest_reads
 from osfleet.tasks.assets import AssetStore
 from osfleet.tasks.jail import sandbox
 from osfleet.tasks.model import (
@@ -59,6 +68,7 @@ class ReplicaHost(Protocol):
 
 
 CHECK_TIMEOUT_SECONDS = 30.0
+AS_USER_ONLY = "a client's task checks the guest as the desktop user: this check runs as root (as_root), not run"
 SETUP_BUDGET_SECONDS = 120.0  # all set-up steps of one reset together (Chrome opening a tab: 43-52 s under TCG)
 EVALUATE_BUDGET_SECONDS = 90.0  # all criteria of one evaluation together
 METRIC_MIN_SECONDS = 10.0  # a metric's wall time, however little of the evaluation's budget is left
@@ -206,12 +216,16 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
     return time.monotonic() - start
 
 
-def evaluate(host: ReplicaHost, rid: str, task: Task, declared_infeasible: bool = False) -> Evaluation:
+def evaluate(
+    host: ReplicaHost, rid: str, task: Task, declared_infeasible: bool = False, *, as_user: bool = True
+) -> Evaluation:
     """Run the task's post-config, then check every criterion; together they get ``EVALUATE_BUDGET_SECONDS``.
 
     Checks of osfleet's own format run in the guest; OSWorld metrics run here, on files and outputs the
     getters fetched from the guest into a private temporary folder. ``declared_infeasible``: the agent's last
-    action said the task cannot be done (OSWorld's ``FAIL``), which decides an OSWorld task's score."""
+    action said the task cannot be done (OSWorld's ``FAIL``), which decides an OSWorld task's score.
+    ``as_user``: every check reads the guest as the desktop user (a client's task); False only for an operator's
+    task, whose ``file_content`` checks read as root and whose ``as_root`` commands run as root."""
     deadline = time.monotonic() + EVALUATE_BUDGET_SECONDS
     if task.postconfig:
         try:
@@ -223,7 +237,7 @@ def evaluate(host: ReplicaHost, rid: str, task: Task, declared_infeasible: bool 
     with tempfile.TemporaryDirectory(prefix="osfleet-eval-") as workdir:
         if task.osworld is not None:
             return _osworld(host, rid, task, deadline, Path(workdir), declared_infeasible)
-        return _criteria(host, rid, task, deadline, Path(workdir))
+        return _criteria(host, rid, task, deadline, Path(workdir), as_user)
 
 
 def _left(task: Task, c: Criterion, deadline: float) -> float:
@@ -273,13 +287,15 @@ def _osworld(
     return Evaluation(reward=reward, success=reward >= 1.0, criteria=results)
 
 
-def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path) -> Evaluation:
+def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path, as_user: bool) -> Evaluation:
     results = []
     for c in task.criteria:
         check = c.check
         left = _left(task, c, deadline)
         try:
-            if isinstance(check, CommandOutput):
+            if isinstance(check, CommandOutput) and check.as_root and as_user:
+                met, detail = False, AS_USER_ONLY  # refused at reset already (osfleet.api.policy): never run
+            elif isinstance(check, CommandOutput):
                 out = host.shell(rid, check.command, min(CHECK_TIMEOUT_SECONDS, left), check.as_root)
                 met = (check.exit_code is None or out["exit_code"] == check.exit_code) and (
                     check.match is None or check.match.check(out["stdout"])
@@ -290,7 +306,7 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
                 met = value >= 1.0
             else:
                 assert isinstance(check, FileContent)
-                met, detail = _check_file(Deadlined(host, deadline), rid, check)
+                met, detail = _check_file(Deadlined(host, deadline), rid, check, as_user)
         except GuestFileTooLargeError as exc:  # the guest's doing: unmet, never scored on a cut-off copy
             met, detail = False, str(exc)
         except OsfleetError as exc:
@@ -299,9 +315,11 @@ def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir:
     return score(results)
 
 
-def _check_file(host: Deadlined, rid: str, check: FileContent) -> tuple[bool, str]:
+def _check_file(host: Deadlined, rid: str, check: FileContent, as_user: bool) -> tuple[bool, str]:
+    """A ``file_content`` check, read as the desktop user (``as_user``: a file it may not read is unmet, saying so
+    and nothing of the file) or as root (an operator's task)."""
     q = shlex.quote(check.path)
-    out = host.shell(rid, f"test -e {q} && echo present || echo absent", CHECK_TIMEOUT_SECONDS, True)
+    out = host.shell(rid, f"test -e {q} && echo present || echo absent", CHECK_TIMEOUT_SECONDS, not as_user)
     exists = out["stdout"].strip() == "present"
     if check.absent:
         return not exists, "absent" if not exists else "present"
@@ -309,7 +327,16 @@ def _check_file(host: Deadlined, rid: str, check: FileContent) -> tuple[bool, st
         return False, "missing"
     if check.match is None:
         return True, "present"
-    text = host.read_file(rid, check.path, MAX_READ_BYTES).decode(errors="replace")
+    if as_user:
+        try:
+            data = guest_reads.read_as_user(host, rid, check.path, MAX_READ_BYTES, CHECK_TIMEOUT_SECONDS)
+        except guest_reads.GuestReadRefused as exc:
+            return False, str(exc)
+        if data is None:
+            return False, "missing"
+    else:
+        data = host.read_file(rid, check.path, MAX_READ_BYTES)
+    text = data.decode(errors="replace")
     met = check.match.check(text)
     return met, text[-200:] if met else f"its content: {text[-200:]!r}"  # quoted: an empty file says so
 
@@ -378,7 +405,8 @@ class Validation:
 
 
 def validate(host: ReplicaHost, rid: str, task: Task) -> Validation:
-    """The task is valid if its verifier scores 0 on the initial state, 1 after the oracle, 0 after a reset."""
+    """The task is valid if its verifier scores 0 on the initial state, 1 after the oracle, 0 after a reset. (The
+    operator's tool: its checks read the guest as an operator's task does.)"""
     start = time.monotonic()
     v = Validation(task=task.id, ok=False)
 
@@ -391,12 +419,12 @@ def validate(host: ReplicaHost, rid: str, task: Task) -> Validation:
 
     try:
         timed("reset", lambda: reset_to_task(host, rid, task))
-        v.rewards.append(timed("evaluate_initial", lambda: evaluate(host, rid, task)).reward)
+        v.rewards.append(timed("evaluate_initial", lambda: evaluate(host, rid, task, as_user=False)).reward)
         timed("oracle", lambda: run_oracle(host, rid, task))
-        after = timed("evaluate_oracle", lambda: evaluate(host, rid, task))
+        after = timed("evaluate_oracle", lambda: evaluate(host, rid, task, as_user=False))
         v.rewards.append(after.reward)
         timed("reset_again", lambda: reset_to_task(host, rid, task))
-        v.rewards.append(timed("evaluate_reset", lambda: evaluate(host, rid, task)).reward)
+        v.rewards.append(timed("evaluate_reset", lambda: evaluate(host, rid, task, as_user=False)).reward)
     except OsfleetError as exc:
         v.problem = str(exc)
     else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,8 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
-from osfleet.api.app import create_app
-from osfleet.api.auth import load_clients
-from osfleet.config import AgentConfig
 from osfleet.errors import OsfleetError
+from tests import fake_guest_reads
 from tests.fakes import FakeHost
 
 pytestmark = pytest.mark.system
@@ -36,11 +34,14 @@ A = {"Authorization": f"Bearer {ALICE}"}
 
 @dataclass
 class FileGuest(FakeHost):
-    """A fake guest with files the getters can fetch: the size probe and the guest agent's reads."""
+    """A fake guest with files the getters can fetch: the user's copy, the size probe, the guest agent's reads."""
 
     guest_files: dict[str, bytes] = field(default_factory=dict)
 
     def shell(self, rid: str, command: str, timeout: float, as_root: bool = False, claim: Any = None) -> dict[str, Any]:
+        done = fake_guest_reads.answer(self.guest_files, command)  # a getter's read as the desktop user
+        if done is not None:
+            return done
         if "stat -c %s" in command:  # the getters' size probe: its paths are its last arguments
             paths = shlex.split(command)[4:]
             sizes = [str(len(self.guest_files[p])) if p in self.guest_files else "-" for p in paths]
@@ -67,12 +68,8 @@ def guest(tmp_path: Path) -> FileGuest:
 
 
 @pytest.fixture
-def client(tmp_path: Path, guest: FileGuest) -> Iterator[TestClient]:
-    clients = tmp_path / "clients"
-    clients.write_text(f"alice {ALICE}\n")
-    cfg = AgentConfig(token=OPERATOR, warm=0, clients=load_clients(clients, OPERATOR))
-    with TestClient(create_app(cfg, lambda: guest)) as c:
-        yield c
+def client(serve: Callable[..., TestClient], guest: FileGuest) -> TestClient:
+    return serve(guest, OPERATOR, {"alice": ALICE})
 
 
 TASK = {

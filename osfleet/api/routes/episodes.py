@@ -31,7 +31,7 @@ from osfleet.api.models import (
 )
 from osfleet.api.observe import observe
 from osfleet.api.operations import EVALUATE, FORK, OBSERVATION, RESET, STEP
-from osfleet.api.policy import refuse_root_task
+from osfleet.api.policy import reads_as_root, refuse_root_task
 from osfleet.api.state import AgentState
 from osfleet.measure.timing import Stages, collecting, stage
 from osfleet.tasks import runner
@@ -153,7 +153,8 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
         with s.ledger.evaluating(who), live.lock:  # one of the client's evaluation slots (429 when all are held)
             task = s.task_of(live, rid)
             start = time.monotonic()
-            result = runner.evaluate(live.on(s.host, who), rid, task, live.data.declared_infeasible())
+            as_user = not reads_as_root(task, who, s.config)  # a client's own task reads as the desktop user
+            result = runner.evaluate(live.on(s.host, who), rid, task, live.data.declared_infeasible(), as_user=as_user)
             s.metrics.evaluate.observe(time.monotonic() - start)
             if s.recorder is not None:
                 s.recorder.evaluated(rid, req.lease_id, result.reward, result.success)

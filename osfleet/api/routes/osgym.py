@@ -36,7 +36,7 @@ from osfleet.api.operations import (
 )
 from osfleet.api.osgym_actions import Parsed as ParsedAction
 from osfleet.api.osgym_actions import parse as parse_osgym
-from osfleet.api.policy import refuse_root_task
+from osfleet.api.policy import reads_as_root, refuse_root_task
 from osfleet.api.routes.leases import release_episode
 from osfleet.api.state import AgentState, LeasedHost, LiveEpisode
 from osfleet.errors import OsfleetError, VirtError
@@ -87,9 +87,11 @@ def _act(s: AgentState, live: LiveEpisode, leased: LeasedHost, req: OsgymStep, p
     return shot
 
 
-def _score(s: AgentState, live: LiveEpisode, leased: LeasedHost, task: Task, declared_infeasible: bool) -> float:
+def _score(
+    s: AgentState, live: LiveEpisode, leased: LeasedHost, task: Task, declared_infeasible: bool, as_user: bool
+) -> float:
     start = time.monotonic()
-    evaluation = runner.evaluate(leased, live.data.replica_id, task, declared_infeasible)
+    evaluation = runner.evaluate(leased, live.data.replica_id, task, declared_infeasible, as_user=as_user)
     s.metrics.evaluate.observe(time.monotonic() - start)
     if s.recorder is not None:
         s.recorder.evaluated(live.data.replica_id, live.data.lease_id, evaluation.reward, evaluation.success)
@@ -135,7 +137,8 @@ def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
                 s.host.check_lease(rid, live.data.lease_id, who.owner)  # 409 once the lease has expired
                 task = s.task_of(live, rid)
                 shot = _act(s, live, leased, req, parsed)
-                reward = _score(s, live, leased, task, parsed.declared_infeasible) if parsed.finish else 0.0
+                as_user = not reads_as_root(task, who, s.config)  # OSGym's tasks are the caller's own
+                reward = _score(s, live, leased, task, parsed.declared_infeasible, as_user) if parsed.finish else 0.0
             except InputError:  # the client's mistake, refused before the guest: the vm stays, to be sent again
                 release = False
                 raise

@@ -4,7 +4,8 @@ as OSWorld's own getter of that name does (``desktop_env/evaluators/getters``), 
 - Files (``vm_file``, single or ``multi`` with ``gives``; ``cloud_file``; ``cache_file``; the ones OSWorld saves
   as ``dest``: config files, VLC's status, the wallpaper, a slide's media) come as a local ``Path`` named like
   the task names it, ``None`` when the guest has no such file (the agent did not make it: scores 0, as in OSWorld);
-  several files come as a list.
+  several files come as a list. They are read as the desktop user, as OSWorld's in-guest server (which runs as
+  that user) reads them (``osfleet.tasks.guest_reads``); only ``cache_file`` reads osfleet's root-owned cache.
 - Commands (``vm_command_line``/``vm_command_error``) run as the desktop user in its home folder, as OSWorld's
   server runs them, and give their standard output/error.
 - The running desktop (Chrome's tabs and pages through its DevTools protocol, its profile files, the
@@ -27,13 +28,15 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from osfleet.errors import GuestCommandKilledError, OsfleetError
 from osfleet.protocol.actions import MAX_READ_BYTES
+from osfleet.tasks import guest_reads
 from osfleet.tasks.assets import AssetStore
+from osfleet.tasks.guest_reads import GuestAccess
 from osfleet.tasks.osworld_format import guest_query
 from osfleet.tasks.osworld_format.guest_paths import GUEST_HOME, shell_command
 from osfleet.tasks.osworld_format.guest_writes import CACHE_DIR
@@ -50,14 +53,6 @@ _VIDEO = [
     "x-ms-asx", "x-ms-wm", "x-ms-wmv", "x-ms-wmx", "x-ms-wvx", "x-msvideo", "x-nsv", "x-ogm",
 ]  # fmt: skip
 VIDEO_TYPES = (*(t for ext in _VIDEO for t in (ext, ext)), "x-ogm+ogg", "x-theora", "x-theora", *("x-theora+ogg",) * 2)
-
-
-class GuestAccess(Protocol):
-    """What a getter needs of a replica host (``ReplicaHost`` has it; tests give a fake)."""
-
-    def shell(self, replica_id: str, command: str, timeout: float, as_root: bool = False) -> dict[str, Any]: ...
-
-    def read_file(self, replica_id: str, path: str, limit: int) -> bytes: ...
 
 
 class GetterValueError(OsfleetError):
@@ -96,10 +91,8 @@ class Context:
 
 
 def _sizes(ctx: Context, paths: list[str], as_root: bool = False) -> list[int | None]:
-    """Each guest file's size, None where there is no regular file the desktop user may read. Asked as that
-    user: the guest agent then reads the file as root, and a path the agent chose (a wallpaper's URI, a slide's
-    linked file, a link it made in its home) must not become a way to read what the user cannot (``/etc/shadow``,
-    root's files). (A link swapped between this probe and the read is not caught: see the threat model.)"""
+    """Each guest file's size, None where there is no regular file the desktop user may read (asked as that user,
+    or as root for osfleet's own task cache): a probe before a guest query opens the file itself."""
     script = 'for p in "$@"; do if [ -f "$p" ] && [ -r "$p" ]; then stat -c %s -L -- "$p"; else echo -; fi; done'
     out = ctx.sh(f"sh -c {shlex.quote(script)} sh {' '.join(shlex.quote(p) for p in paths)}", as_root=as_root)
     words = out["stdout"].split()
@@ -108,16 +101,21 @@ def _sizes(ctx: Context, paths: list[str], as_root: bool = False) -> list[int | 
     return [int(w) if w.isdigit() else None for w in words]
 
 
-def fetch(ctx: Context, path: str, name: str, size: int | None = None) -> Path | None:
-    """The guest file ``path`` as a local file called ``name``; None when it does not exist."""
-    if size is None:
-        size = _sizes(ctx, [path])[0]
-        if size is None:
-            return None
-    if size > MAX_READ_BYTES:
-        raise GetterValueError(f"{path} is {size} bytes, over the {MAX_READ_BYTES} bytes a getter reads")
+def fetch(ctx: Context, path: str, name: str) -> Path | None:
+    """The guest file ``path`` as a local file called ``name``, read as the desktop user (``guest_reads``): None
+    when the user has no regular file there it may read. A path the agent chose (a wallpaper's URI, a slide's
+    linked file, a link it made in its home) so never reads what the user cannot (``/etc/shadow``, root's files),
+    and a link swapped in after a look cannot win a race: the user's own open is the only one."""
+    try:  # (a file over the cap raises GuestFileTooLargeError: the runner scores it 0, naming it)
+        data = guest_reads.read_as_user(ctx.host, ctx.rid, path, MAX_READ_BYTES, ctx.timeout)
+    except guest_reads.GuestReadRefused:
+        return None
+    except GuestCommandKilledError as exc:
+        raise GetterValueError(f"the guest did not answer in time: {exc}") from None
+    if data is None:
+        return None
     local = ctx.local(name)
-    local.write_bytes(ctx.host.read_file(ctx.rid, path, MAX_READ_BYTES))
+    local.write_bytes(data)
     return local
 
 
@@ -140,8 +138,7 @@ def vm_file(ctx: Context, spec: dict[str, Any]) -> Any:
         stem, dot, ext = names[0].rpartition(".")
         stamp = dt.datetime.now().strftime(str(spec.get("time_format") or "%Y%m%d_%H%M%S"))
         names = [f"{stem}_{stamp}.{ext}" if dot else f"{names[0]}_{stamp}"]
-    sizes = _sizes(ctx, paths)
-    files = [fetch(ctx, p, n, s) if s is not None else None for p, n, s in zip(paths, names, sizes, strict=True)]
+    files = [fetch(ctx, p, n) for p, n in zip(paths, names, strict=True)]
     return _given(files, spec.get("gives") or [0])
 
 
@@ -157,14 +154,21 @@ def cloud_file(ctx: Context, spec: dict[str, Any]) -> Any:
 
 def cache_file(ctx: Context, spec: dict[str, Any]) -> Path | None:
     """A file of osfleet's task cache, which root writes and the desktop user may not even list (the agent must
-    not rewrite, or read, what set-up kept there): probed as root, so the name must stay inside the cache."""
+    not rewrite, or read, what set-up kept there): the one getter that reads as root, so the name must stay inside
+    the cache, where only root writes (the task's own set-up output; nothing the agent can link elsewhere)."""
     name = str(spec["path"])
     parts = PurePosixPath(name).parts
     if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
         raise GetterValueError(f"cache_file {name!r}: a name inside the task cache is expected")
     path = f"{CACHE_DIR}/{name}"
     size = _sizes(ctx, [path], as_root=True)[0]
-    return None if size is None else fetch(ctx, path, name, size)
+    if size is None:
+        return None
+    if size > MAX_READ_BYTES:
+        raise GetterValueError(f"{path} is {size} bytes, over the {MAX_READ_BYTES} bytes a getter reads")
+    local = ctx.local(name)
+    local.write_bytes(ctx.host.read_file(ctx.rid, path, MAX_READ_BYTES))
+    return local
 
 
 def _command_output(stream: str) -> Callable[[Context, dict[str, Any]], Any]:
