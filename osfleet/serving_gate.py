@@ -19,6 +19,9 @@ commands on it. So every HTTP request and WebSocket handshake passes this gate b
 
 A refusal is 401 (with ``WWW-Authenticate``) or 403 and a JSON reason, and for a WebSocket the handshake is refused
 the same way: nothing of the session starts.
+
+A server with two surfaces (an agent's and a grader's, ``osfleet.mcp.roles``) puts a gate with its own token in
+front of each path (``Surfaces``): the agent's token never opens the grader's surface.
 """
 
 from __future__ import annotations
@@ -114,3 +117,21 @@ async def _refuse(scope: Scope, send: Send, status: int, reason: str, kind: str)
         await send({"type": "websocket.http.response.body", "body": body})
     else:  # a server without that extension refuses a handshake closed before it is accepted (403)
         await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
+
+
+class Surfaces:
+    """Requests (and WebSocket handshakes) to a path under one of ``prefixed``'s prefixes go to that gate, all
+    others (and the lifespan) to ``default``: one server, each surface behind its own token."""
+
+    def __init__(self, default: ASGIApp, prefixed: dict[str, ASGIApp]) -> None:
+        self.default = default
+        self.prefixed = prefixed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            path = scope.get("path", "")
+            for prefix, app in self.prefixed.items():
+                if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                    await app(scope, receive, send)
+                    return
+        await self.default(scope, receive, send)

@@ -89,8 +89,7 @@ async def _session_checks(s: ClientSession, agent: Agent) -> None:
     off_screen = await asyncio.wait_for(s.call_tool("click", {"x": 5000, "y": 1}), CALL_SECONDS)
     agent.host.act_error = None
     assert off_screen.isError and "off the 1280x800 screen" in _text(off_screen)
-    both = await asyncio.wait_for(s.call_tool("reset", {"task_id": "x", "task": {"id": "y"}}), CALL_SECONDS)
-    assert both.isError and "not both" in _text(both)
+    assert set(tools["reset"].inputSchema.get("properties", {})) == set()  # an agent cannot choose its task
     unscored = await asyncio.wait_for(s.call_tool("evaluate", {}), CALL_SECONDS)
     assert unscored.isError  # no task was set: the fleet's 409, as a tool error
     # the session goes on after every one of those
@@ -120,12 +119,17 @@ def http_server(http_process: tuple[str, subprocess.Popen[bytes]]) -> str:
     return http_process[0]
 
 
+MCP_TOKEN = "mcp-agents-token-0123456789abcdef"  # what MCP clients present over HTTP (never the fleet's token)
+
+
 @pytest.fixture
 def http_process(agent: Agent, token_file: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     log = (tmp_path / "mcp.log").open("wb")
+    (tmp_path / "mcp-token").write_text(MCP_TOKEN + "\n")
+    http = ["--transport", "http", "--port", str(port), "--http-token-file", str(tmp_path / "mcp-token")]
     proc = subprocess.Popen(
-        [sys.executable, *_serve_args(agent, token_file, "--transport", "http", "--port", str(port))],
+        [sys.executable, *_serve_args(agent, token_file, *http)],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -158,16 +162,21 @@ def _post(url: str, headers: dict[str, str]) -> int:
 
 
 def test_over_http_a_token_is_needed_and_a_foreign_origin_is_refused(http_server: str, agent: Agent) -> None:
-    token = agent.entry.token
     accept = {"Accept": "application/json, text/event-stream"}
     assert _post(http_server, accept) == 401
     assert _post(http_server, {**accept, "Authorization": "Bearer wrong-token"}) == 401
-    assert _post(http_server, {**accept, "Authorization": f"Bearer {token}", "Origin": "https://evil.example"}) == 403
+    assert _post(http_server, {**accept, "Authorization": f"Bearer {agent.entry.token}"}) == 401  # the fleet's
+    assert (
+        _post(http_server, {**accept, "Authorization": f"Bearer {MCP_TOKEN}", "Origin": "https://evil.example"}) == 403
+    )
+    port = http_server.split(":")[2].split("/")[0]
+    other_port = {"Authorization": f"Bearer {MCP_TOKEN}", "Origin": f"http://127.0.0.1:{int(port) + 1}"}
+    assert _post(http_server, {**accept, **other_port}) == 403  # a page of another server of this machine
     assert _leased(agent) == set()
 
 
 def test_over_http_each_session_has_its_own_desktop(http_server: str, agent: Agent) -> None:
-    headers = {"Authorization": f"Bearer {agent.entry.token}"}
+    headers = {"Authorization": f"Bearer {MCP_TOKEN}"}
 
     async def one(seen: list[str], hold: asyncio.Event, go: asyncio.Event) -> None:
         async with (
@@ -202,7 +211,7 @@ def test_a_server_stopped_mid_session_gives_its_desktops_back(
     http_process: tuple[str, subprocess.Popen[bytes]], agent: Agent
 ) -> None:
     url, proc = http_process
-    headers = {"Authorization": f"Bearer {agent.entry.token}"}
+    headers = {"Authorization": f"Bearer {MCP_TOKEN}"}
 
     async def run() -> None:
         async with (

@@ -1,6 +1,7 @@
 """``osfleet mcp serve`` on a real replica of the office image (OSWorld's desktop, whose accessibility tree the tool
 reads), through the ``mcp`` SDK's client: the documented example and configuration as written, a command's effect
-read back, a file written and read, the tree as XML, a task reset and scored.
+read back, a file written and read, the tree as XML, a task submitted by the agent and scored for its harness, and a
+grader's reset to a task and its score.
 """
 
 from __future__ import annotations
@@ -92,7 +93,22 @@ def test_the_documented_configuration_starts_a_server_whose_tools_work(agent: tu
             assert tree.startswith("<") and "desktop-frame" in tree
             outside = await asyncio.wait_for(s.call_tool("read_file", {"path": "/root/secret"}), CALL_SECONDS)
             assert outside.isError  # the desktop user cannot read it: a tool error, the session goes on
-            await call("reset", {"task_id": "cli-write-note"})
-            assert _text(await call("evaluate", {})).startswith("reward 0, success false")
+            assert _text(await call("reset", {})).startswith("reset to the initial state (no task)")
+
+    asyncio.run(run())
+
+
+def test_a_grader_resets_to_any_task_and_reads_its_score(agent: tuple[LocalAgent, Path]) -> None:
+    a, token = agent
+    args = ["-m", "osfleet", "mcp", "serve", "--url", a.url, "--token-file", str(token), "--role", "grader"]
+    params = StdioServerParameters(command=sys.executable, args=args, cwd=str(REPO))
+
+    async def run() -> None:
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await asyncio.wait_for(s.initialize(), CALL_SECONDS)
+            started = await asyncio.wait_for(s.call_tool("reset", {"task_id": "cli-write-note"}), CALL_SECONDS)
+            assert not started.isError and _text(started).startswith("task cli-write-note:")
+            scored = await asyncio.wait_for(s.call_tool("evaluate", {}), CALL_SECONDS)
+            assert _text(scored).startswith("reward 0, success false")  # the initial state scores 0
 
     asyncio.run(run())

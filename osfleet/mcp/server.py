@@ -5,35 +5,30 @@ corner, seconds, wheel clicks, bytes). Each MCP session gets its own desktop (``
 tool that needs one, released when the session ends (the SDK runs the server's lifespan once per session, over
 stdio and over streamable HTTP alike). Whatever goes wrong in a call (a bad argument, an action the desktop
 refuses, a lease that ran out, the fleet unreachable) is a tool error with one readable line, never the end of
-the session.
+the session. A server is built for one role (``roles``): the agent's, whose ``reset`` and ``evaluate`` neither
+swap its task nor tell it its score, or the grader's.
 """
 
 from __future__ import annotations
 
 import base64
 import shlex
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import (
-    BlobResourceContents,
-    ContentBlock,
-    EmbeddedResource,
-    ImageContent,
-    TextContent,
-    ToolAnnotations,
-)
+from mcp.types import BlobResourceContents, ContentBlock, EmbeddedResource, ToolAnnotations
 from pydantic import Field
 
 from osfleet import __version__
-from osfleet.client import AsyncFleet, FleetError, InfrastructureError
-from osfleet.client.types import Screen, TaskLike
+from osfleet.client import AsyncFleet, FleetError
+from osfleet.mcp.content import DeskContext, desk_of, guarded, say, screen_parts
 from osfleet.mcp.desk import Desk, DeskOptions
+from osfleet.mcp.roles import ROLE_TOOLS, Board, Role, install
 from osfleet.protocol.actions import MAX_READ_BYTES
 
 MAX_COORDINATE = 16383  # beyond any screen; the desktop refuses a point off its own screen (the size in screenshot)
@@ -45,29 +40,45 @@ Y = Annotated[int, Field(ge=0, le=MAX_COORDINATE, description="pixels from the s
 GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096, description="absolute path in the desktop")]
 Observe = Annotated[bool, Field(description="also return a screenshot taken after the action")]
 
-INSTRUCTIONS = (
-    "A Linux desktop (X11 with a plain window manager, twm or openbox: no panel, dock or start menu; start "
-    "programs from a terminal) leased from an osfleet fleet for this session, released when the session ends. "
-    "Call screenshot first to see it and learn its size; coordinates are screen pixels from the top-left corner. "
-    "reset puts it back to its initial state (optionally a task's start, whose instruction it returns) and "
-    "evaluate scores that task. run_command runs sh as the desktop user, never root."
-)
+INSTRUCTIONS: dict[Role, str] = {
+    "agent": (
+        "A Linux desktop (X11 with a plain window manager, twm or openbox: no panel, dock or start menu; start "
+        "programs from a terminal) leased from an osfleet fleet for this session, released when the session ends. "
+        "Call reset first: it starts the desktop at your task and answers its instruction. Call screenshot to see "
+        "the desktop and learn its size; coordinates are screen pixels from the top-left corner. Call evaluate "
+        "when the task is done: it is scored for your grader. run_command runs sh as the desktop user, never root."
+    ),
+    "grader": (
+        "A Linux desktop (X11 with a plain window manager, twm or openbox: no panel, dock or start menu; start "
+        "programs from a terminal) leased from an osfleet fleet for this session, released when the session ends. "
+        "reset puts it back to its initial state (optionally a task's start, whose instruction it returns) and "
+        "evaluate scores that task. Over HTTP, sessions, assign_task and evaluate_session reach the agent sessions "
+        "of the same server. run_command runs sh as the desktop user, never root."
+    ),
+}
 
 
 def build(
     url: str,
     token: str,
     *,
+    role: Role = "agent",
+    board: Board | None = None,
+    sessions: bool = False,
     options: DeskOptions | None = None,
     host: str = "127.0.0.1",
     port: int = 8765,
+    path: str = "/mcp",
     allowed_hosts: list[str] | None = None,
     allowed_origins: list[str] | None = None,
     verify: bool | str = True,
 ) -> FastMCP[Desk]:
-    """The MCP server: ``url``/``token`` reach the fleet (a host agent or a gateway); ``host``/``port``, the
-    allowed ``Host`` and ``Origin`` headers matter to the HTTP transport only."""
+    """The MCP server of one role (``roles``): ``url``/``token`` reach the fleet (a host agent or a gateway);
+    ``board``: what it shares with the other role's server of the same process; ``sessions``: a grader reaches the
+    agent sessions on ``board`` (HTTP). ``host``/``port``/``path``, the allowed ``Host`` and ``Origin`` headers
+    matter to the HTTP transport only."""
     opts = options or DeskOptions()
+    shared = board if board is not None else Board()
 
     @asynccontextmanager
     async def one_desk_per_session(_: FastMCP[Desk]) -> AsyncIterator[Desk]:
@@ -75,53 +86,28 @@ def build(
         try:
             yield desk
         finally:
+            shared.ended(desk)
             await desk.close()
 
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=allowed_hosts or [f"{h}:*" for h in ("127.0.0.1", "localhost", "[::1]")],
-        allowed_origins=allowed_origins or [f"http://{h}:*" for h in ("127.0.0.1", "localhost", "[::1]")],
+        allowed_hosts=allowed_hosts or [f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")],
+        allowed_origins=allowed_origins or [f"http://{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")],
     )
     server: FastMCP[Desk] = FastMCP(
-        "osfleet",
-        instructions=INSTRUCTIONS,
+        "osfleet" if role == "agent" else "osfleet-grader",
+        instructions=INSTRUCTIONS[role],
         lifespan=one_desk_per_session,
         host=host,
         port=port,
+        streamable_http_path=path,
         transport_security=security,
         log_level="WARNING",
     )
     server._mcp_server.version = __version__
     _tools(server)
+    install(server, role, shared, sessions)
     return server
-
-
-def _desk(ctx: Context[Any, Desk, Any]) -> Desk:
-    return ctx.request_context.lifespan_context
-
-
-async def _guarded(work: Awaitable[list[ContentBlock]]) -> list[ContentBlock]:
-    """A fleet's refusal or failure as a tool error (its reason in one line), never a crash of the session."""
-    try:
-        return await work
-    except InfrastructureError as exc:
-        raise ToolError(f"infrastructure: {exc} (not the agent's doing; try again)") from None
-    except FleetError as exc:
-        raise ToolError(str(exc)) from None
-
-
-def _text(text: str) -> TextContent:
-    return TextContent(type="text", text=text)
-
-
-def _image(screen: Screen) -> ImageContent:
-    return ImageContent(type="image", data=screen.base64(), mimeType=screen.media_type)
-
-
-def _screen_parts(screen: Screen | None) -> list[ContentBlock]:
-    if screen is None:
-        return []
-    return [_image(screen), _text(f"screen {screen.width}x{screen.height} ({screen.format})")]
 
 
 def _tools(server: FastMCP[Desk]) -> None:
@@ -130,32 +116,30 @@ def _tools(server: FastMCP[Desk]) -> None:
             title=title, annotations=ToolAnnotations(title=title, readOnlyHint=read_only), structured_output=False
         )
 
-    async def act(
-        ctx: Context[Any, Desk, Any], action: dict[str, Any], done: str, observe: bool = False
-    ) -> list[ContentBlock]:
+    async def act(ctx: DeskContext, action: dict[str, Any], done: str, observe: bool = False) -> list[ContentBlock]:
         async def work() -> list[ContentBlock]:
-            result = await _desk(ctx).step([action], observe=observe)
-            return [_text(done), *_screen_parts(result.screen)]
+            result = await desk_of(ctx).step([action], observe=observe)
+            return [say(done), *screen_parts(result.screen)]
 
-        return await _guarded(work())
+        return await guarded(work())
 
     @tool("Screenshot", read_only=True)
     async def screenshot(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         format: Annotated[Literal["png", "jpeg", "webp"], Field(description="image format")] = "png",
         quality: Annotated[int, Field(ge=1, le=100, description="JPEG/WebP quality (ignored for png)")] = 85,
     ) -> list[ContentBlock]:
         """The desktop's screen now, as an image, with its size in pixels."""
 
         async def work() -> list[ContentBlock]:
-            screen = await _desk(ctx).call(lambda s: s.observe(format=format, quality=quality))
-            return _screen_parts(screen)
+            screen = await desk_of(ctx).call(lambda s: s.observe(format=format, quality=quality))
+            return screen_parts(screen)
 
-        return await _guarded(work())
+        return await guarded(work())
 
     @tool("Click")
     async def click(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         x: X,
         y: Y,
         button: Annotated[Literal["left", "right", "middle"], Field(description="mouse button")] = "left",
@@ -167,26 +151,24 @@ def _tools(server: FastMCP[Desk]) -> None:
         )
 
     @tool("Double-click")
-    async def double_click(ctx: Context[Any, Desk, Any], x: X, y: Y, observe: Observe = False) -> list[ContentBlock]:
+    async def double_click(ctx: DeskContext, x: X, y: Y, observe: Observe = False) -> list[ContentBlock]:
         """Double-click the left button at (x, y)."""
         return await act(ctx, {"type": "double_click", "x": x, "y": y}, f"double-clicked at ({x}, {y})", observe)
 
     @tool("Move the mouse")
-    async def move_mouse(ctx: Context[Any, Desk, Any], x: X, y: Y, observe: Observe = False) -> list[ContentBlock]:
+    async def move_mouse(ctx: DeskContext, x: X, y: Y, observe: Observe = False) -> list[ContentBlock]:
         """Move the pointer to (x, y) without clicking."""
         return await act(ctx, {"type": "move", "x": x, "y": y}, f"pointer at ({x}, {y})", observe)
 
     @tool("Drag")
-    async def drag(
-        ctx: Context[Any, Desk, Any], x1: X, y1: Y, x2: X, y2: Y, observe: Observe = False
-    ) -> list[ContentBlock]:
+    async def drag(ctx: DeskContext, x1: X, y1: Y, x2: X, y2: Y, observe: Observe = False) -> list[ContentBlock]:
         """Press the left button at (x1, y1), move to (x2, y2) and release it there."""
         action = {"type": "drag", "x1": x1, "y1": y1, "x2": x2, "y2": y2}
         return await act(ctx, action, f"dragged from ({x1}, {y1}) to ({x2}, {y2})", observe)
 
     @tool("Scroll")
     async def scroll(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         x: X,
         y: Y,
         clicks: Annotated[int, Field(ge=-50, le=50, description="mouse wheel clicks: positive down, negative up")],
@@ -199,7 +181,7 @@ def _tools(server: FastMCP[Desk]) -> None:
 
     @tool("Type text")
     async def type_text(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         text: Annotated[str, Field(min_length=1, max_length=10000, description="text typed on a US keyboard")],
         observe: Observe = False,
     ) -> list[ContentBlock]:
@@ -208,7 +190,7 @@ def _tools(server: FastMCP[Desk]) -> None:
 
     @tool("Press keys")
     async def press_keys(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         keys: Annotated[
             list[str],
             Field(min_length=1, max_length=6, description='held together, in order, e.g. ["ctrl", "s"] or ["enter"]'),
@@ -220,7 +202,7 @@ def _tools(server: FastMCP[Desk]) -> None:
 
     @tool("Wait", read_only=True)
     async def wait(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         seconds: Annotated[float, Field(ge=0, le=60, description="seconds to wait")] = 1.0,
         observe: Observe = False,
     ) -> list[ContentBlock]:
@@ -229,7 +211,7 @@ def _tools(server: FastMCP[Desk]) -> None:
 
     @tool("Run a command")
     async def run_command(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         command: Annotated[str, Field(min_length=1, max_length=100000, description="run with sh -c")],
         timeout: Annotated[
             float, Field(gt=0, le=MAX_COMMAND_SECONDS, description="seconds before it is killed")
@@ -240,14 +222,14 @@ def _tools(server: FastMCP[Desk]) -> None:
 
         async def work() -> list[ContentBlock]:
             action = {"type": "shell", "command": command, "timeout": timeout}
-            (out,) = (await _desk(ctx).step([action])).results
-            return [_text(f"exit code {out.exit_code}\n--- stdout\n{out.stdout or ''}\n--- stderr\n{out.stderr or ''}")]
+            (out,) = (await desk_of(ctx).step([action])).results
+            return [say(f"exit code {out.exit_code}\n--- stdout\n{out.stdout or ''}\n--- stderr\n{out.stderr or ''}")]
 
-        return await _guarded(work())
+        return await guarded(work())
 
     @tool("Read a file", read_only=True)
     async def read_file(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         path: Annotated[
             str, Field(pattern=r"^/[^\x00]*$", max_length=4096, description="absolute path in the desktop")
         ],
@@ -257,10 +239,10 @@ def _tools(server: FastMCP[Desk]) -> None:
 
         async def work() -> list[ContentBlock]:
             action = {"type": "read_file", "path": path, "max_bytes": max_bytes}
-            (out,) = (await _desk(ctx).step([action])).results
+            (out,) = (await desk_of(ctx).step([action])).results
             data = base64.b64decode(out.content_base64 or "")
             try:
-                return [_text(data.decode())]
+                return [say(data.decode())]
             except UnicodeDecodeError:
                 blob = BlobResourceContents(
                     uri=Path(path).as_uri(),  # type: ignore[arg-type]  # pydantic parses the URL
@@ -269,11 +251,11 @@ def _tools(server: FastMCP[Desk]) -> None:
                 )
                 return [EmbeddedResource(type="resource", resource=blob)]
 
-        return await _guarded(work())
+        return await guarded(work())
 
     @tool("Write a file")
     async def write_file(
-        ctx: Context[Any, Desk, Any],
+        ctx: DeskContext,
         path: Annotated[
             str, Field(pattern=r"^/[^\x00]*$", max_length=4096, description="absolute path in the desktop")
         ],
@@ -294,58 +276,25 @@ def _tools(server: FastMCP[Desk]) -> None:
             encoded = base64.b64encode(data).decode()
             q = shlex.quote(path)
             command = f'mkdir -p "$(dirname {q})" && printf %s {encoded} | base64 -d > {q}'
-            (out,) = (await _desk(ctx).step([{"type": "shell", "command": command, "timeout": 60}])).results
+            (out,) = (await desk_of(ctx).step([{"type": "shell", "command": command, "timeout": 60}])).results
             if out.exit_code != 0:
                 raise FleetError(f"writing {path}: {(out.stderr or '').strip()[:300] or f'exit code {out.exit_code}'}")
-            return [_text(f"wrote {len(data)} bytes to {path}")]
+            return [say(f"wrote {len(data)} bytes to {path}")]
 
-        return await _guarded(work())
+        return await guarded(work())
 
     @tool("Accessibility tree", read_only=True)
-    async def accessibility_tree(ctx: Context[Any, Desk, Any]) -> list[ContentBlock]:
+    async def accessibility_tree(ctx: DeskContext) -> list[ContentBlock]:
         """The desktop's accessibility tree (AT-SPI) as OSWorld's XML: every window's widgets with their names,
         roles, states and on-screen positions."""
 
         async def work() -> list[ContentBlock]:
-            screen = await _desk(ctx).call(lambda s: s.observe(format="jpeg", include=["accessibility_tree"]))
+            screen = await desk_of(ctx).call(lambda s: s.observe(format="jpeg", include=["accessibility_tree"]))
             if not screen.accessibility_tree:
                 raise FleetError("the accessibility tree could not be read from the desktop")
-            return [_text(screen.accessibility_tree)]
+            return [say(screen.accessibility_tree)]
 
-        return await _guarded(work())
-
-    @tool("Reset")
-    async def reset(
-        ctx: Context[Any, Desk, Any],
-        task_id: Annotated[str | None, Field(max_length=200, description="a task the fleet has built in")] = None,
-        task: Annotated[
-            dict[str, Any] | None, Field(description="an inline task: osfleet's format or an OSWorld task's JSON")
-        ] = None,
-    ) -> list[ContentBlock]:
-        """Put the desktop back to its initial state and, given a task, to that task's start; answers the task's
-        instruction and the screen."""
-        if task_id is not None and task is not None:
-            raise ToolError("give task_id or task, not both")
-        chosen: TaskLike | None = task_id if task_id is not None else task
-
-        async def work() -> list[ContentBlock]:
-            r = await _desk(ctx).call(lambda s: s.reset(chosen))
-            said = f"task {r.task_id}: {r.instruction}" if r.task_id else "reset to the initial state (no task)"
-            return [_text(said), *_screen_parts(r.screen)]
-
-        return await _guarded(work())
-
-    @tool("Evaluate", read_only=True)
-    async def evaluate(ctx: Context[Any, Desk, Any]) -> list[ContentBlock]:
-        """Score the task the desktop was reset to, now: reward in [0, 1], success, and each criterion."""
-
-        async def work() -> list[ContentBlock]:
-            e = await _desk(ctx).call(lambda s: s.evaluate())
-            lines = [f"reward {e.reward:g}, success {str(e.success).lower()}"]
-            lines += [f"- {c.name}: {'met' if c.met else 'not met'} {c.detail}".rstrip() for c in e.criteria]
-            return [_text("\n".join(lines))]
-
-        return await _guarded(work())
+        return await guarded(work())
 
 
 TOOLS = (
@@ -362,6 +311,5 @@ TOOLS = (
     "read_file",
     "write_file",
     "accessibility_tree",
-    "reset",
-    "evaluate",
+    *ROLE_TOOLS,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -42,6 +43,13 @@ def openenv() -> None:
     "processes of this server's own user on loopback need none",
 )
 @click.option(
+    "--grader-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="serve the grader's surface at /grader for this token (made, mode 0600, when missing): its reset takes a "
+    "task body and its ended episodes say every criterion; the agents' surface at / takes task ids only",
+)
+@click.option(
     "--allow-origin",
     "origins",
     multiple=True,
@@ -61,6 +69,7 @@ def serve(
     lease_seconds: float | None,
     allow_remote: bool,
     client_token_file: Path | None,
+    grader_token_file: Path | None,
     origins: tuple[str, ...],
     listener: Listener,
 ) -> None:
@@ -68,15 +77,17 @@ def serve(
     from osfleet.cli_support import serve  # this command's own name is serve
     from osfleet.client import Fleet, FleetError
     from osfleet.config import Settings
-    from osfleet.openenv.server import check_bind, create_openenv_app
-    from osfleet.serving_gate import ServingGate
+    from osfleet.openenv.server import GRADER_PATH, check_bind, create_openenv_app, served
 
     check_bind(bind, allow_remote)
     client_token_file = client_token_file or Settings.from_env().home / "openenv-token"
     try:
         client_token = load_or_create_token(client_token_file)
+        grader_token = load_or_create_token(grader_token_file) if grader_token_file is not None else None
     except OSError as exc:
-        raise OsfleetError(f"--client-token-file {client_token_file}: {exc.strerror or exc}") from None
+        raise OsfleetError(f"--client-token-file or --grader-token-file: {exc.strerror or exc}") from None
+    if grader_token is not None and grader_token == client_token:
+        raise OsfleetError("--grader-token-file holds the client token: the grader needs a token of its own")
     chosen: str | Path | None = task
     if task is not None and Path(task).is_file():
         chosen = Path(task)
@@ -86,19 +97,22 @@ def serve(
     except FleetError as exc:
         raise OsfleetError(f"{url}: {exc}") from None
     try:
-        app = create_openenv_app(
+        surface = functools.partial(
+            create_openenv_app,
             fleet,
             task=chosen,
             max_steps=max_steps,
-            observation_format=fmt,  # type: ignore[arg-type]
+            observation_format=fmt,  # type: ignore[arg-type]  # a click.Choice of the three
             max_sessions=max_sessions,
             lease_seconds=lease_seconds,
         )
-        app = ServingGate(app, client_token, same_user_peers=True, origins=list(origins) or None)
+        grader = surface(role="grader") if grader_token is not None else None
+        app = served(surface(role="agent"), client_token, grader, grader_token, list(origins) or None)
+        graded = f"; graders at {GRADER_PATH} with the token in {grader_token_file}" if grader is not None else ""
         click.echo(
             f"osfleet OpenEnv server on {listener.url(bind, port)} over {url} ({health.get('image', 'fleet')}); "
             f"default task {task or 'none'}; clients: this user's processes on loopback, or the token in "
-            f"{client_token_file}",
+            f"{client_token_file}{graded}",
             err=True,
         )
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()

@@ -7,6 +7,11 @@ first ``reset`` (so OpenEnv's throwaway instances for ``/state``, ``/metadata`` 
 and released at ``close``. A step's action is ``{"actions": [osfleet actions]}``; an observation carries the
 screen (``screenshot``, base64), the ``instruction``, the actions' results, and — when the episode ends by the
 agent's ``terminate`` action or ``max_steps`` — the verifier's reward with ``done`` true.
+
+Two roles (``osfleet.mcp.roles`` has the why): on the agent's surface (the default) ``reset`` takes a built-in task
+id but no task body (a policy must not write its own verifier), and an ended episode says its reward and success
+only, not each criterion (whose details can carry what the verifier expected); on the grader's (``/grader``, its
+own token) both are open.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import contextlib
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from fastapi import HTTPException
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
@@ -25,6 +31,12 @@ from osfleet import __version__
 from osfleet.client import Fleet, FleetError, LeaseError, Session
 from osfleet.client.types import Screen, TaskLike
 from osfleet.protocol.models import ImageFormat
+
+Role = Literal["agent", "grader"]
+TASK_BODY_REFUSED = (
+    "a task body is the grader's to give (the grader's surface: /grader, with --grader-token-file's token); "
+    "the agent's reset takes a built-in task id"
+)
 
 
 class DesktopAction(Action):
@@ -68,9 +80,10 @@ class Frontend:
 class DesktopEnvironment(Environment[DesktopAction, DesktopObservation, DesktopState]):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, role: Role = "agent") -> None:
         super().__init__()
         self._front = frontend
+        self.role = role
         self._session: Session | None = None
         self._state = DesktopState()
         self._done = False
@@ -78,7 +91,10 @@ class DesktopEnvironment(Environment[DesktopAction, DesktopObservation, DesktopS
     def reset(
         self, seed: int | None = None, episode_id: str | None = None, task: Any = None, **_: Any
     ) -> DesktopObservation:
-        """The desktop back at the task's initial state (``task`` overrides the server's default task)."""
+        """The desktop back at the task's initial state (``task`` overrides the server's default task: a built-in
+        id, or on the grader's surface a task body too)."""
+        if task is not None and not isinstance(task, str) and self.role != "grader":
+            raise HTTPException(403, TASK_BODY_REFUSED)
         chosen = task if task is not None else self._front.task
         session = self._lease()
         try:
@@ -109,7 +125,12 @@ class DesktopEnvironment(Environment[DesktopAction, DesktopObservation, DesktopS
         evaluation = None
         if r.done or self._state.step_count >= self._front.max_steps:
             self._done = True
-            evaluation = self._session.evaluate().model_dump()
+            scored = self._session.evaluate()
+            evaluation = (
+                scored.model_dump()
+                if self.role == "grader"
+                else {"reward": scored.reward, "success": scored.success}  # no criterion: no expected value leaks
+            )
         assert r.screen is not None
         return self._observation(r.screen, results, evaluation)
 
