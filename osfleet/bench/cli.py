@@ -326,15 +326,22 @@ def bench_hostclient(rounds: int, warmup: int, as_json: bool, out: Path | None) 
 @bench.command("sandbox")
 @click.option("--rounds", default=20, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--fresh-rounds", default=5, show_default=True, type=click.IntRange(1, 1000))
+@click.option(
+    "--against",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="the Python of another checkout (a virtualenv whose osfleet is that tree): its sandbox is timed too, "
+    "in the same rounds, for a before/after side by side",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of a summary")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the JSON to this file")
 @_friendly
-def bench_sandbox(rounds: int, fresh_rounds: int, as_json: bool, out: Path | None) -> None:
+def bench_sandbox(rounds: int, fresh_rounds: int, against: Path | None, as_json: bool, out: Path | None) -> None:
     """What the evaluation sandbox costs per evaluation: in-process vs the warm zygote vs a fresh interpreter."""
     from osfleet.bench import sandbox
 
     say = (lambda m: click.echo(m, err=True)) if as_json else click.echo
-    emit(sandbox.run(rounds, fresh_rounds, say), as_json, out, sandbox.summary)
+    emit(sandbox.run(rounds, fresh_rounds, say, against), as_json, out, sandbox.summary)
 
 
 @bench.command("read-path")
