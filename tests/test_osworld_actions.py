@@ -86,8 +86,8 @@ def test_computer13_hotkey_scroll_drag_and_typing() -> None:
     assert g.pressed() == down + [(k, False) for k, _ in reversed(down)]
     g = Guest()
     run(g, c13("SCROLL", dx=2, dy=3))  # pyautogui: dy > 0 scrolls up, dx > 0 right
-    right, up = [("wheel-right", True), ("wheel-right", False)], [("wheel-up", True), ("wheel-up", False)]
-    assert g.buttons() == right * 2 + up * 3
+    assert g.buttons() == [("wheel-up", True), ("wheel-up", False)] * 3
+    assert g.execs[0][-1].endswith("xdotool click --repeat 2 --delay 10 7")  # sideways: X's button 7, in the guest
     g = Guest()
     run(g, c13("DRAG_TO", x=500, y=400))
     assert g.buttons() == [("left", True), ("left", False)] and g.moves() == [round(500 * 32767 / 999), 16404]

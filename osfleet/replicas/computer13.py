@@ -1,7 +1,8 @@
 """OSWorld's ``computer_13`` action space on osfleet's input primitives (QEMU input events, ``input.Input``).
 
 OSWorld turns each of these actions into a pyautogui call in the VM; here each becomes the same pointer and key
-events sent at the hypervisor, so they cost no guest process and work whatever the guest runs. Meanings follow
+events sent at the hypervisor, so they cost no guest process and work whatever the guest runs (but a sideways
+``SCROLL``, which the guest's X server does: ``input.Input._sideways``). Meanings follow
 OSWorld's controller: coordinates are screen pixels (floats are rounded); a click, right click or double click
 without coordinates happens where the pointer is; ``DRAG_TO`` holds the left button from where the pointer is;
 ``SCROLL``'s ``dy`` > 0 scrolls up and ``dx`` > 0 right (pyautogui's ``vscroll``/``hscroll``); ``PRESS``,

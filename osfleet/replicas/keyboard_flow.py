@@ -41,6 +41,8 @@ POINTER_SETTLE_SECONDS = 0.15
 EXTENDED = frozenset(
     {"ctrl_r", "alt_r", "meta_l", "meta_r", "menu", "kp_enter", "kp_divide", "insert", "delete", "home", "end"}
     | {"pgup", "pgdn", "up", "down", "left", "right"}
+    # the extra keys unicode_keys uses and their neighbours (measured: 4 bytes a press and release)
+    | {"stop", "mail", "calculator", "computer", "mediaselect", "ac_home", "ac_bookmarks", "ac_refresh", "audiostop"}
 )
 _IRQ_LINE = re.compile(r"^\s*1:\s*(\d+)\s*$")
 

@@ -9,9 +9,9 @@ hypervisor (what the agent typed arrives as key events, in order with its other 
 changes inside the guest, and xmodmap comes with every osfleet image (x11-xserver-utils). xdotool types Unicode
 the same way, with its own scratch key; it is not used, so that the keys are QEMU's.
 
-One ``xmodmap`` call (a guest command: ~0.15 s on an idle replica) maps every character a text needs at once, as
-long as it needs at most ``len(SPARE_KEYS)`` distinct ones; a text with more is typed in parts, remapped between
-them. The host remembers what each spare key of a domain carries (``keyboard_flow.KeyboardFlow.spare``), so a
+One ``xmodmap`` call (a guest command: 0.24 s on an idle replica, measured) maps every character a text needs at
+once, as long as it needs at most ``len(SPARE_KEYS)`` distinct ones; a text with more is typed in parts, remapped
+between them. The host remembers what each spare key of a domain carries (``keyboard_flow.KeyboardFlow.spare``), so a
 character typed again costs no remapping. A new domain (a reset, a fork's child) starts with nothing known.
 
 Why a pause before a spare key is given a new meaning (``SETTLE_SECONDS``): the application turns the key into a
@@ -32,17 +32,27 @@ from dataclasses import dataclass, field
 
 from osfleet.protocol.keys import PLAIN, SHIFTED
 
-# The spare keys, best first: (QEMU qcode, X keycode the guest sees). X's keycode is Linux's key code + 8; each
-# pair was checked on a replica (tests/test_input_primitives_vm.py types through every one of them).
+# The spare keys, best first: (QEMU qcode, the X keycode the guest sees: Linux's key code + 8). Each was measured
+# on a replica (the guest's keyboard read its bytes, and X typed the character mapped to it; tests/
+# test_computer_use_apis_vm.py types through all of them): the Japanese keys and the keypad's comma and equals
+# first (nothing in osfleet's images binds them), then extra keys of multimedia keyboards that nothing binds either
+# (Cancel, Mail, Calculator, My Computer, Media); not the browser's or the player's keys, which Chromium and VLC
+# use. Keys QEMU's PS/2 keyboard sends no scancode for (Help, Again, Props, Undo, Copy, Paste, Find, Cut, LF,
+# Hangul, Hanja) cannot serve.
 SPARE_KEYS: tuple[tuple[str, int], ...] = (
-    ("ro", 97),  # KEY_RO 89
-    ("henkan", 100),  # KEY_HENKAN 92
-    ("katakanahiragana", 101),  # KEY_KATAKANAHIRAGANA 93
-    ("muhenkan", 102),  # KEY_MUHENKAN 94
-    ("kp_comma", 129),  # KEY_KPCOMMA 121
-    ("yen", 132),  # KEY_YEN 124
-    ("kp_equals", 125),  # KEY_KPEQUAL 117
-    ("hiragana", 99),  # KEY_HIRAGANA 91
+    ("ro", 97),  # KEY_RO 89; no keysym in the default map
+    ("yen", 132),  # KEY_YEN 124; none
+    ("henkan", 100),  # KEY_HENKAN 92; Henkan_Mode
+    ("katakanahiragana", 101),  # KEY_KATAKANAHIRAGANA 93; Hiragana_Katakana
+    ("muhenkan", 102),  # KEY_MUHENKAN 94; Muhenkan
+    ("hiragana", 99),  # KEY_HIRAGANA 91; Hiragana
+    ("kp_equals", 125),  # KEY_KPEQUAL 117; KP_Equal
+    ("kp_comma", 129),  # KEY_KPCOMMA 121; KP_Decimal (pyautogui's "separator")
+    ("stop", 136),  # KEY_STOP 128; Cancel
+    ("mail", 163),  # KEY_MAIL 155; XF86Mail
+    ("calculator", 148),  # KEY_CALC 140; XF86Calculator
+    ("computer", 165),  # KEY_COMPUTER 157; XF86MyComputer
+    ("mediaselect", 234),  # KEY_MEDIA 226; XF86AudioMedia
 )
 KEYCODES = dict(SPARE_KEYS)
 REMAP_SECONDS = 20.0  # one xmodmap in the guest (a guest command under TCG)
