@@ -1,5 +1,7 @@
 """A stand-in for ReplicaHost with no libvirt and no golden image, for API and concurrency unit tests.
 
+mypy holds it to ``osfleet.api.host.AgentHost``, as it holds the real host (``HOST_PROTOCOL`` below).
+
 Leases, records and the reset-after-release are the real ``Registry`` and ``LeaseBook``, and so is the lease
 check under the replica's lock (``LeaseBook.touching``) that every call with a claim passes, as on a real host;
 only what needs a guest is faked: a reset is instant, ``act`` records the actions it was given (``act_gate``
@@ -19,6 +21,7 @@ from typing import Any
 
 from PIL import Image
 
+from osfleet.api.host import AgentHost
 from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import GuestFileTooLargeError, OsfleetError
 from osfleet.protocol.actions import Action, ActionResult
@@ -37,7 +40,7 @@ from osfleet.replicas.forks import ForkInfo
 from osfleet.replicas.leases import Claim, LeaseBook
 from osfleet.replicas.lifecycle import Child, Forked, Timed
 from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
-from osfleet.replicas.registry import Counters, Registry
+from osfleet.replicas.registry import Counters, Registry, usable
 from osfleet.replicas.tunnels import Stream, Tunnels
 from osfleet.vm.screen import encode
 from tests.fake_guest_channels import FakeGuestChannels
@@ -95,6 +98,10 @@ class FakeHost:
     def counters(self) -> Counters:
         return self.registry.counters
 
+    @property
+    def replica_proxy(self) -> str | None:
+        return None  # the fake's replicas have no network
+
     # --- lifecycle ------------------------------------------------------------------------------------------
     def adopt(self) -> AdoptReport:
         report = AdoptReport()
@@ -107,16 +114,16 @@ class FakeHost:
         return report
 
     def _make(self) -> str:
-        rid = f"r-{uuid.uuid4().hex[:8]}"
+        replica_id = f"r-{uuid.uuid4().hex[:8]}"
         now = time.time()
-        rec = ReplicaRecord(id=rid, image=self.image.name, mode=self.mode, created_at=now, updated_at=now)
-        (self.settings.replicas_dir / rid).mkdir(parents=True, exist_ok=True)
+        rec = ReplicaRecord(id=replica_id, image=self.image.name, mode=self.mode, created_at=now, updated_at=now)
+        (self.settings.replicas_dir / replica_id).mkdir(parents=True, exist_ok=True)
         rec.move(State.BOOTING)
         rec.move(State.READY)
         rec.generation = 1
         self.registry.save(rec)
         self.registry.add(rec)
-        return rid
+        return replica_id
 
     def start_background(self) -> None:
         self.background = True
@@ -131,8 +138,8 @@ class FakeHost:
     def replicas(self) -> list[ReplicaRecord]:
         return self.registry.all()
 
-    def get(self, rid: str) -> ReplicaRecord:
-        return self.registry.get(rid)
+    def get(self, replica_id: str) -> ReplicaRecord:
+        return self.registry.get(replica_id)
 
     def _reset_locked(self, rec: ReplicaRecord, then: State | None = None) -> None:
         after = then or (State.LEASED if rec.state == State.LEASED else State.READY)
@@ -143,19 +150,19 @@ class FakeHost:
         self.registry.save(rec)
 
     def reset(
-        self, rid: str, mode: Mode | None = None, unless_pristine: bool = False, claim: Claim | None = None
+        self, replica_id: str, mode: Mode | None = None, unless_pristine: bool = False, claim: Claim | None = None
     ) -> Timed:
-        with self.leases.touching(rid, claim) as rec:
+        with self.leases.touching(replica_id, claim) as rec:
             if rec.state not in RUNNING_STATES:
-                raise ReplicaBusyError(f"replica {rid} is {rec.state}")
+                raise ReplicaBusyError(f"replica {replica_id} is {rec.state}")
             self._reset_locked(rec)
-            return Timed(rid, rec.mode, 0.0, rec.generation)
+            return Timed(replica_id, rec.mode, 0.0, rec.generation)
 
-    def retire(self, rid: str, claim: Claim | None = None) -> None:
-        with self.leases.touching(rid, claim) as rec:
+    def retire(self, replica_id: str, claim: Claim | None = None) -> None:
+        with self.leases.touching(replica_id, claim) as rec:
             rec.move(State.RETIRED)
-            self.registry.store.delete(rid)
-        self.registry.remove(rid)
+            self.registry.store.delete(replica_id)
+        self.registry.remove(replica_id)
 
     def up_async(self, count: int, mode: Mode | None = None) -> None:
         if len(self.registry.all()) + count > self.max_replicas:
@@ -167,16 +174,16 @@ class FakeHost:
     def lease(self, holder: str, seconds: float = 600.0, owner: str = "") -> tuple[ReplicaRecord, Lease]:
         return self.leases.lease(holder, seconds, owner)
 
-    def check_lease(self, rid: str, lease_id: str, owner: str | None = None) -> ReplicaRecord:
-        return self.leases.check(rid, lease_id, owner)
+    def check_lease(self, replica_id: str, lease_id: str, owner: str | None = None) -> ReplicaRecord:
+        return self.leases.check(replica_id, lease_id, owner)
 
-    def release(self, rid: str, lease_id: str, owner: str | None = None) -> bool:
-        return self.leases.release(rid, lease_id, owner)
+    def release(self, replica_id: str, lease_id: str, owner: str | None = None) -> bool:
+        return self.leases.release(replica_id, lease_id, owner)
 
     # --- forks (the real ones are tested on real replicas in test_forks.py) ----------------------------------
     def fork(
         self,
-        rid: str,
+        replica_id: str,
         children: int,
         lease_id: str | None = None,
         seconds: float = 600.0,
@@ -185,9 +192,9 @@ class FakeHost:
         """Children are new records leased to the parent's holder, made under the parent's lock."""
         if len(self.registry.all()) + children > self.max_replicas:
             raise CapacityError(f"this host can take {self.max_replicas - len(self.registry.all())} more replica(s)")
-        with self.leases.touching(rid, claim) as parent:
+        with self.leases.touching(replica_id, claim) as parent:
             if parent.lease is None or parent.lease.id != lease_id:
-                raise LeaseError(f"lease {lease_id} does not hold replica {rid}")
+                raise LeaseError(f"lease {lease_id} does not hold replica {replica_id}")
             holder, owner = parent.lease.holder, parent.lease.owner
             made = []
             for _ in range(children):
@@ -196,8 +203,8 @@ class FakeHost:
                     lease = self.leases.grant(rec, holder, seconds, owner)
                     self.registry.save(rec)
                     made.append(Child(rec.model_copy(deep=True), lease, 0.0))
-        self.forked.append(rid)
-        return Forked(rid, f"f-{uuid.uuid4().hex[:10]}", "template", 0.0, 0.0, made)
+        self.forked.append(replica_id)
+        return Forked(replica_id, f"f-{uuid.uuid4().hex[:10]}", "template", 0.0, 0.0, made)
 
     def fork_states(self) -> list[ForkInfo]:
         return []
@@ -205,16 +212,16 @@ class FakeHost:
     # --- checkpoints: the real book (names, tenancy, quota); the kept "state" is the fake guest's files ----------
     def checkpoint(
         self,
-        rid: str,
+        replica_id: str,
         name: str,
         owner: str,
         lease_id: str | None = None,
         claim: Claim | None = None,
         task: dict[str, Any] | None = None,
     ) -> Checkpoint:
-        with self.checkpoints.reserving(owner, name, 16 * 2**20), self.leases.touching(rid, claim) as rec:
+        with self.checkpoints.reserving(owner, name, 16 * 2**20), self.leases.touching(replica_id, claim) as rec:
             if rec.lease is None or rec.lease.id != lease_id:
-                raise LeaseError(f"lease {lease_id} does not hold replica {rid}")
+                raise LeaseError(f"lease {lease_id} does not hold replica {replica_id}")
             fork_id = f"f-{uuid.uuid4().hex[:10]}"
             self.checkpoint_files[fork_id] = dict(self.files)
             made = Checkpoint(
@@ -222,7 +229,7 @@ class FakeHost:
                 owner,
                 fork_id,
                 self.image.name,
-                rid,
+                replica_id,
                 time.time(),
                 time.time(),
                 0.0,
@@ -255,49 +262,46 @@ class FakeHost:
         return gone
 
     # --- guest ----------------------------------------------------------------------------------------------
-    def _running(self, rid: str, rec: ReplicaRecord | None = None) -> ReplicaRecord:
-        rec = rec if rec is not None else self.get(rid)
-        if rec.state not in RUNNING_STATES:
-            raise ReplicaBusyError(f"replica {rid} is {rec.state}")
-        return rec
+    def _running(self, replica_id: str, rec: ReplicaRecord | None = None) -> ReplicaRecord:
+        return usable(rec if rec is not None else self.get(replica_id))  # the real host's rule, failed included
 
     @contextmanager
-    def _touching(self, rid: str, claim: Claim | None) -> Iterator[ReplicaRecord]:
+    def _touching(self, replica_id: str, claim: Claim | None) -> Iterator[ReplicaRecord]:
         """As ``ReplicaHost``: with a claim, under the replica's lock once the claim holds; else no lock."""
         if claim is None:
-            yield self._running(rid)
+            yield self._running(replica_id)
             return
-        with self.leases.touching(rid, claim) as rec:
-            yield self._running(rid, rec)
+        with self.leases.touching(replica_id, claim) as rec:
+            yield self._running(replica_id, rec)
 
     def screenshot(
-        self, rid: str, fmt: ImageFormat = "png", quality: int | None = None, claim: Claim | None = None
+        self, replica_id: str, fmt: ImageFormat = "png", quality: int | None = None, claim: Claim | None = None
     ) -> bytes:
-        with self._touching(rid, claim) as rec:
+        with self._touching(replica_id, claim) as rec:
             self.shots.append((fmt, quality))
             return self.screen_of(rec, fmt, quality)
 
     def screen_of(self, rec: ReplicaRecord, fmt: ImageFormat, quality: int | None) -> bytes:
         return encode(Image.new("RGB", self.image.screen), fmt, quality)
 
-    def act(self, rid: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
-        with self._touching(rid, claim):
+    def act(self, replica_id: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
+        with self._touching(replica_id, claim):
             if self.act_gate is not None:
                 self.acting.set()
                 self.act_gate.wait(30)
             if self.act_error is not None:
                 raise self.act_error
             with self._lock:
-                self.applied.append((rid, actions))
+                self.applied.append((replica_id, actions))
             for a in actions:
                 if a.type == "shell":
                     self.files[a.command] = "ran"  # type: ignore[union-attr]
             return [ActionResult(type=a.type, ok=True, seconds=0.0) for a in actions]
 
     def shell(
-        self, rid: str, command: str, timeout: float, as_root: bool = False, claim: Claim | None = None
+        self, replica_id: str, command: str, timeout: float, as_root: bool = False, claim: Claim | None = None
     ) -> dict[str, Any]:
-        with self._touching(rid, claim):
+        with self._touching(replica_id, claim):
             pass
         if self.shell_gate is not None:
             self.shelling.set()
@@ -307,36 +311,42 @@ class FakeHost:
         out = "yes\n" if self.files else ""  # a shell action has run in this generation
         return {"exit_code": 0, "stdout": out, "stderr": ""}
 
-    def rss_bytes(self, rid: str) -> int | None:
+    def rss_bytes(self, replica_id: str) -> int | None:
         return self.rss
 
-    def read_file(self, rid: str, path: str, limit: int, timeout: float = 60.0, claim: Claim | None = None) -> bytes:
-        with self._touching(rid, claim):
+    def read_file(
+        self, replica_id: str, path: str, limit: int, timeout: float = 60.0, claim: Claim | None = None
+    ) -> bytes:
+        with self._touching(replica_id, claim):
             raise OsfleetError("no files in the fake guest")
 
     # --- tunnels: as ``ReplicaHost`` (the lease checked under the replica's lock, then the stream) -------------
-    def open_tunnel(self, rid: str, port: int, claim: Claim | None = None) -> Stream:
-        with self._touching(rid, claim) as rec:
+    def open_tunnel(self, replica_id: str, port: int, claim: Claim | None = None) -> Stream:
+        with self._touching(replica_id, claim) as rec:
             return self.tunnels.open(rec.id, rec.generation, claim.lease_id if claim else None, rec.domain, port)
 
-    def tunnel(self, rid: str, tunnel_id: str, claim: Claim | None = None) -> Stream:
-        with self._touching(rid, claim) as rec:
+    def tunnel(self, replica_id: str, tunnel_id: str, claim: Claim | None = None) -> Stream:
+        with self._touching(replica_id, claim) as rec:
             return self.tunnels.get(tunnel_id, rec.id, rec.generation, claim.lease_id if claim else None)
 
     # --- files: the real path policy (guest_files.allowed_path) over a dict standing in for the desktop ---------
-    def upload_file(self, rid: str, path: str, data: bytes, claim: Claim | None = None) -> None:
+    def upload_file(self, replica_id: str, path: str, data: bytes, claim: Claim | None = None) -> None:
         path = guest_files.allowed_path(path)
-        with self._touching(rid, claim):
+        with self._touching(replica_id, claim):
             if path in self.folders:
                 raise GuestFileConflictError(f"{path} is a folder")
             self.desktop_files[path] = data
 
-    def download_file(self, rid: str, path: str, claim: Claim | None = None) -> bytes:
+    def download_file(self, replica_id: str, path: str, claim: Claim | None = None) -> bytes:
         path = guest_files.allowed_path(path)
-        with self._touching(rid, claim):
+        with self._touching(replica_id, claim):
             if path not in self.desktop_files:
                 raise GuestFileNotFoundError(f"no file {path} in the desktop (or none the desktop user can see)")
             data = self.desktop_files[path]
             if len(data) > guest_files.MAX_DOWNLOAD_BYTES:
                 raise GuestFileTooLargeError(f"{path} is over {guest_files.MAX_DOWNLOAD_BYTES} bytes")
             return data
+
+
+# mypy (pyproject's ``files``) checks that FakeHost has every member the API uses, typed as the real host has it.
+HOST_PROTOCOL: type[AgentHost] = FakeHost

@@ -8,7 +8,9 @@ hosts over SSH.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 from pulumi.dynamic import Resource
@@ -27,6 +29,13 @@ from osfleet_infra.remote import conn_inputs
 DEFAULT_PACKAGES = [
     "qemu-system-x86", "qemu-utils", "libvirt-daemon-system", "libvirt-clients", "openssh-server", "python3-venv",
 ]  # fmt: skip
+
+
+def secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
+    """``pulumi.Output.secret`` for a string: the SDK types it ``Input[T] -> Output[T]``, from which mypy infers no
+    ``T`` when given an ``Output[str]`` (it could be ``str`` or ``Output[str]``)."""
+    untyped: Any = value
+    return pulumi.Output.secret(untyped)
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class _HostPrep(Resource):
     vcpus: pulumi.Output[int]
     memory_gib: pulumi.Output[float]
 
-    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+    def __init__(self, name: str, props: Mapping[str, object], opts: pulumi.ResourceOptions) -> None:
         outs = {"made_home": None, "made_sysctl_file": None, "osfleet_version": None, "vcpus": None, "memory_gib": None}
         super().__init__(HostPrepProvider(), name, {**props, **outs}, opts)
 
@@ -62,7 +71,7 @@ class _ImageBuild(Resource):
     manifest: pulumi.Output[str]
     disk_sha256: pulumi.Output[str]
 
-    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+    def __init__(self, name: str, props: Mapping[str, object], opts: pulumi.ResourceOptions) -> None:
         super().__init__(
             ImageBuildProvider(), name, {**props, "name": None, "manifest": None, "disk_sha256": None}, opts
         )
@@ -71,7 +80,7 @@ class _ImageBuild(Resource):
 class _ImagePublish(Resource):
     disk: pulumi.Output[str]
 
-    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+    def __init__(self, name: str, props: Mapping[str, object], opts: pulumi.ResourceOptions) -> None:
         super().__init__(ImagePublishProvider(), name, {**props, "disk": None}, opts)
 
 
@@ -85,14 +94,14 @@ class _Token(Resource):
 
 def generated_token(name: str) -> pulumi.Output[str]:
     """A bearer token the stack makes once and keeps secret in its state."""
-    return pulumi.Output.secret(_Token(name).token)
+    return secret(_Token(name).token)
 
 
 class _Ca(Resource):
     cert_pem: pulumi.Output[str]
     key_pem: pulumi.Output[str]
 
-    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+    def __init__(self, name: str, props: Mapping[str, object], opts: pulumi.ResourceOptions) -> None:
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
         super().__init__(CaProvider(), name, {**props, "cert_pem": None, "key_pem": None}, opts)
 
@@ -101,7 +110,7 @@ class _Cert(Resource):
     cert_pem: pulumi.Output[str]
     key_pem: pulumi.Output[str]
 
-    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+    def __init__(self, name: str, props: Mapping[str, object], opts: pulumi.ResourceOptions) -> None:
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
         super().__init__(CertProvider(), name, {**props, "cert_pem": None, "key_pem": None}, opts)
 
@@ -109,7 +118,7 @@ class _Cert(Resource):
 class _Agent(Resource):
     url: pulumi.Output[str]
 
-    def __init__(self, name: str, props: dict[str, object], opts: pulumi.ResourceOptions) -> None:
+    def __init__(self, name: str, props: Mapping[str, object], opts: pulumi.ResourceOptions) -> None:
         super().__init__(AgentProvider(), name, {**props, "url": None}, opts)
 
 
@@ -203,7 +212,7 @@ class CertificateAuthority(pulumi.ComponentResource):
         """A server certificate for ``names`` (addresses or DNS names), a child of ``parent``."""
         return _Cert(
             name,
-            {"names": names, "ca_cert_pem": self.ca.cert_pem, "ca_key_pem": pulumi.Output.secret(self.ca.key_pem)},
+            {"names": names, "ca_cert_pem": self.ca.cert_pem, "ca_key_pem": secret(self.ca.key_pem)},
             pulumi.ResourceOptions(parent=parent),
         )
 
@@ -232,8 +241,8 @@ class HostAgent(pulumi.ComponentResource):
             f"{name}-agent",
             {**t.conn(), "home": t.home, "name_prefix": t.name_prefix, "osfleet_bin": t.osfleet_bin,
              "bind": t.bind or t.addr, "url_host": t.addr, "agent_port": args.port, "warm": args.warm,
-             "mode": args.mode, "image": args.image.image_name, "token": pulumi.Output.secret(args.token),
-             "tls_cert": self.certificate.cert_pem, "tls_key": pulumi.Output.secret(self.certificate.key_pem),
+             "mode": args.mode, "image": args.image.image_name, "token": secret(args.token),
+             "tls_cert": self.certificate.cert_pem, "tls_key": secret(self.certificate.key_pem),
              "ca_cert": args.ca.cert_pem,
              "tenancy": args.tenancy},
             pulumi.ResourceOptions(parent=self, depends_on=[args.image.published[t.name]],

@@ -36,7 +36,7 @@ import pulumi
 
 from osfleet.api.probes import LIVENESS_PATH, READINESS_PATH
 from osfleet.tls import dns_names_of
-from osfleet_infra.components import CertificateAuthority
+from osfleet_infra.components import CertificateAuthority, secret
 from osfleet_infra.settings import REPO, Common, ConfigError, bool_value, list_value
 
 DEFAULT_NAMESPACE = "osfleet"
@@ -236,7 +236,7 @@ class K8sFleet(pulumi.ComponentResource):
         self.gateway_token: pulumi.Output[str] | None = None
         client_secret = "osfleet-agent-token"  # what Locust calls with: the agents' token without a gateway
         if k.gateway:
-            self.gateway_token = gateway_token or pulumi.Output.secret(common.token.apply(derived_token))
+            self.gateway_token = gateway_token or secret(common.token.apply(derived_token))
             self._gateway(fleet_address)
             client_secret = "osfleet-gateway-token"
         self.locust: list[pulumi.Resource] = []
@@ -264,7 +264,7 @@ class K8sFleet(pulumi.ComponentResource):
         self.agent_cert = self.ca.certificate(f"{name}-agent-tls", agent_names, self)
         self.tls_secret = core.Secret(
             f"{name}-agent-tls", metadata=meta(name="osfleet-agent-tls", namespace=ns), type="kubernetes.io/tls",
-            string_data={"tls.crt": self.agent_cert.cert_pem, "tls.key": pulumi.Output.secret(self.agent_cert.key_pem)},
+            string_data={"tls.crt": self.agent_cert.cert_pem, "tls.key": secret(self.agent_cert.key_pem)},
             opts=self.child,
         )  # fmt: skip
         self.ca_secret = core.Secret(
@@ -406,7 +406,7 @@ class K8sFleet(pulumi.ComponentResource):
         gateway_cert = self.ca.certificate(f"{name}-gateway-tls", names, self)
         core.Secret(
             f"{name}-gateway-tls", metadata=meta(name="osfleet-gateway-tls", namespace=ns), type="kubernetes.io/tls",
-            string_data={"tls.crt": gateway_cert.cert_pem, "tls.key": pulumi.Output.secret(gateway_cert.key_pem)},
+            string_data={"tls.crt": gateway_cert.cert_pem, "tls.key": secret(gateway_cert.key_pem)},
             opts=child,
         )  # fmt: skip
 

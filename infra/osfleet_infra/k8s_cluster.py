@@ -71,7 +71,12 @@ def _nodes() -> list[Any]:
     path = kubeconfig_path()
     try:
         config = KubeConfig.from_env()
-        server = config.get().cluster.server
+        context = config.get()
+        if context is None:
+            raise ClusterError(
+                f"kubeconfig {path} names no current context (run 'osfleet lab k8s up', or set KUBECONFIG)"
+            )
+        server = context.cluster.server
         client = Client(config, timeout=httpx2.Timeout(TIMEOUT_SECONDS), trust_env=False)
         return list(client.list(Node))
     except KubeConfigError as exc:

@@ -48,9 +48,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from osfleet.api import auth
 from osfleet.api.auth import Principal
 from osfleet.api.errors import ShareFull, Throttled
+from osfleet.api.host import AgentHost
 from osfleet.config import DEFAULT_CLIENT_SHARE
 from osfleet.replicas.errors import CapacityError
-from osfleet.replicas.manager import ReplicaHost
 from osfleet.tasks.jail.sandbox import MAX_JOBS
 
 SPARE_REQUESTS = 16  # a client's requests in flight whatever it holds (leases asked for, listings, its checkpoints)
@@ -178,7 +178,7 @@ class Ledger:
                 del self._turns[key]
 
     @contextmanager
-    def keeping(self, host: ReplicaHost, who: Principal, new_bytes: int) -> Iterator[None]:
+    def keeping(self, host: AgentHost, who: Principal, new_bytes: int) -> Iterator[None]:
         """Room for one more saved fork or checkpoint of ``who`` (about ``new_bytes``), held while it is saved:
         507 ``quota`` past the client's share of the host's fork budget (``ShareFull``: its forks and checkpoints
         counted together, with those being saved), 503 ``capacity`` when the host's disk or memory file system
@@ -217,7 +217,7 @@ class Ledger:
             }
 
 
-def kept_bytes(host: ReplicaHost, owner: str) -> int:
+def kept_bytes(host: AgentHost, owner: str) -> int:
     """What ``owner`` keeps on the host: its checkpoints (as recorded when saved), and the saved forks its leased
     replicas run on that none of its checkpoints keeps (each fork once)."""
     records = host.replicas()
@@ -232,7 +232,7 @@ def kept_bytes(host: ReplicaHost, owner: str) -> int:
     return forks + sum(c.bytes for c in checkpoints)
 
 
-def leave_free(host: ReplicaHost, new_bytes: int) -> None:
+def leave_free(host: AgentHost, new_bytes: int) -> None:
     """``CapacityError`` (503) when ``new_bytes`` more on the forks' disk, or in the memory folder (tmpfs: RAM),
     would leave it less than 1/``DISK_RESERVE_SHARE`` free: replicas' overlays and RAM live there too."""
     folders = [host.settings.forks_dir]

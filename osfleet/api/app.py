@@ -22,16 +22,16 @@ from osfleet import __version__
 from osfleet.api import auth, errors, probes
 from osfleet.api.admission import Admission, Ledger
 from osfleet.api.contract import Routes, add_metrics_route
+from osfleet.api.host import AgentHost
 from osfleet.api.limits import BodyLimit, size_thread_pool
 from osfleet.api.models import Health
 from osfleet.api.operations import OPERATIONS
 from osfleet.api.routes import checkpoints, episodes, files, leases, osgym, replicas, tunnels
 from osfleet.api.state import AgentState
 from osfleet.config import AgentConfig
-from osfleet.replicas.manager import ReplicaHost
 
 
-def create_app(config: AgentConfig, host_factory: Callable[[], ReplicaHost]) -> FastAPI:
+def create_app(config: AgentConfig, host_factory: Callable[[], AgentHost]) -> FastAPI:
     """``host_factory`` runs in the lifespan: the replica host (adopting what is on disk) lives as long as
     the app, and its background monitor and warm pool run meanwhile."""
     running: dict[str, AgentState] = {}  # the one the lifespan made

@@ -10,7 +10,7 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from osfleet.api.admission import Ledger
-from osfleet.replicas.manager import ReplicaHost
+from osfleet.api.host import AgentHost
 from osfleet.replicas.records import State
 from osfleet.vm import qcow2
 
@@ -50,7 +50,7 @@ class Metrics:
     def failure(self, kind: str) -> None:
         self.failures.labels(kind=kind).inc()
 
-    def sample(self, host: ReplicaHost) -> dict[str, Any]:
+    def sample(self, host: AgentHost) -> dict[str, Any]:
         """Replicas by state and allocated disk bytes; also sets the gauges."""
         counts = {s.value: 0 for s in State}
         for rec in host.replicas():
@@ -88,7 +88,7 @@ class Metrics:
             for client, n in counts.items():
                 self.client_use.labels(client=client, resource=resource).set(n)
 
-    def render(self, host: ReplicaHost, ledger: Ledger | None = None) -> bytes:
+    def render(self, host: AgentHost, ledger: Ledger | None = None) -> bytes:
         self.sample(host)
         if ledger is not None:
             self.shares(ledger)
@@ -111,7 +111,7 @@ def host_usage() -> dict[str, Any]:
     }
 
 
-def capacity(host: ReplicaHost, counts: dict[str, int]) -> dict[str, Any]:
+def capacity(host: AgentHost, counts: dict[str, int]) -> dict[str, Any]:
     """What a gateway places by: the host's maximum and the measured memory of its running replicas."""
     running = [r for r in host.replicas() if r.state in (State.READY, State.LEASED)]
     rss = [b for b in (host.rss_bytes(r.id) for r in running) if b]

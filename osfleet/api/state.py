@@ -23,6 +23,7 @@ from typing import Any
 from osfleet.api.admission import Ledger, Shares
 from osfleet.api.auth import OPERATOR, Principal
 from osfleet.api.errors import Conflict, NotFound
+from osfleet.api.host import AgentHost
 from osfleet.api.metrics import Metrics
 from osfleet.config import AgentConfig
 from osfleet.protocol.actions import Action, ActionResult
@@ -34,7 +35,6 @@ from osfleet.replicas.episodes import OSGYM_VM_IDS, Episode, EpisodeStore
 from osfleet.replicas.errors import LeaseError, LeaseLostError, ReplicaBusyError, ReplicaNotFoundError
 from osfleet.replicas.leases import Claim
 from osfleet.replicas.lifecycle import Timed
-from osfleet.replicas.manager import ReplicaHost
 from osfleet.replicas.records import ReplicaRecord, State
 from osfleet.replicas.tunnels import Stream
 from osfleet.tasks.model import Task
@@ -47,7 +47,7 @@ class LeasedHost:
     caller, the generation it is on), checked under the replica's lock, so a call that waited behind a release
     or an expiry never acts on the replica's next holder. A reset moves the claim to the new generation."""
 
-    def __init__(self, host: ReplicaHost, claim: Claim) -> None:
+    def __init__(self, host: AgentHost, claim: Claim) -> None:
         self.host = host
         self.claim = claim
 
@@ -94,13 +94,13 @@ class LiveEpisode:
     lock: threading.Lock = field(default_factory=threading.Lock)
     started: bool = False  # its header is on disk (written before its first step is logged)
 
-    def on(self, host: ReplicaHost, who: Principal) -> LeasedHost:
+    def on(self, host: AgentHost, who: Principal) -> LeasedHost:
         """The host as ``who`` may use it for this episode."""
         return LeasedHost(host, Claim(who.owner, self.data.lease_id, self.data.generation))
 
 
 class AgentState:
-    def __init__(self, host: ReplicaHost, config: AgentConfig) -> None:
+    def __init__(self, host: AgentHost, config: AgentConfig) -> None:
         self.host = host
         self.config = config
         self.metrics = Metrics()

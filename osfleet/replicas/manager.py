@@ -44,8 +44,8 @@ from osfleet.replicas.lifecycle import Child, Forked, Lifecycle, Timed
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.monitor import Monitor
 from osfleet.replicas.pool import WarmPool
-from osfleet.replicas.records import RUNNING_STATES, Lease, RecordStore, ReplicaRecord, State
-from osfleet.replicas.registry import Counters, Registry
+from osfleet.replicas.records import Lease, RecordStore, ReplicaRecord, State
+from osfleet.replicas.registry import Counters, Registry, usable
 from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.replicas.tunnels import Stream, Tunnels
@@ -456,12 +456,7 @@ class ReplicaHost:
     # With a claim, each call happens under the replica's lock once the claim is found to hold it (see
     # ``LeaseBook.touching``); without one (the command line, the dashboard's thumbnails) it takes no lock.
     def _running(self, replica_id: str, rec: ReplicaRecord | None = None) -> ReplicaRecord:
-        rec = rec if rec is not None else self.get(replica_id)
-        if rec.state in (State.FAILED, State.RECOVERING):
-            raise ReplicaFailedError(f"replica {replica_id} failed ({rec.error}); it is being rebuilt")
-        if rec.state not in RUNNING_STATES:
-            raise ReplicaBusyError(f"replica {replica_id} is {rec.state}")
-        return rec
+        return usable(rec if rec is not None else self.get(replica_id))
 
     @contextmanager
     def _touching(self, replica_id: str, claim: Claim | None) -> Iterator[ReplicaRecord]:

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from osfleet.errors import OsfleetError, as_osfleet
-from osfleet.replicas.errors import ReplicaBusyError, ReplicaNotFoundError
-from osfleet.replicas.records import RecordStore, ReplicaRecord, State
+from osfleet.replicas.errors import ReplicaBusyError, ReplicaFailedError, ReplicaNotFoundError
+from osfleet.replicas.records import RUNNING_STATES, RecordStore, ReplicaRecord, State
 
 log = logging.getLogger(__name__)
 
@@ -128,3 +128,14 @@ class Registry:
             self.save(record)
         except OsfleetError as exc:
             log.error("replica %s: could not record the failure: %s", record.id, exc)
+
+
+def usable(record: ReplicaRecord) -> ReplicaRecord:
+    """``record`` when its guest can be observed and acted on now. A failed or recovering replica raises
+    ``ReplicaFailedError`` (an infrastructure failure: 503, never reward 0), any other state that is not ready or
+    leased ``ReplicaBusyError`` (409). One rule for the real host and the API's fake (``tests/fakes.py``)."""
+    if record.state in (State.FAILED, State.RECOVERING):
+        raise ReplicaFailedError(f"replica {record.id} failed ({record.error}); it is being rebuilt")
+    if record.state not in RUNNING_STATES:
+        raise ReplicaBusyError(f"replica {record.id} is {record.state}")
+    return record
