@@ -372,12 +372,14 @@ def _seconds(text: str) -> int:
     return value
 
 
+from osfleet.bench.gateway import bench_gateway  # noqa: E402
 from osfleet.bench.group import bench_group  # noqa: E402  (beside their code: groups, infra and step latency)
 from osfleet.bench.infra import bench_infra  # noqa: E402
 from osfleet.bench.k8s_faults import bench_k8s_faults  # noqa: E402
 from osfleet.bench.k8s_scale import bench_k8s_scale  # noqa: E402
 from osfleet.bench.step import bench_step  # noqa: E402
 
+bench.add_command(bench_gateway)
 bench.add_command(bench_group)
 bench.add_command(bench_infra)
 bench.add_command(bench_k8s_faults)
