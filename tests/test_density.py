@@ -65,8 +65,14 @@ def test_report_draws_memory_per_replica_sharing_on_vs_off_and_costs_from_densit
         img.verify()
     results = load(run)
     assert results.density is not None and results.cost is not None
-    assert results.cost.footprint.memory_bytes == 60 * 2**20
-    assert "bench density, 240 held, template memory" in results.cost.footprint_text
+    # the density's replicas are the parked ones; the active ones are the load test's (the reset bench's memory)
+    assert (
+        results.cost.parked_text is not None and "bench density: 240 held, template memory" in results.cost.parked_text
+    )
+    assert results.cost.footprint.memory_bytes != 60 * 2**20
+    assert all(r["parked_binding_resource"] and r["usd_per_parked_replica_day"] > 0 for r in results.cost.rows)
+    md = (run / "report.md").read_text()
+    assert "## Density" in md and "240 ready desktops held at once" in md and "| USD per parked replica-day |" in md
 
 
 @pytest.mark.system

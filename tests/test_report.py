@@ -163,3 +163,42 @@ def test_a_run_becomes_a_dated_benchmark_page_of_the_docs(tmp_path: Path) -> Non
     assert text.startswith("# osfleet bench all, 2026-11-29\n") and "![" not in text and ".png" not in text
     assert "| overlay | 0.16 ms | 0.34 ms | 158.0 MiB | 98.4% | measured here |" in text
     assert text == (REPO / "docs" / "benchmarks" / page.name).read_text()
+
+
+THROUGHPUT = {
+    "benchmark": "throughput",
+    "minutes": 3.0,
+    "hosts": 2,
+    "warm_per_host": 6,
+    "users": 12,
+    "trajectories_per_min": 61.3,
+    "scored": 184,
+    "successful": 184,
+    "aborted": 0,
+    "cut_at_end": 9,
+    "stages": {"reset": {"p50": 0.4, "p95": 1.2, "share": 0.2}, "steps": {"p50": 3.1, "p95": 6.0, "share": 0.6}},
+    "cpu": {
+        "core_seconds": {"qemu": 200.0, "host_agents": 60.0, "gateway": 4.0, "libvirt": 20.0, "load_generator": 9.0},
+        "cores_busy": 1.9,
+        "per_trajectory_s": {"qemu": 1.087, "host_agents": 0.326, "all": 1.9},
+    },
+    "machine": {"hostname": "unit", "cpus": 2, "memory_gib": 23.4, "accelerator": "TCG", "date": "2026-12-06"},
+}
+
+
+@pytest.mark.integration  # in-process, but seconds of matplotlib
+def test_a_throughput_run_gets_its_section_and_prices_a_step_from_the_fleets_own_cpu(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    (run / "throughput.json").write_text(json.dumps(THROUGHPUT))
+    render(run)
+    md = (run / "report.md").read_text()
+    assert "## Throughput" in md and "61.3 scored trajectories a minute (184 in 3 min" in md
+    assert "| steps | 3.10 s | 6.00 s | 60% |" in md and "| qemu | 1.087 |" in md
+    assert "| scored trajectories a minute (bench throughput) | 61.3 | measured here |" in md
+    cost = load(run).cost
+    assert cost is not None and cost.step_text is not None and "bench throughput" in cost.step_text
+    # the fleet's processes (QEMU, host agents, gateway, libvirt; not the load generator) over the sample's steps
+    steps = sum(json.loads(x).get("steps", 0) for x in (run / "trajectories-9713.jsonl").read_text().splitlines())
+    assert cost.cpu_seconds_per_step == pytest.approx(284.0 / steps)
+    assert all(r["usd_per_1000_steps"] > 0 for r in cost.rows)

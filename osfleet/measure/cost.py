@@ -1,8 +1,15 @@
-"""Cost per replica-day from measured per-replica footprint and a versioned price table.
+"""What a fleet costs, from measured footprints and a versioned price table: USD per active replica-day, per
+parked replica-day and per 1,000 steps on each priced host type.
 
 Replicas per host = the smallest of (usable CPU / CPU per replica, usable memory / memory per replica,
 usable disk / disk per replica); the resource that gives the smallest is the binding one, as in OSGym's
-hardware-aware orchestration. Reserves keep room for the host itself.
+hardware-aware orchestration. Reserves keep room for the host itself. An active replica is one in use (its CPU
+measured under load); a parked one waits paused for a lease (its memory measured by ``osfleet bench density``,
+its CPU idle). A step costs the CPU the whole stack spent per step (guest, host agent, evaluation, gateway: resets
+and evaluations spread over the steps of the episodes measured), priced at the host's usable core-seconds, so
+``usd_per_1000_steps = usd_per_hour / 3600 / usable cores x CPU seconds per step x 1000``.
+
+A measured core is one CPU of the machine measured (a vCPU here) and a priced one a vCPU of the host type.
 """
 
 from __future__ import annotations
@@ -83,18 +90,39 @@ def replicas_per_host(host: HostType, fp: Footprint) -> tuple[int, str]:
     return max(0, math.floor(limits[binding])), binding
 
 
-def cost_table(hosts: list[HostType], fp: Footprint) -> list[dict[str, Any]]:
+def usd_per_1000_steps(host: HostType, cpu_seconds_per_step: float) -> float:
+    """1,000 steps' share of the host's price: their CPU seconds at the price of a usable core-second."""
+    usable = host.vcpus - CPU_RESERVE_CORES
+    if usable <= 0 or cpu_seconds_per_step <= 0:
+        raise OsfleetError(f"host {host.name}: no usable core, or a step that costs no CPU: no price per step")
+    return host.usd_per_hour / 3600 / usable * cpu_seconds_per_step * 1000
+
+
+def cost_table(
+    hosts: list[HostType],
+    fp: Footprint,
+    parked: Footprint | None = None,
+    cpu_seconds_per_step: float | None = None,
+) -> list[dict[str, Any]]:
+    """One row per host type: active replicas (footprint ``fp``) per host and their USD per replica-day; with
+    ``parked``, the same for parked replicas; with ``cpu_seconds_per_step``, USD per 1,000 steps."""
     rows = []
     for h in hosts:
         n, binding = replicas_per_host(h, fp)
-        rows.append(
-            {
-                "host": h.name,
-                "replicas_per_host": n,
-                "binding_resource": binding,
-                "usd_per_hour": h.usd_per_hour,
-                "usd_per_replica_day": h.usd_per_hour * 24 / n if n else None,
-                "source": h.source,
-            }
-        )
+        row: dict[str, Any] = {
+            "host": h.name,
+            "replicas_per_host": n,
+            "binding_resource": binding,
+            "usd_per_hour": h.usd_per_hour,
+            "usd_per_replica_day": h.usd_per_hour * 24 / n if n else None,
+            "source": h.source,
+        }
+        if parked is not None:
+            p, parked_binding = replicas_per_host(h, parked)
+            row["parked_replicas_per_host"] = p
+            row["parked_binding_resource"] = parked_binding
+            row["usd_per_parked_replica_day"] = h.usd_per_hour * 24 / p if p else None
+        if cpu_seconds_per_step is not None:
+            row["usd_per_1000_steps"] = usd_per_1000_steps(h, cpu_seconds_per_step)
+        rows.append(row)
     return rows

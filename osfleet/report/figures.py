@@ -96,28 +96,37 @@ def _chaos(plt: Any, out: Path, results: RunResults) -> Figure:
     return Figure("chaos_timeline.png", "Chaos run: faults and the episodes around them")
 
 
+DENSITY_COLOURS = ("#2f7f4f", "#3f6fbf", "#bf8f3f", "#7f3fbf")
+
+
 def _density(plt: Any, out: Path, d: dict[str, Any]) -> Figure:
-    """Host memory per replica against the number of replicas held, template memory on vs off."""
+    """Host memory per replica against the number of replicas held (every MiB-per-replica series a point has:
+    all of it, and a private/shared split where the bench measured one), template memory on vs off."""
     fig, ax = plt.subplots(figsize=(7, 4))
     runs = [d, d.get("sharing_off")]
     for run in (r for r in runs if r and r.get("memory_curve")):
         on = bool(run.get("template_sharing"))
         curve = run["memory_curve"]
-        ax.plot(
-            [p["replicas"] for p in curve],
-            [p["mib_per_replica"] for p in curve],
-            marker="o",
-            markersize=3,
-            color="#2f7f4f" if on else "#bf4f3f",
-            label=f"template memory {'on' if on else 'off'}: {run['held_ready']} held ({run['stop_reason']})",
-        )
+        series = [k for k in curve[0] if k != "replicas" and k.endswith("mib_per_replica")]
+        for i, name in enumerate(series):
+            label = name.removesuffix("_mib_per_replica").replace("_", " ") if name != "mib_per_replica" else "all"
+            ax.plot(
+                [p["replicas"] for p in curve],
+                [p.get(name) for p in curve],
+                marker="o",
+                markersize=3,
+                linestyle="-" if on else "--",
+                color=DENSITY_COLOURS[i % len(DENSITY_COLOURS)] if on else "#bf4f3f",
+                label=f"{label}, template memory {'on' if on else 'off'}: {run['held_ready']} held "
+                f"({run['stop_reason']})",
+            )
     ax.set_xlabel("replicas held ready")
     ax.set_ylabel("host memory per replica, MiB")
     ax.set_ylim(bottom=0)
     ax.set_title("Memory per replica against replica count")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     _save(plt, fig, out / "density_memory.png", caption(d.get("machine", {})))
-    return Figure("density_memory.png", "Memory per replica against replica count, template memory on vs off")
+    return Figure("density_memory.png", "Memory per replica against replica count (the density curve)")
 
 
 def _disk(plt: Any, out: Path, disk: dict[str, Any]) -> list[Figure]:
@@ -299,29 +308,43 @@ def _rates(traj: list[dict[str, Any]]) -> tuple[list[float], list[float], float]
 
 
 def _cost(plt: Any, out: Path, cost: Cost, text: str) -> Figure:
+    """USD per replica-day by host type (active, and parked where measured) and, beside it, USD per 1,000 steps."""
     rows = cost.rows
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    steps = cost.cpu_seconds_per_step is not None
+    fig, axes = plt.subplots(1, 2 if steps else 1, figsize=(11 if steps else 7, 4), squeeze=False)
+    ax = axes[0][0]
     names = [r["host"] for r in rows]
-    values = [r["usd_per_replica_day"] or 0 for r in rows]
-    bars = ax.barh(names, values, color="#3f6fbf")
-    for bar, r in zip(bars, rows, strict=True):
-        ax.text(
-            bar.get_width(),
-            bar.get_y() + bar.get_height() / 2,
-            f" {r['replicas_per_host']}/host, {r['binding_resource']}-bound",
-            va="center",
-            fontsize=8,
-        )
-    ax.axvspan(0.2, 0.3, color="#bf8f3f", alpha=0.2, label="OSGym, published: 0.2-0.3 USD")
-    ax.set_xlim(0, max(values + [0.3]) * 1.7)
-    ax.set_xlabel("USD per replica-day")
-    ax.set_title(
-        "Cost per replica-day by host type\n(footprint measured here, prices from osfleet/data/prices.yaml)",
-        fontsize=10,
+    ys = list(range(len(rows)))
+    active = [r["usd_per_replica_day"] or 0 for r in rows]
+    parked = [r.get("usd_per_parked_replica_day") or 0 for r in rows]
+    height = 0.4 if any(parked) else 0.8
+    bars = ax.barh(
+        [y + (height / 2 if any(parked) else 0) for y in ys], active, height, color="#3f6fbf", label="active"
     )
-    ax.legend(fontsize=8, loc="lower right")
+    for bar, r in zip(bars, rows, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['replicas_per_host']}/host "
+                f"({r['binding_resource']})", va="center", fontsize=7)  # fmt: skip
+    if any(parked):
+        pbars = ax.barh([y - height / 2 for y in ys], parked, height, color="#2f7f4f", label="parked")
+        for bar, r in zip(pbars, rows, strict=True):
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['parked_replicas_per_host']}/host "
+                    f"({r['parked_binding_resource']})", va="center", fontsize=7)  # fmt: skip
+    ax.set_yticks(ys, names, fontsize=7)
+    ax.axvspan(0.2, 0.3, color="#bf8f3f", alpha=0.2, label="OSGym, published: 0.2-0.3 USD")
+    ax.set_xlim(0, max(active + [0.3]) * 1.6)
+    ax.set_xlabel("USD per replica-day")
+    ax.set_title("Cost per replica-day by host type", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    if steps:
+        ax2 = axes[0][1]
+        per = [r["usd_per_1000_steps"] for r in rows]
+        ax2.barh(ys, per, color="#bf8f3f")
+        ax2.set_yticks(ys, names, fontsize=7)
+        ax2.set_xlabel(f"USD per 1,000 steps ({cost.cpu_seconds_per_step:.3f} core-s a step, measured here)")
+        ax2.set_title("Cost per 1,000 steps by host type", fontsize=10)
+    fig.suptitle("Footprints measured here, prices from osfleet/data/prices.yaml", fontsize=9)
     _save(plt, fig, out / "cost_per_replica_day.png", text)
-    return Figure("cost_per_replica_day.png", "Cost per replica-day by host type")
+    return Figure("cost_per_replica_day.png", "Cost per replica-day (active, parked) and per 1,000 steps by host type")
 
 
 def _save(plt: Any, fig: Any, path: Path, text: str) -> None:

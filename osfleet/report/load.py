@@ -4,6 +4,7 @@ computed from them with the shipped price table. Nothing here draws or writes.""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,13 @@ RESULT_FILES = (
     "density.json",
     "infra.json",
     "chaos.json",
+    "throughput.json",
     "bringup.jsonl",
     "trajectories-*.jsonl",
 )
+# The processes of the fleet itself whose CPU a step costs (``osfleet.bench.cpu_use``'s kinds; not the load
+# generator, which stands in for the trainers' agents, nor the machine's other work).
+FLEET_PROCESSES = ("qemu", "host_agents", "evaluation_jail", "gateway", "libvirt")
 # An episode written without a status (Locust stopped before osfleet marked cut episodes) was cut short.
 INTERRUPTED = "interrupted"
 # Key spellings of run directories written before every bench said p50 (read, never written).
@@ -43,12 +48,16 @@ class LoadTest:
 
 @dataclass(frozen=True)
 class Cost:
-    """Cost per replica-day: the footprint measured in the run, and one row per priced host type."""
+    """What the fleet costs: the footprints measured in the run (an active replica's; a parked one's, from the
+    density bench; the CPU of a step), and one row per priced host type (``osfleet.measure.cost.cost_table``)."""
 
     footprint: Footprint
     footprint_text: str
     rows: list[dict[str, Any]]
     prices: dict[str, Any]
+    parked_text: str | None = None
+    step_text: str | None = None
+    cpu_seconds_per_step: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class RunResults:
     infra: dict[str, Any] | None = None  # infra.json from ``osfleet bench infra --out RUN_DIR/infra.json``
     fleet_samples: list[dict[str, Any]] = field(default_factory=list)  # bench chaos: the gateway's view
     forks: dict[str, Any] | None = None  # fork.json from ``osfleet bench fork --out RUN_DIR/fork.json``
+    throughput: dict[str, Any] | None = None  # throughput.json from ``osfleet bench throughput``
 
 
 def load(run_dir: Path) -> RunResults:
@@ -78,7 +88,10 @@ def load(run_dir: Path) -> RunResults:
         and resets is None
         and not load_test.trajectories
         and not load_test.bringup
-        and not any((run_dir / name).exists() for name in ("density.json", "infra.json", "chaos.json", "fork.json"))
+        and not any(
+            (run_dir / name).exists()
+            for name in ("density.json", "infra.json", "chaos.json", "fork.json", "throughput.json")
+        )
     ):
         if not run_dir.is_dir():
             raise OsfleetError(f"{run_dir} is not a directory: give the run directory a command wrote")
@@ -89,13 +102,12 @@ def load(run_dir: Path) -> RunResults:
     if disk is not None:
         _rename_old_keys(disk)
     density = _json(run_dir, "density.json")
-    cost = _cost(resets, load_test)
-    if density is not None and density.get("mib_per_replica"):
-        cost = _density_cost(density, cost)
+    throughput = _json(run_dir, "throughput.json")
+    cost = _cost(resets, load_test, density, throughput)
     chaos, infra = _json(run_dir, "chaos.json"), _json(run_dir, "infra.json")
     fleet = _jsonl(run_dir / "fleet-samples.jsonl")
     forks = _json(run_dir, "fork.json")
-    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra, fleet, forks)
+    return RunResults(run_dir, disk, boot, resets, load_test, cost, density, chaos, infra, fleet, forks, throughput)
 
 
 def caption(machine: dict[str, Any]) -> str:
@@ -110,7 +122,8 @@ def caption(machine: dict[str, Any]) -> str:
 def machine_of(run_dir: Path) -> dict[str, Any]:
     """The machine the run was measured on (hostname, CPUs, accelerator, date, command), from its first result
     file that records one; empty when none does."""
-    for name in ("run.json", "reset.json", "boot.json", "disk.json", "chaos.json", "density.json", "fork.json"):
+    names = ("run.json", "reset.json", "boot.json", "disk.json", "chaos.json", "throughput.json", "density.json")
+    for name in (*names, "fork.json"):
         doc = _json(run_dir, name)
         if doc and doc.get("machine"):
             return dict(doc["machine"])
@@ -151,6 +164,7 @@ def _one_host(sample: dict[str, Any]) -> dict[str, Any]:
         for k, v in (h.get("counters") or {}).items():
             counters[k] = counters.get(k, 0) + v
     busy = [h["cpu_busy_share"] for h in hosts if h.get("cpu_busy_share") is not None]
+    rss = [r for r in ((h.get("capacity") or {}).get("rss_bytes_per_replica") for h in hosts) if r]
     return {
         "time": sample["time"],
         "replicas": replicas,
@@ -159,6 +173,7 @@ def _one_host(sample: dict[str, Any]) -> dict[str, Any]:
         "cpu_busy_share": max(busy) if busy else None,  # hosts on one machine share its CPU: not a sum
         "cpus": max((h.get("cpus") or 0) for h in hosts) if hosts else 0,
         "memory_used_bytes": max((h.get("memory_used_bytes") or 0) for h in hosts) if hosts else 0,
+        "capacity": {"rss_bytes_per_replica": sum(rss) / len(rss) if rss else None},
     }
 
 
@@ -191,37 +206,106 @@ def _by_host(traj: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _cost(resets: dict[str, Any] | None, load_test: LoadTest) -> Cost | None:
-    """Footprint per active replica from the host samples under load (CPU, disk) and the reset bench (RAM)."""
+def _cost(
+    resets: dict[str, Any] | None,
+    load_test: LoadTest,
+    density: dict[str, Any] | None,
+    throughput: dict[str, Any] | None,
+) -> Cost | None:
+    """The cost rows from whatever the run measured: an active replica's footprint (CPU from the host samples
+    under load, RAM from the reset bench or the hosts' own count), a parked one's (the density bench), the CPU
+    of a step (the load's episodes); None when it measured no footprint at all."""
+    active = _active_footprint(resets, load_test)
+    parked = _parked_footprint(density)
+    if active is None and parked is None:
+        return None
+    step = _step_cpu(load_test, throughput)
+    if active is None:  # only a density run: its replicas, idle, are the footprint there is
+        assert parked is not None
+        active = parked
+    meta, hosts = load_prices()
+    rows = cost_table(
+        hosts, active[0], parked[0] if parked else None, step[0] if step else None
+    )  # fmt: skip
+    return Cost(
+        footprint=active[0],
+        footprint_text=active[1],
+        rows=[{**r, "footprint": active[1]} for r in rows],
+        prices=meta,
+        parked_text=parked[1] if parked else None,
+        step_text=step[1] if step else None,
+        cpu_seconds_per_step=step[0] if step else None,
+    )
+
+
+def _active_footprint(resets: dict[str, Any] | None, load_test: LoadTest) -> tuple[Footprint, str] | None:
+    """Footprint per active replica from the host samples under load (CPU, disk) and the reset bench (RAM), or
+    the hosts' own measure of their replicas' memory where the run had no reset bench."""
     samples = [x for x in load_test.samples if x.get("cpu_busy_share") is not None]
     active = [x["replicas"].get("ready", 0) + x["replicas"].get("leased", 0) for x in samples]
-    if not samples or not resets or not any(active):
+    if not samples or not any(active):
         return None
     cpu = sum(x["cpu_busy_share"] * x["cpus"] for x in samples) / sum(active)
-    memory = (resets.get("hold") or {}).get("memory_bytes_per_replica") or resets["snapshot"]["rss_bytes_per_replica"]
+    if resets:
+        memory = (resets.get("hold") or {}).get("memory_bytes_per_replica") or resets["snapshot"][
+            "rss_bytes_per_replica"
+        ]
+        where = "reset bench"
+    else:
+        rss = [r for r in ((x.get("capacity") or {}).get("rss_bytes_per_replica") for x in samples) if r]
+        if not rss:
+            return None
+        memory, where = sum(rss) / len(rss), "the hosts' samples"
     disk = sum(x["disk_allocated_bytes"]["overlays"] for x in samples) / sum(active)
-    fp = Footprint(cpu_cores=cpu, memory_bytes=memory, disk_bytes=disk)
-    meta, hosts = load_prices()
-    text = f"{cpu:.2f} CPU cores (under the load test), {memory / 2**20:.0f} MiB RAM, {disk / 2**20:.1f} MiB disk"
-    rows = [{**r, "footprint": text} for r in cost_table(hosts, fp)]
-    return Cost(footprint=fp, footprint_text=text, rows=rows, prices=meta)
-
-
-def _density_cost(density: dict[str, Any], under_load: Cost | None) -> Cost:
-    """Cost from the measured density: its memory per held replica; CPU and disk from the load test where
-    there was one, else the replicas' idle CPU."""
-    cpu = under_load.footprint.cpu_cores if under_load else None
-    disk = under_load.footprint.disk_bytes if under_load else 0.0
-    fp = footprint_from_density(density, cpu, disk)
-    sharing = "template memory" if density.get("template_sharing") else "no template memory"
-    where = "under the load test" if under_load else "idle"
     text = (
-        f"{fp.cpu_cores:.3f} CPU cores ({where}), {fp.memory_bytes / 2**20:.0f} MiB RAM "
-        f"(bench density, {density.get('held_ready')} held, {sharing}), {fp.disk_bytes / 2**20:.1f} MiB disk"
+        f"{cpu:.2f} CPU cores (under the load test), {memory / 2**20:.0f} MiB RAM ({where}), "
+        f"{disk / 2**20:.1f} MiB disk"
     )
-    meta, hosts = load_prices()
-    rows = [{**r, "footprint": text} for r in cost_table(hosts, fp)]
-    return Cost(footprint=fp, footprint_text=text, rows=rows, prices=meta)
+    return Footprint(cpu_cores=cpu, memory_bytes=memory, disk_bytes=disk), text
+
+
+def _parked_footprint(density: dict[str, Any] | None) -> tuple[Footprint, str] | None:
+    """A parked replica's footprint from ``osfleet bench density``: its memory per held replica, its idle CPU."""
+    if density is None or not density.get("mib_per_replica"):
+        return None
+    fp = footprint_from_density(density)
+    sharing = "template memory" if density.get("template_sharing") else "no template memory"
+    text = (
+        f"{fp.memory_bytes / 2**20:.1f} MiB RAM and {fp.cpu_cores:.4f} CPU cores each "
+        f"(bench density: {density.get('held_ready')} held, {sharing})"
+    )
+    return fp, text
+
+
+def _step_cpu(load_test: LoadTest, throughput: dict[str, Any] | None) -> tuple[float, str] | None:
+    """CPU seconds a step costs the fleet: the CPU the run's load used over the steps its episodes took, resets
+    and evaluations included. From ``bench throughput``'s accounting by process (the fleet's processes only:
+    QEMU, host agents, the jail, the gateway, libvirt) where the run has it, else from the hosts' samples of the
+    machine's busy share while the load ran."""
+    traj = load_test.trajectories
+    steps = sum(int(t.get("steps") or 0) for t in traj)
+    if not steps:
+        return None
+    per_episode = steps / len(traj)
+    core_seconds = (((throughput or {}).get("cpu") or {}).get("core_seconds")) or {}
+    if core_seconds:
+        fleet = sum(float(core_seconds.get(k) or 0) for k in FLEET_PROCESSES)
+        how = "the fleet's processes, bench throughput"
+    else:
+        start, end = min(float(t["t_start"]) for t in traj), max(float(t["t_end"]) for t in traj)
+        during = [x for x in load_test.samples if x.get("cpu_busy_share") is not None and start <= x["time"] <= end]
+        samples = sorted(during, key=lambda x: float(x["time"]))  # each: the busy share since the one before
+        if len(samples) < 2:
+            return None
+        fleet = sum(b["cpu_busy_share"] * b["cpus"] * (b["time"] - a["time"]) for a, b in itertools.pairwise(samples))
+        how = "the machine's busy share sampled under the load"
+    if fleet <= 0:
+        return None
+    text = (
+        f"{fleet / steps:.3f} CPU core-seconds a step ({how}; {steps} steps in {len(traj)} episodes, "
+        f"{per_episode:.1f} an episode, their resets and evaluations included)"
+    )
+    return fleet / steps, text
 
 
 def _rename_old_keys(disk: dict[str, Any]) -> None:

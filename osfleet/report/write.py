@@ -106,8 +106,12 @@ def document(results: RunResults, figures: list[Figure]) -> list[Section]:
         sections.append(_resets(results.resets, key))
     if results.forks is not None:
         sections.append(_forks(results.forks, key))
+    if results.density is not None:
+        sections.append(_density(results.density, key))
     if results.load.trajectories or results.load.stats:
         sections.append(_load_test(results, key))
+    if results.throughput is not None:
+        sections.append(_throughput(results.throughput, key))
     if results.chaos is not None:
         sections.append(_chaos(results.chaos, key))
     if results.infra is not None:
@@ -337,32 +341,135 @@ def _load_test(results: RunResults, key: list[list[str]]) -> Section:
     return section
 
 
+CURVE_ROWS = 12  # points of the density curve shown as a table (the figure has them all)
+
+
+def _density(d: dict[str, Any], key: list[list[str]]) -> Section:
+    """``osfleet bench density``: how many ready desktops were held, what each cost in memory, the curve."""
+    held, mib = d.get("held_ready"), d.get("mib_per_replica")
+    text = f"{held} ready desktops held at once, each answering; stopped: {d.get('stop_reason')}"
+    if mib:
+        text += f"; {mib:.1f} MiB of host memory per desktop ({HERE})"
+        key.append(["ready desktops held / MiB each", f"{held} / {mib:.1f} MiB", HERE])
+    blocks: list[Block] = [Text(f"{text}; {caption(d.get('machine', {}))}.")]
+    curve = d.get("memory_curve") or []
+    if curve:
+        step = max(1, -(-len(curve) // CURVE_ROWS))
+        shown = curve[::step] + ([curve[-1]] if (len(curve) - 1) % step else [])
+        columns = ["replicas"] + sorted(k for k in curve[0] if k != "replicas" and isinstance(curve[0][k], int | float))
+        rows = [[_number(p.get(c)) for c in columns] for p in shown]
+        blocks.append(Text("Host memory per desktop against the number held (the curve):"))
+        blocks.append(Table([c.replace("_", " ") for c in columns], rows))
+    return Section("Density", blocks)
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-" if value is None else str(value)
+    return str(value) if isinstance(value, int) else f"{value:.1f}"
+
+
+def _throughput(t: dict[str, Any], key: list[list[str]]) -> Section:
+    """``osfleet bench throughput``: scored trajectories a minute through the gateway, where their time and the
+    machine's CPU went."""
+    if "trajectories_per_min" not in t:
+        return Section("Throughput", [Text(f"The throughput bench failed before it measured: {t.get('failure')}")])
+    key.append(["scored trajectories a minute (bench throughput)", f"{t['trajectories_per_min']:.1f}", HERE])
+    blocks: list[Block] = [
+        Text(
+            f"{t['trajectories_per_min']:.1f} scored trajectories a minute ({t['scored']} in {t['minutes']:g} min, "
+            f"{t.get('successful')} successful, {t['aborted']} aborted, {t.get('cut_at_end')} cut at the end) "
+            f"through a fleet gateway over {t['hosts']} host agents with {t['warm_per_host']} warm replicas each, "
+            f"{t['users']} oracle agents; {caption(t.get('machine', {}))} ({HERE})."
+        )
+    ]
+    stages = t.get("stages") or {}
+    rows = [[n, seconds(d["p50"]), seconds(d["p95"]), f"{d['share']:.0%}"] for n, d in stages.items() if "p50" in d]
+    if rows:
+        blocks.append(Text("Where an episode's time goes (the agents' clocks):"))
+        blocks.append(Table(["stage", "p50", "p95", "share of the time"], rows))
+    cpu = t.get("cpu") or {}
+    per = cpu.get("per_trajectory_s") or {}
+    if per:
+        kinds = [k for k in per if k not in ("all",) and per[k]]
+        blocks.append(
+            Text(
+                f"CPU per scored trajectory: {per['all']:.2f} core-seconds of the machine's in all "
+                f"({cpu.get('cores_busy')} cores busy on average), by kind of process:"
+            )
+        )
+        blocks.append(Table(["process", "core-seconds per trajectory"], [[k, f"{per[k]:.3f}"] for k in kinds]))
+    return Section("Throughput", blocks)
+
+
 def _cost(results: RunResults, key: list[list[str]]) -> Section:
+    """Per priced host type: active replicas per host and their USD a day; parked ones (when the run measured a
+    density); USD per 1,000 steps (when it measured steps under load)."""
     cost = results.cost
     if cost is None:
         raise ValueError("no cost in these results")
     source = "computed here from measured footprint + price table"
-    rows = [
-        [c["host"], str(c["replicas_per_host"]), c["binding_resource"], f"{c['usd_per_replica_day']:.3f}", source]
-        for c in cost.rows
-    ]
+    parked = cost.parked_text is not None
+    steps = cost.cpu_seconds_per_step is not None
+    header = ["host type", "active replicas per host", "USD per active replica-day"]
+    header += ["parked replicas per host", "USD per parked replica-day"] if parked else []
+    header += ["USD per 1,000 steps"] if steps else []
+    rows = []
+    for c in cost.rows:
+        row = [c["host"], f"{c['replicas_per_host']} ({c['binding_resource']})", _usd(c["usd_per_replica_day"])]
+        if parked:
+            row += [f"{c['parked_replicas_per_host']} ({c['parked_binding_resource']})"]
+            row += [_usd(c["usd_per_parked_replica_day"])]
+        if steps:
+            row.append(_usd(c["usd_per_1000_steps"], 4))
+        rows.append([*row, source])
     best = min(cost.rows, key=lambda c: c["usd_per_replica_day"] or 1e9)
     key.append(
         [
-            f"cost per replica-day ({best['host']})",
+            f"cost per active replica-day ({best['host']})",
             f"{best['usd_per_replica_day']:.3f} USD, binding {best['binding_resource']}",
             f"{HERE} (footprint) + price table",
         ]
     )
+    if parked:
+        cheap = min(cost.rows, key=lambda c: c["usd_per_parked_replica_day"] or 1e9)
+        key.append(
+            [
+                f"cost per parked replica-day ({cheap['host']})",
+                f"{cheap['usd_per_parked_replica_day']:.4f} USD, binding {cheap['parked_binding_resource']}",
+                f"{HERE} (density) + price table",
+            ]
+        )
+    if steps:
+        cheap = min(cost.rows, key=lambda c: c["usd_per_1000_steps"])
+        key.append(
+            [
+                f"cost per 1,000 steps ({cheap['host']})",
+                f"{cheap['usd_per_1000_steps']:.4f} USD",
+                f"{HERE} (CPU per step) + price table",
+            ]
+        )
     version = f"version {cost.prices.get('version')}, read on {cost.prices.get('read_on')}"
-    return Section(
-        "Cost per replica-day",
-        [
-            Text(f"Footprint per replica {HERE}: {cost.footprint_text}."),
-            Text(f"Prices from the price table osfleet ships (`{PRICES_NAME}`, {version}; each with its source)."),
-            Table(["host type", "replicas per host", "binding resource", "USD per replica-day", "source"], rows),
-        ],
-    )
+    blocks: list[Block] = [Text(f"Footprint per active replica {HERE}: {cost.footprint_text}.")]
+    if parked:
+        blocks.append(Text(f"Footprint per parked replica {HERE}: {cost.parked_text}."))
+    if steps:
+        blocks.append(
+            Text(
+                f"CPU per step {HERE}: {cost.step_text}. A step is priced at the host's usable core-seconds; the "
+                "guests ran under this machine's accelerator (TCG here: on a KVM host a guest's own work costs "
+                "far less, so this is an upper bound there)."
+            )
+        )
+    blocks += [
+        Text(f"Prices from the price table osfleet ships (`{PRICES_NAME}`, {version}; each with its source)."),
+        Table([*header, "source"], rows),
+    ]
+    return Section("Cost", blocks)
+
+
+def _usd(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _comparison(results: RunResults) -> list[list[str]]:
