@@ -13,7 +13,6 @@ import io
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,43 +27,14 @@ from PIL import Image
 from osfleet.client import AsyncFleet, Fleet, FleetError, InvalidActionError
 from osfleet.client.anthropic import AsyncComputerToolset, ComputerTool20251124, ComputerToolset
 from osfleet.client.openai import AsyncComputer, Computer, computer_call_output, desktop_provider
-from osfleet.protocol.actions import Action, ActionResult
-from osfleet.replicas.actions import run_actions
-from osfleet.replicas.leases import Claim
-from osfleet.replicas.records import ReplicaRecord
-from osfleet.vm.screen import encode
-from tests.fakes import FakeHost, FakeImage
-from tests.scripted_guest import ScriptedGuest
+from tests.scripted_guest import SCREEN, DesktopHost, ScriptedGuest
 from tests.test_fleet import Agent, free_port
 
 pytestmark = pytest.mark.integration  # in-process, but a server on loopback and seconds in sum
 
-SCREEN = (1920, 1080)  # OSWorld's size: over Anthropic's image limit, so the toolset scales
 SHOWN = (1429, 804)  # 1920x1080 within 1.15 megapixels
 TOKEN = "token-apis"
 NOTE = "mkdir -p ~/notes && echo 'buy milk' > ~/notes/todo.txt\n"
-
-
-def frame() -> Image.Image:
-    """The desktop: dark blue, with its top left quarter red."""
-    image = Image.new("RGB", SCREEN, (0, 0, 128))
-    image.paste((255, 0, 0), (0, 0, SCREEN[0] // 2, SCREEN[1] // 2))
-    return image
-
-
-@dataclass
-class DesktopHost(FakeHost):
-    """A fake host whose steps run through osfleet's action runner (``run_actions``) into a scripted guest."""
-
-    image: FakeImage = field(default_factory=lambda: FakeImage(screen=SCREEN))
-    guest: ScriptedGuest = field(default_factory=lambda: ScriptedGuest({}, SCREEN))
-
-    def act(self, rid: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
-        with self._touching(rid, claim):
-            return run_actions(self.guest, f"osfleet-apis-{rid}", SCREEN, actions, capture=frame)  # type: ignore[arg-type]
-
-    def screen_of(self, rec: ReplicaRecord, fmt: Any, quality: int | None) -> bytes:
-        return encode(frame(), fmt, quality)
 
 
 @pytest.fixture

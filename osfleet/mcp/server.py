@@ -23,10 +23,11 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import BlobResourceContents, ContentBlock, EmbeddedResource, ToolAnnotations
 from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from osfleet import __version__
 from osfleet.client import AsyncFleet, FleetError
-from osfleet.mcp.content import DeskContext, desk_of, guarded, say, screen_parts
+from osfleet.mcp.content import DeskContext, desk_of, guarded, image, say, screen_parts
 from osfleet.mcp.desk import Desk, DeskOptions
 from osfleet.mcp.roles import ROLE_TOOLS, Board, Role, install
 from osfleet.protocol.actions import MAX_READ_BYTES
@@ -37,6 +38,23 @@ MAX_WRITE_BYTES = 65536  # what one write_file carries until the files endpoint 
 
 X = Annotated[int, Field(ge=0, le=MAX_COORDINATE, description="pixels from the screen's left edge (0 to width-1)")]
 Y = Annotated[int, Field(ge=0, le=MAX_COORDINATE, description="pixels from the screen's top edge (0 to height-1)")]
+# Optional points: the schema shows an integer with its bounds (no null), as X and Y do; omitted is the pointer
+AtX = (
+    Annotated[int, Field(ge=0, le=MAX_COORDINATE, description="pixels from the left edge; omit x and y: the pointer")]
+    | SkipJsonSchema[None]
+)
+AtY = (
+    Annotated[int, Field(ge=0, le=MAX_COORDINATE, description="pixels from the top edge; omit x and y: the pointer")]
+    | SkipJsonSchema[None]
+)
+Button = Annotated[Literal["left", "right", "middle", "back", "forward"], Field(description="mouse button")]
+Held = Annotated[
+    list[str],
+    Field(max_length=6, description='keys held down during the action, e.g. ["ctrl"] or ["ctrl", "shift"]'),
+]
+KeyName = Annotated[
+    str, Field(min_length=1, max_length=40, description="a key: ctrl, shift, alt, super, enter, esc, f5, a, Page_Down")
+]
 GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096, description="absolute path in the desktop")]
 Observe = Annotated[bool, Field(description="also return a screenshot taken after the action")]
 
@@ -123,6 +141,13 @@ def _tools(server: FastMCP[Desk]) -> None:
 
         return await guarded(work())
 
+    def at(x: int | None, y: int | None) -> dict[str, int]:
+        """A point, or none (where the pointer is); one coordinate alone is refused by the action's own model."""
+        return {k: v for k, v in (("x", x), ("y", y)) if v is not None}
+
+    def where(x: int | None, y: int | None) -> str:
+        return "where the pointer is" if x is None and y is None else f"at ({x}, {y})"
+
     @tool("Screenshot", read_only=True)
     async def screenshot(
         ctx: DeskContext,
@@ -140,15 +165,16 @@ def _tools(server: FastMCP[Desk]) -> None:
     @tool("Click")
     async def click(
         ctx: DeskContext,
-        x: X,
-        y: Y,
-        button: Annotated[Literal["left", "right", "middle"], Field(description="mouse button")] = "left",
+        x: AtX = None,
+        y: AtY = None,
+        button: Button = "left",
+        count: Annotated[int, Field(ge=1, le=3, description="1 click, 2 (double) or 3 (triple: a line)")] = 1,
+        keys: Held = [],  # noqa: B006  (FastMCP builds the schema from the default; it is never mutated)
         observe: Observe = False,
     ) -> list[ContentBlock]:
-        """Click a mouse button at (x, y)."""
-        return await act(
-            ctx, {"type": "click", "x": x, "y": y, "button": button}, f"clicked {button} at ({x}, {y})", observe
-        )
+        """Click a mouse button at (x, y), or where the pointer is, ``count`` times, with ``keys`` held down."""
+        action = {"type": "click", "button": button, "count": count, "keys": keys, **at(x, y)}
+        return await act(ctx, action, f"clicked {button} x{count} {where(x, y)}", observe)
 
     @tool("Double-click")
     async def double_click(ctx: DeskContext, x: X, y: Y, observe: Observe = False) -> list[ContentBlock]:
@@ -161,31 +187,83 @@ def _tools(server: FastMCP[Desk]) -> None:
         return await act(ctx, {"type": "move", "x": x, "y": y}, f"pointer at ({x}, {y})", observe)
 
     @tool("Drag")
-    async def drag(ctx: DeskContext, x1: X, y1: Y, x2: X, y2: Y, observe: Observe = False) -> list[ContentBlock]:
-        """Press the left button at (x1, y1), move to (x2, y2) and release it there."""
-        action = {"type": "drag", "x1": x1, "y1": y1, "x2": x2, "y2": y2}
+    async def drag(
+        ctx: DeskContext,
+        x1: X,
+        y1: Y,
+        x2: X,
+        y2: Y,
+        seconds: Annotated[float, Field(ge=0, le=30, description="how long the movement takes (0: quickly)")] = 0,
+        keys: Held = [],  # noqa: B006
+        observe: Observe = False,
+    ) -> list[ContentBlock]:
+        """Press the left button at (x1, y1), move to (x2, y2) and release it there, with ``keys`` held down."""
+        action = {"type": "drag", "x1": x1, "y1": y1, "x2": x2, "y2": y2, "seconds": seconds, "keys": keys}
         return await act(ctx, action, f"dragged from ({x1}, {y1}) to ({x2}, {y2})", observe)
+
+    @tool("Press a mouse button")
+    async def mouse_down(
+        ctx: DeskContext, button: Button = "left", x: AtX = None, y: AtY = None, observe: Observe = False
+    ) -> list[ContentBlock]:
+        """Press a mouse button and keep it down (at (x, y), or where the pointer is) until mouse_up."""
+        return await act(ctx, {"type": "mouse_down", "button": button, **at(x, y)}, f"{button} down", observe)
+
+    @tool("Release a mouse button")
+    async def mouse_up(
+        ctx: DeskContext, button: Button = "left", x: AtX = None, y: AtY = None, observe: Observe = False
+    ) -> list[ContentBlock]:
+        """Release a mouse button (at (x, y), or where the pointer is)."""
+        return await act(ctx, {"type": "mouse_up", "button": button, **at(x, y)}, f"{button} up", observe)
+
+    @tool("Where the pointer is", read_only=True)
+    async def cursor_position(ctx: DeskContext) -> list[ContentBlock]:
+        """The mouse pointer's position, in screen pixels."""
+
+        async def work() -> list[ContentBlock]:
+            (out,) = (await desk_of(ctx).step([{"type": "cursor_position"}])).results
+            return [say(f"pointer at ({out.x}, {out.y})")]
+
+        return await guarded(work())
 
     @tool("Scroll")
     async def scroll(
         ctx: DeskContext,
-        x: X,
-        y: Y,
-        clicks: Annotated[int, Field(ge=-50, le=50, description="mouse wheel clicks: positive down, negative up")],
+        x: AtX = None,
+        y: AtY = None,
+        clicks: Annotated[int, Field(ge=-50, le=50, description="wheel clicks: positive down, negative up")] = 0,
+        clicks_x: Annotated[int, Field(ge=-50, le=50, description="sideways: positive right, negative left")] = 0,
+        keys: Held = [],  # noqa: B006
         observe: Observe = False,
     ) -> list[ContentBlock]:
-        """Turn the mouse wheel over (x, y)."""
-        return await act(
-            ctx, {"type": "scroll", "x": x, "y": y, "clicks": clicks}, f"scrolled {clicks} at ({x}, {y})", observe
-        )
+        """Turn the mouse wheel at (x, y), or where the pointer is: up or down, left or right."""
+        action = {"type": "scroll", "clicks": clicks, "clicks_x": clicks_x, "keys": keys, **at(x, y)}
+        return await act(ctx, action, f"scrolled {clicks} down, {clicks_x} right {where(x, y)}", observe)
+
+    @tool("Zoom in", read_only=True)
+    async def zoom(
+        ctx: DeskContext,
+        x0: X,
+        y0: Y,
+        x1: Annotated[int, Field(ge=1, le=MAX_COORDINATE + 1, description="right edge, exclusive (x0 < x1)")],
+        y1: Annotated[int, Field(ge=1, le=MAX_COORDINATE + 1, description="bottom edge, exclusive (y0 < y1)")],
+        width: Annotated[int, Field(ge=1, le=4096, description="the image's width")] | SkipJsonSchema[None] = None,
+    ) -> list[ContentBlock]:
+        """A region of the screen as an image (cropped and scaled to ``width`` by the host): the pixels
+        x0 <= x < x1, y0 <= y < y1."""
+
+        async def work() -> list[ContentBlock]:
+            shot = await desk_of(ctx).call(lambda s: s.screenshot(region=(x0, y0, x1, y1), width=width))
+            return [image(shot), say(f"region [{x0}, {y0}, {x1}, {y1}] as {shot.width}x{shot.height}")]
+
+        return await guarded(work())
 
     @tool("Type text")
     async def type_text(
         ctx: DeskContext,
-        text: Annotated[str, Field(min_length=1, max_length=10000, description="text typed on a US keyboard")],
+        text: Annotated[str, Field(min_length=1, max_length=10000, description="any Unicode text; \\n is Enter")],
         observe: Observe = False,
     ) -> list[ContentBlock]:
-        """Type text into the focused window, key by key ("\\n" presses Enter)."""
+        """Type text into the focused window, key by key ("\\n" presses Enter; é, €, 日本 are typed too)."""
         return await act(ctx, {"type": "type", "text": text}, f"typed {len(text)} characters", observe)
 
     @tool("Press keys")
@@ -199,6 +277,27 @@ def _tools(server: FastMCP[Desk]) -> None:
     ) -> list[ContentBlock]:
         """Press a key or a combination (ctrl, alt, shift, super, enter, esc, tab, f1-f12, a letter, ...)."""
         return await act(ctx, {"type": "hotkey", "keys": keys}, "pressed " + "+".join(keys), observe)
+
+    @tool("Hold keys")
+    async def hold_keys(
+        ctx: DeskContext,
+        keys: Annotated[list[KeyName], Field(min_length=1, max_length=6, description="held together, in order")],
+        seconds: Annotated[float, Field(ge=0, le=60, description="how long they are held")],
+        observe: Observe = False,
+    ) -> list[ContentBlock]:
+        """Hold keys down for a while, then release them."""
+        action = {"type": "hold_key", "keys": keys, "seconds": seconds}
+        return await act(ctx, action, f"held {'+'.join(keys)} for {seconds:g} s", observe)
+
+    @tool("Press a key down")
+    async def key_down(ctx: DeskContext, key: KeyName, observe: Observe = False) -> list[ContentBlock]:
+        """Press a key and keep it down until key_up (e.g. shift while clicking several things)."""
+        return await act(ctx, {"type": "key_down", "key": key}, f"{key} down", observe)
+
+    @tool("Release a key")
+    async def key_up(ctx: DeskContext, key: KeyName, observe: Observe = False) -> list[ContentBlock]:
+        """Release a key pressed with key_down."""
+        return await act(ctx, {"type": "key_up", "key": key}, f"{key} up", observe)
 
     @tool("Wait", read_only=True)
     async def wait(
@@ -303,9 +402,16 @@ TOOLS = (
     "double_click",
     "move_mouse",
     "drag",
+    "mouse_down",
+    "mouse_up",
+    "cursor_position",
     "scroll",
+    "zoom",
     "type_text",
     "press_keys",
+    "hold_keys",
+    "key_down",
+    "key_up",
     "wait",
     "run_command",
     "read_file",
