@@ -4,8 +4,8 @@ Why retries live here and not in callers: whether a request may be sent again de
 carries its ``action_id``, so the server applies it once however often it arrives — it is retried on any
 connection failure or 503 (with the server's ``Retry-After``). A lease is not idempotent: it is retried only
 when the connection was refused (nothing reached the server) or the fleet answered 503 capacity. A 429 (this
-client's own share of the host in use: nothing of the request was done) is sent again, whatever the request, after
-the server's ``Retry-After``, within the call's attempts. What is left
+client's own share of the host in use, say its other evaluations: nothing of the request was done) is sent again,
+whatever the request, after the server's ``Retry-After``, for up to ``THROTTLED_WAIT``. What is left
 after the retries becomes an ``InfrastructureError``: never a bare HTTP error, never a hang (every call has a
 deadline).
 """
@@ -43,6 +43,7 @@ answer was 503 capacity; ``idempotent``: again on any connection failure or 503.
 DEFAULT_TIMEOUT = 180.0  # seconds for one call; a step's actions alone may take the server 90 s
 CONNECT_TIMEOUT = 10.0
 MAX_RETRY_AFTER = 30.0
+THROTTLED_WAIT = 300.0  # how long 429s (this client's own share in use, e.g. its evaluations) are waited out
 CA_FILE_ENV = "OSFLEET_CA_FILE"
 OCTET_STREAM = "application/octet-stream"
 
@@ -155,11 +156,11 @@ class Transport:
                     # infrastructure, not the caller's lease.
                     raise last from err
                 if isinstance(err, ThrottledError):  # refused before anything was done: safe to send again
-                    if attempt >= self.retry.attempts:
+                    wait = _retry_after(resp, delay)
+                    if time.monotonic() - started + wait > THROTTLED_WAIT:
                         raise err
-                    delay = _retry_after(resp, delay)
-                    log.debug("%s: throttled (attempt %d); again in %.1f s", what, attempt, delay)
-                    await asyncio.sleep(delay)
+                    log.debug("%s: throttled (attempt %d); again in %.1f s", what, attempt, wait)
+                    await asyncio.sleep(wait)
                     continue
                 if resp.status_code != 503:
                     raise err
