@@ -55,7 +55,7 @@ from osfleet.tasks.osworld_format.guest_writes import CACHE_DIR, put_file, put_t
 T = TypeVar("T")
 
 
-class ReplicaHost(Protocol):
+class TaskHost(Protocol):
     """What running a task needs of the replica host: ``osfleet.replicas.manager.ReplicaHost``, or the API's
     view of it for one lease (every call then carries the lease, checked under the replica's lock)."""
 
@@ -83,7 +83,7 @@ class VerifierError(OsfleetError):
 
 
 def _run_steps(
-    host: ReplicaHost,
+    host: TaskHost,
     rid: str,
     steps: list[SetupStep],
     deadline: tuple[float, float],
@@ -149,7 +149,7 @@ def _run_steps(
     return complaints
 
 
-def _screen(host: ReplicaHost, rid: str, timeout: float, what: str) -> tuple[int, int]:
+def _screen(host: TaskHost, rid: str, timeout: float, what: str) -> tuple[int, int]:
     """The replica's screen for OSWorld's screen placeholders, asked of the running desktop (a set-up step that
     needs it cannot run without it)."""
     try:
@@ -161,7 +161,7 @@ def _screen(host: ReplicaHost, rid: str, timeout: float, what: str) -> tuple[int
     return size
 
 
-def _keep_output(host: ReplicaHost, rid: str, step: Run, out: dict[str, Any], timeout: float) -> None:
+def _keep_output(host: TaskHost, rid: str, step: Run, out: dict[str, Any], timeout: float) -> None:
     """OSWorld's ``stdout``/``stderr`` of an executed command: kept as files of the task's cache in the guest."""
     for name, stream in ((step.stdout_to, "stdout"), (step.stderr_to, "stderr")):
         if name:
@@ -197,7 +197,7 @@ def _behind(steps: list[SetupStep], proxy: str | None) -> list[SetupStep]:
     ]
 
 
-def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
+def apply_setup(host: TaskHost, rid: str, task: Task) -> None:
     """Run the task's set-up steps; all of them together get ``SETUP_BUDGET_SECONDS`` (sleeps and command
     timeouts are cut to what is left), so a reset request has a bounded length whatever the task says."""
     deadline = (time.monotonic() + SETUP_BUDGET_SECONDS, SETUP_BUDGET_SECONDS)
@@ -205,7 +205,7 @@ def apply_setup(host: ReplicaHost, rid: str, task: Task) -> None:
     _run_steps(host, rid, steps, deadline, f"task {task.id}: set-up")
 
 
-def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
+def reset_to_task(host: TaskHost, rid: str, task: Task) -> float:
     """Reset the replica to its initial state (unless it is still there: a lease starts on a freshly reset
     replica), then apply the task's set-up; returns seconds taken."""
     start = time.monotonic()
@@ -217,7 +217,7 @@ def reset_to_task(host: ReplicaHost, rid: str, task: Task) -> float:
 
 
 def evaluate(
-    host: ReplicaHost, rid: str, task: Task, declared_infeasible: bool = False, *, as_user: bool = True
+    host: TaskHost, rid: str, task: Task, declared_infeasible: bool = False, *, as_user: bool = True
 ) -> Evaluation:
     """Run the task's post-config, then check every criterion; together they get ``EVALUATE_BUDGET_SECONDS``.
 
@@ -251,7 +251,7 @@ def _left(task: Task, c: Criterion, deadline: float) -> float:
 
 
 def _osworld(
-    host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path, declared_infeasible: bool
+    host: TaskHost, rid: str, task: Task, deadline: float, workdir: Path, declared_infeasible: bool
 ) -> Evaluation:
     """OSWorld's score (see the module docstring), with every metric that ran listed."""
     assert task.osworld is not None
@@ -287,7 +287,7 @@ def _osworld(
     return Evaluation(reward=reward, success=reward >= 1.0, criteria=results)
 
 
-def _criteria(host: ReplicaHost, rid: str, task: Task, deadline: float, workdir: Path, as_user: bool) -> Evaluation:
+def _criteria(host: TaskHost, rid: str, task: Task, deadline: float, workdir: Path, as_user: bool) -> Evaluation:
     results = []
     for c in task.criteria:
         check = c.check
@@ -341,9 +341,7 @@ def _check_file(host: Deadlined, rid: str, check: FileContent, as_user: bool) ->
     return met, text[-200:] if met else f"its content: {text[-200:]!r}"  # quoted: an empty file says so
 
 
-def _score_osworld(
-    host: ReplicaHost, rid: str, check: OsworldCheck, workdir: Path, deadline: float
-) -> tuple[float, str]:
+def _score_osworld(host: TaskHost, rid: str, check: OsworldCheck, workdir: Path, deadline: float) -> tuple[float, str]:
     """An OSWorld metric in the evaluation sandbox, on what its getters fetched: its value and why. A value the
     guest cannot give (or a file over the limit) scores 0 with the reason; a guest that cannot be reached
     raises. Every guest call of the getters ends by ``deadline``."""
@@ -367,7 +365,7 @@ class Deadlined:
     """A replica host whose guest calls all end by ``deadline`` (the getters' view of it): whatever a getter
     does, a guest agent that answers slowly or never costs the evaluation its budget, never a hung thread."""
 
-    def __init__(self, host: ReplicaHost, deadline: float) -> None:
+    def __init__(self, host: TaskHost, deadline: float) -> None:
         self._host = host
         self._deadline = deadline
 
@@ -387,7 +385,7 @@ class Deadlined:
         return getattr(self._host, name)
 
 
-def run_oracle(host: ReplicaHost, rid: str, task: Task) -> None:
+def run_oracle(host: TaskHost, rid: str, task: Task) -> None:
     for result in host.act(rid, list(task.oracle)):
         if not result.ok:
             raise OsfleetError(f"task {task.id}: oracle action {result.type} failed: {result.error}")
@@ -404,7 +402,7 @@ class Validation:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def validate(host: ReplicaHost, rid: str, task: Task) -> Validation:
+def validate(host: TaskHost, rid: str, task: Task) -> Validation:
     """The task is valid if its verifier scores 0 on the initial state, 1 after the oracle, 0 after a reset. (The
     operator's tool: its checks read the guest as an operator's task does.)"""
     start = time.monotonic()
