@@ -19,17 +19,8 @@ from osfleet.fleet import ids
 from osfleet.fleet.app import create_gateway
 from osfleet.replicas.episodes import OSGYM_VM_IDS
 from tests.fakes import FakeHost
-from tests.test_fleet import TOKEN, Agent, free_port, rooms_known
+from tests.test_fleet import TASK, TOKEN, Agent, free_port, rooms_known
 
-TASK = {
-    "id": "t1",
-    "instruction": "Run something.",
-    "evaluator": {
-        "func": "exact_match",
-        "result": {"type": "vm_command_line", "command": "check"},
-        "expected": {"type": "rule", "rules": {"expected": "yes\n"}},
-    },
-}
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

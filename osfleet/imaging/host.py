@@ -223,25 +223,7 @@ class Running:
 
 class _LocalRunning(Running):
     def __init__(self, command: str) -> None:
-        proc: subprocess.Popen[str] | None = None
-        try:
-            with _signals_held():  # a Ctrl-C held while it starts is raised here, once its pid is known
-                proc = subprocess.Popen(
-                    ["/bin/bash", "-c", command],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    errors="replace",
-                    start_new_session=True,  # as _run_local: a terminal's Ctrl-C reaches us, and we end it
-                )
-        except BaseException:
-            if proc is not None:
-                _end_group(proc)
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            raise
-        self.proc = proc
+        self.proc = _start_group(command, subprocess.PIPE)
 
     def readline(self) -> str:
         assert self.proc.stdout is not None
@@ -299,16 +281,7 @@ def _run_local(command: str, timeout: float | None) -> Result:
     interrupted build left its work tree behind; here 1 build in 8 interrupted right after it started)."""
     proc: subprocess.Popen[str] | None = None
     try:
-        with _signals_held():
-            proc = subprocess.Popen(
-                ["/bin/bash", "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                start_new_session=True,  # its own group: ours to end; a terminal's Ctrl-C reaches us, not it
-            )
+        proc = _start_group(command, subprocess.DEVNULL)
         stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException as exc:  # interrupted, past its timeout, or never started: nothing of it runs on
         if proc is not None:
@@ -319,6 +292,31 @@ def _run_local(command: str, timeout: float | None) -> Result:
             raise CommandFailedError(f"localhost: cannot run {command.split()[0]}: {exc.strerror or exc}") from None
         raise
     return Result(stdout=stdout, stderr=stderr, exited=proc.returncode, command=command)
+
+
+def _start_group(command: str, stdin: int) -> subprocess.Popen[str]:
+    """Start ``command`` under bash in a process group of its own (ours to end; a terminal's Ctrl-C reaches us,
+    not it). A Ctrl-C that arrives while it starts is held until its pid is known, then the whole group is ended
+    before the interrupt goes on: nothing is left running unseen."""
+    proc: subprocess.Popen[str] | None = None
+    try:
+        with _signals_held():
+            proc = subprocess.Popen(
+                ["/bin/bash", "-c", command],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+            )
+    except BaseException:
+        if proc is not None:
+            _end_group(proc)
+            if proc.stdin is not None:
+                proc.stdin.close()
+        raise
+    return proc
 
 
 _HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
