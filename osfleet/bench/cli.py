@@ -378,6 +378,7 @@ from osfleet.bench.infra import bench_infra  # noqa: E402
 from osfleet.bench.k8s_faults import bench_k8s_faults  # noqa: E402
 from osfleet.bench.k8s_scale import bench_k8s_scale  # noqa: E402
 from osfleet.bench.step import bench_step  # noqa: E402
+from osfleet.bench.throughput import bench_throughput  # noqa: E402
 
 bench.add_command(bench_gateway)
 bench.add_command(bench_group)
@@ -385,3 +386,4 @@ bench.add_command(bench_infra)
 bench.add_command(bench_k8s_faults)
 bench.add_command(bench_k8s_scale)
 bench.add_command(bench_step)
+bench.add_command(bench_throughput)

@@ -19,6 +19,7 @@ from locust import HttpUser, constant, events, task
 from locust.exception import RescheduleTask
 
 from osfleet.loadtest import support
+from osfleet.measure.timing import parse_server_timing
 from osfleet.tasks.model import builtin_tasks
 
 TASKS = {t.id: t for t in builtin_tasks()}
@@ -63,8 +64,15 @@ class Agent(HttpUser):
         self.out = support.run_dir(self.environment) / f"trajectories-{support.process_tag()}.jsonl"
         self.rng = random.Random()
 
-    def _post(self, path: str, body: dict[str, Any], name: str) -> dict[str, Any]:
+    def _post(
+        self, path: str, body: dict[str, Any], name: str, server: dict[str, float] | None = None
+    ) -> dict[str, Any]:
+        """POST and the answer's JSON; ``server``: where the host spent the time (its ``Server-Timing``) is added
+        into it by ``<name>.<stage>``."""
         with self.client.post(path, json=body, headers=self.headers, name=name, catch_response=True) as r:
+            if server is not None:
+                for stage, seconds in parse_server_timing(r.headers.get("Server-Timing")).items():
+                    server[f"{name}.{stage}"] = server.get(f"{name}.{stage}", 0.0) + seconds
             if r.status_code == 200 or r.status_code == 201:
                 return r.json()  # type: ignore[no-any-return]
             reason = support.why(r, 300)
@@ -112,12 +120,15 @@ class Agent(HttpUser):
             "t_start": time.time(),
             "acked": [],  # action ids of the steps the server acknowledged (audited by bench chaos)
             "seconds": {"lease": time.monotonic() - t_lease},  # where the episode's time went, by phase
+            "server_seconds": {},  # and inside the hosts' answers, by request and stage (their Server-Timing)
         }
         phases: dict[str, float] = record["seconds"]
+        server: dict[str, float] = record["server_seconds"]
         steps = 0
         try:
             t = time.monotonic()
-            self._post(f"/v1/replicas/{rid}/reset", {"lease_id": lid, "task_id": task_id, "observe": False}, "reset")
+            reset = {"lease_id": lid, "task_id": task_id, "observe": False}
+            self._post(f"/v1/replicas/{rid}/reset", reset, "reset", server)
             phases["reset"] = time.monotonic() - t
             t = time.monotonic()
             plan = (
@@ -132,6 +143,7 @@ class Agent(HttpUser):
                     f"/v1/replicas/{rid}/step",
                     {"lease_id": lid, "action_id": f"{steps}", "actions": actions, "observe": True},
                     "step",
+                    server,
                 )
                 record["acked"].append(f"{steps}")
                 failed = [f"{a.get('type')}: {a.get('error')}" for a in answer.get("results", []) if not a.get("ok")]
@@ -140,7 +152,7 @@ class Agent(HttpUser):
                 steps += 1
             phases["steps"] = time.monotonic() - t
             t = time.monotonic()
-            ev = self._post(f"/v1/replicas/{rid}/evaluate", {"lease_id": lid}, "evaluate")
+            ev = self._post(f"/v1/replicas/{rid}/evaluate", {"lease_id": lid}, "evaluate", server)
             phases["evaluate"] = time.monotonic() - t
             record.update(status="scored", reward=ev["reward"], success=ev["success"])
             unmet = [f"{c['name']}: {c.get('detail', '')}"[:300] for c in ev.get("criteria", []) if not c.get("met")]

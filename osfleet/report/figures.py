@@ -46,9 +46,29 @@ def draw(results: RunResults) -> list[Figure]:
         figures.append(_chaos(plt, out, results))
         if results.fleet_samples:
             figures.append(_fleet_states(plt, out, results))
+    if results.throughput is not None and results.throughput.get("stages"):
+        figures.append(_throughput(plt, out, results.throughput))
     if results.cost is not None:
         figures.append(_cost(plt, out, results.cost, results.load.caption))
     return figures
+
+
+def _throughput(plt: Any, out: Path, t: dict[str, Any]) -> Figure:
+    """Where a scored episode's time goes (p50 of each stage, the agents' clocks) beside where the machine's CPU
+    went per scored trajectory, by kind of process."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    stages = {k: v for k, v in t["stages"].items() if "p50" in v}
+    left.barh(list(stages), [v["p50"] for v in stages.values()], color="#3f6fbf", label="p50")
+    left.scatter([v["p95"] for v in stages.values()], list(stages), color="black", marker="|", s=300, label="p95")
+    left.set_xlabel("seconds")
+    left.set_title(f"An episode's stages ({t['trajectories_per_min']:.1f} scored a minute)", fontsize=10)
+    left.legend(fontsize=7)
+    per = {k: v for k, v in ((t.get("cpu") or {}).get("per_trajectory_s") or {}).items() if k != "all" and v}
+    right.barh(list(per), list(per.values()), color="#bf8f3f")
+    right.set_xlabel("CPU core-seconds per scored trajectory")
+    right.set_title("Where the machine's CPU went", fontsize=10)
+    _save(plt, fig, out / "throughput_stages.png", caption(t.get("machine", {})))
+    return Figure("throughput_stages.png", "Where a trajectory's time and CPU go (bench throughput)")
 
 
 def _fleet_states(plt: Any, out: Path, results: RunResults) -> Figure:
@@ -334,7 +354,7 @@ def _cost(plt: Any, out: Path, cost: Cost, text: str) -> Figure:
     ax.set_xlim(0, max(active + [0.3]) * 1.6)
     ax.set_xlabel("USD per replica-day")
     ax.set_title("Cost per replica-day by host type", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3)
     if steps:
         ax2 = axes[0][1]
         per = [r["usd_per_1000_steps"] for r in rows]
