@@ -455,6 +455,8 @@ LIMITS: dict[str, list[Limit]] = {
         Limit("a 429's `Retry-After`", "osfleet.api.admission", "RETRY_AFTER_SECONDS", "seconds"),
         Limit("a 429's `Retry-After` for an evaluation", "osfleet.api.admission", "EVALUATION_RETRY_AFTER_SECONDS",
               "seconds"),
+        Limit("how long the Python client waits out 429s before `ThrottledError`", "osfleet.client.transport",
+              "THROTTLED_WAIT", "seconds"),
         Limit("the file systems a fork or checkpoint must leave free (1/N; 503 `capacity` past it)",
               "osfleet.api.admission", "DISK_RESERVE_SHARE", "count"),
         Limit("what a tunnel holds that the replica has not taken yet", "osfleet.replicas.tunnels", "MAX_QUEUED",
