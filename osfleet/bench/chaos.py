@@ -178,9 +178,15 @@ class HostEndpoint(Protocol):
 
 class Gateway:
     """``osfleet fleet serve`` over ``hosts`` on a free loopback port; ``ca_file``: the CA that signed the
-    hosts' certificates (https hosts)."""
+    hosts' certificates (https hosts); ``clients``: its tenants, name -> token (a clients file is written)."""
 
-    def __init__(self, hosts: Sequence[HostEndpoint], run_dir: Path, ca_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        hosts: Sequence[HostEndpoint],
+        run_dir: Path,
+        ca_file: Path | None = None,
+        clients: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.token = secrets.token_urlsafe(24)
         spec: list[dict[str, Any]] = [{"name": h.name, "url": h.url, "token": h.token} for h in hosts]
@@ -191,7 +197,12 @@ class Gateway:
         (run_dir / "gateway-token").write_text(self.token)
         cmd = [sys.executable, "-m", "osfleet", "fleet", "serve", "--port", str(self.port)]
         cmd += ["--hosts-file", str(run_dir / "hosts.json"), "--token-file", str(run_dir / "gateway-token")]
-        self.log = open(run_dir / "gateway.log", "w")  # noqa: SIM115 (closed in stop)
+        if clients:
+            (run_dir / "clients").write_text("".join(f"{name} {token}\n" for name, token in clients.items()))
+            (run_dir / "clients").chmod(0o600)
+            cmd += ["--clients-file", str(run_dir / "clients")]
+        self.log_path = run_dir / "gateway.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     @property
@@ -431,17 +442,22 @@ def run(
         say("[5/5] teardown")
         if sampler is not None:
             sampler.stop()
-        if gateway is not None:
-            gateway.stop()
-        for h in fleet:
-            h.stop()
-        for h in fleet:
-            h.teardown()
-        if bench_root.exists():
-            shutil.rmtree(bench_root, ignore_errors=True)
+        teardown(gateway, fleet, bench_root)
     result["leaks"] = _leaks(fleet, settings)
     (run_dir / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def teardown(gateway: Gateway | None, fleet: list[BenchHost], bench_root: Path) -> None:
+    """The gateway, then every host agent, then their replicas, homes and the bench's folder."""
+    if gateway is not None:
+        gateway.stop()
+    for h in fleet:
+        h.stop()
+    for h in fleet:
+        h.teardown()
+    if bench_root.exists():
+        shutil.rmtree(bench_root, ignore_errors=True)
 
 
 def _audit(

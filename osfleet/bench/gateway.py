@@ -22,12 +22,8 @@ on the host that holds its replica (``misrouted`` and ``duplicate_steps`` 0), ev
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import secrets
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -39,7 +35,7 @@ import click
 import psutil
 
 from osfleet.api.auth import ON_BEHALF_OF, VOUCHED_BY, gateway_id
-from osfleet.bench.load import free_port
+from osfleet.bench.chaos import Gateway
 from osfleet.bench.sim_hosts import HostSpec, SimHosts, total
 from osfleet.cli_support import emit, friendly
 from osfleet.errors import OsfleetError
@@ -82,29 +78,23 @@ class Counts:
         self.reasons[why[:120]] = self.reasons.get(why[:120], 0) + 1
 
 
-class GatewayProcess:
-    """``osfleet fleet serve`` over ``urls`` on a free loopback port, with one client (the bench) in its clients
-    file; stopped with ``stop()``."""
+@dataclass(frozen=True)
+class SimEndpoint:
+    """A simulated host as ``chaos.Gateway`` names it in the gateway's hosts file."""
+
+    name: str
+    url: str
+    token: str
+
+
+class GatewayProcess(Gateway):
+    """``osfleet fleet serve`` over the simulated hosts (``chaos.Gateway``), with the bench as its one tenant; its
+    CPU read from the kernel."""
 
     def __init__(self, specs: list[HostSpec], urls: list[str], folder: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.token = secrets.token_urlsafe(24)
         self.client_token = secrets.token_urlsafe(24)
-        hosts = [{"name": s.name, "url": u, "token": s.token} for s, u in zip(specs, urls, strict=True)]
-        for name, text in (
-            ("hosts.json", json.dumps(hosts)),
-            ("token", self.token),
-            ("clients", f"{CLIENT} {self.client_token}\n"),
-        ):
-            (folder / name).write_text(text)
-            (folder / name).chmod(0o600)
-        cmd = [sys.executable, "-m", "osfleet", "fleet", "serve", "--port", str(self.port)]
-        cmd += ["--hosts-file", str(folder / "hosts.json"), "--token-file", str(folder / "token")]
-        cmd += ["--clients-file", str(folder / "clients")]
-        self.log_path = folder / "gateway.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        hosts = [SimEndpoint(s.name, u, s.token) for s, u in zip(specs, urls, strict=True)]
+        super().__init__(hosts, folder, clients={CLIENT: self.client_token})
         self.ps = psutil.Process(self.proc.pid)
 
     @property
@@ -115,16 +105,6 @@ class GatewayProcess:
         """User + system CPU of the gateway's process (all its threads) so far."""
         t = self.ps.cpu_times()
         return float(t.user + t.system)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 def run(

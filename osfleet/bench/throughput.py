@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import click
 
-from osfleet.bench.chaos import AGENT_START_SECONDS, BenchHost, Gateway, _leaks, _ready, _wait
+from osfleet.bench.chaos import AGENT_START_SECONDS, BenchHost, Gateway, _leaks, _ready, _wait, teardown
 from osfleet.bench.cpu_use import CpuUse
 from osfleet.bench.load import _get, run_locust
 from osfleet.cli_support import emit, friendly
@@ -93,14 +92,7 @@ def run(
         say(f"throughput bench failed: {result['failure']}")
     finally:
         say("[4/4] teardown")
-        if gateway is not None:
-            gateway.stop()
-        for h in fleet:
-            h.stop()
-        for h in fleet:
-            h.teardown()
-        if bench_root.exists():
-            shutil.rmtree(bench_root, ignore_errors=True)
+        teardown(gateway, fleet, bench_root)
     result["leaks"] = _leaks(fleet, settings)
     (run_dir / "throughput.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

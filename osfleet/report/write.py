@@ -423,32 +423,16 @@ def _cost(results: RunResults, key: list[list[str]]) -> Section:
         if steps:
             row.append(_usd(c["usd_per_1000_steps"], 4))
         rows.append([*row, source])
-    best = min(cost.rows, key=lambda c: c["usd_per_replica_day"] or 1e9)
-    key.append(
-        [
-            f"cost per active replica-day ({best['host']})",
-            f"{best['usd_per_replica_day']:.3f} USD, binding {best['binding_resource']}",
-            f"{HERE} (footprint) + price table",
-        ]
-    )
-    if parked:
-        cheap = min(cost.rows, key=lambda c: c["usd_per_parked_replica_day"] or 1e9)
-        key.append(
-            [
-                f"cost per parked replica-day ({cheap['host']})",
-                f"{cheap['usd_per_parked_replica_day']:.4f} USD, binding {cheap['parked_binding_resource']}",
-                f"{HERE} (density) + price table",
-            ]
-        )
-    if steps:
-        cheap = min(cost.rows, key=lambda c: c["usd_per_1000_steps"])
-        key.append(
-            [
-                f"cost per 1,000 steps ({cheap['host']})",
-                f"{cheap['usd_per_1000_steps']:.4f} USD",
-                f"{HERE} (CPU per step) + price table",
-            ]
-        )
+    for label, figure, digits, binding, basis in (
+        ("active replica-day", "usd_per_replica_day", 3, "binding_resource", "footprint"),
+        ("parked replica-day", "usd_per_parked_replica_day", 4, "parked_binding_resource", "density"),
+        ("1,000 steps", "usd_per_1000_steps", 4, None, "CPU per step"),
+    ):
+        priced = [c for c in cost.rows if c.get(figure) is not None]
+        if priced:
+            best = min(priced, key=lambda c: float(c[figure]))
+            value = f"{best[figure]:.{digits}f} USD" + (f", binding {best[binding]}" if binding else "")
+            key.append([f"cost per {label} ({best['host']})", value, f"{HERE} ({basis}) + price table"])
     version = f"version {cost.prices.get('version')}, read on {cost.prices.get('read_on')}"
     blocks: list[Block] = [Text(f"Footprint per active replica {HERE}: {cost.footprint_text}.")]
     if parked:
