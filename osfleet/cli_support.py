@@ -120,6 +120,11 @@ def api_token(token_file: Path | None, default_file: Path, say: Callable[[str], 
     return token
 
 
+def file_option(flag: str, help: str) -> Callable[[F], F]:
+    """An option naming a file (a token's, a results file), none by default: one definition for every command."""
+    return click.option(flag, type=click.Path(path_type=Path, dir_okay=False), default=None, help=help)
+
+
 def tenant_options(fn: F) -> F:
     """The options a server (``host serve``, ``fleet serve``) takes about who may call it and how much:
     ``--clients-file``, ``--max-body-mib``, ``--osgym-allow``, one definition for both."""

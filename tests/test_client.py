@@ -464,9 +464,8 @@ def test_the_vector_env_steps_every_desktop_and_autoresets_next_step(agent: Agen
 
 
 # --- OpenEnv ------------------------------------------------------------------------------------------------------
-@pytest.mark.system
-@pytest.mark.slow
-def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve(agent: Agent, tmp_path: Path) -> None:
+def raw_env_client(base_url: str) -> Any:
+    """openenv-core's own ``EnvClient``, passing actions, observations and state through as the JSON they are."""
     from openenv.core.client_types import StepResult
     from openenv.core.env_client import EnvClient
 
@@ -482,6 +481,12 @@ def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve
         def _parse_state(self, payload: Any) -> Any:
             return payload
 
+    return Raw(base_url=base_url)
+
+
+@pytest.mark.system
+@pytest.mark.slow
+def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve(agent: Agent, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     task_file = tmp_path / "task.json"
@@ -491,7 +496,7 @@ def test_openenv_cores_own_client_drives_a_desktop_through_osfleet_openenv_serve
         assert "actions" in schema["action"]["properties"]
 
         async def main() -> None:
-            async with Raw(base_url=f"http://127.0.0.1:{port}") as c:
+            async with raw_env_client(f"http://127.0.0.1:{port}") as c:
                 r = await c.reset()
                 assert r.observation["screenshot"] and r.observation["instruction"] == "Run something."
                 assert leased(agent) == 1

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from osfleet.cli_support import api_token, serve, tenant_options
+from osfleet.cli_support import api_token, file_option, serve, tenant_options
 from osfleet.cli_support import friendly as _friendly
 from osfleet.config import DEFAULT_CLIENT_SHARE, Settings
 from osfleet.protocol.models import MODES, Mode
@@ -39,12 +39,10 @@ def host() -> None:
     help="bearer token file (default: $OSFLEET_API_TOKEN, else $OSFLEET_HOME/api-token, made if missing)",
 )
 @tenant_options
-@click.option(
+@file_option(
     "--metrics-token-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="a token that reads /metrics and nothing else (a Prometheus server's); /metrics takes the operator's "
-    "token too, from loopback as from anywhere",
+    "a token that reads /metrics and nothing else (a Prometheus server's); /metrics takes the operator's token "
+    "too, from loopback as from anywhere",
 )
 @click.option(
     "--client-share",

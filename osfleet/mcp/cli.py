@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from osfleet.cli_support import friendly
+from osfleet.cli_support import file_option, friendly
 from osfleet.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -50,25 +50,19 @@ def mcp() -> None:
     default=None,
     help="the task of every agent session (a built-in id or a task file) unless a grader assigns another",
 )
-@click.option(
+@file_option(
     "--results-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="append each agent submission (evaluate) here as a JSON line: session, replica, task, reward, criteria",
+    "append each agent submission (evaluate) here as a JSON line: session, replica, task, reward, criteria",
 )
-@click.option(
+@file_option(
     "--http-token-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="http: the token agents present at /mcp, never the fleet's; made (mode 0600) when missing "
+    "http: the token agents present at /mcp, never the fleet's; made (mode 0600) when missing "
     "[default: $OSFLEET_HOME/mcp-token]",
 )
-@click.option(
+@file_option(
     "--grader-token-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="http: serve the grader's surface at /grader for this token (made, mode 0600, when missing); it must "
-    "differ from the agents' token",
+    "http: serve the grader's surface at /grader for this token (made, mode 0600, when missing); it must differ "
+    "from the agents' token",
 )
 @click.option(
     "--allow-origin",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from osfleet.cli_support import friendly, load_or_create_token
+from osfleet.cli_support import file_option, friendly, load_or_create_token
 from osfleet.errors import OsfleetError
 from osfleet.tls import Listener, listener_options
 
@@ -42,12 +42,10 @@ def openenv() -> None:
     "http://osfleet:TOKEN@host:port; made (mode 0600) when missing [default: $OSFLEET_HOME/openenv-token]; "
     "processes of this server's own user on loopback need none",
 )
-@click.option(
+@file_option(
     "--grader-token-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="serve the grader's surface at /grader for this token (made, mode 0600, when missing): its reset takes a "
-    "task body and its ended episodes say every criterion; the agents' surface at / takes task ids only",
+    "serve the grader's surface at /grader for this token (made, mode 0600, when missing): its reset takes a task "
+    "body and its ended episodes say every criterion; the agents' surface at / takes task ids only",
 )
 @click.option(
     "--allow-origin",

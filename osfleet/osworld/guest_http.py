@@ -24,12 +24,12 @@ import logging
 import shlex
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Protocol, cast
 
 from osfleet.client import FleetError
 from osfleet.osworld.errors import GuestFailed
-from osfleet.osworld.local_gate import LocalGate
+from osfleet.osworld.local_gate import GatedHandler, LocalGate
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class _HTTPServer(ThreadingHTTPServer):
     gate: LocalGate
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GatedHandler):
     protocol_version = "HTTP/1.1"
     server_version = "osfleet-guest-relay"
     timeout = READ_SECONDS
@@ -139,18 +139,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self._relay()
 
-    _from_us: bool | None = None  # whether this connection comes from this process, once asked
-
-    def _connection_is_ours(self) -> bool:
-        if self._from_us is None:
-            server = cast(tuple[str, int], self.server.server_address)
-            self._from_us = LocalGate.from_this_process(self.client_address, server)
-        return self._from_us
-
     def _relay(self) -> None:
-        http = cast(_HTTPServer, self.server)
-        relay = http.relay
-        refused = http.gate.refusal(self.headers, int(http.server_address[1]), self._connection_is_ours)
+        relay = cast(_HTTPServer, self.server).relay
+        refused = self.refusal()
         if refused is not None:  # the same gate as the protocol server's (osworld.local_gate): its body unread
             self.close_connection = True
             self._answer(refused[0], "text/plain", refused[1].encode())

@@ -23,6 +23,8 @@ import hmac
 import secrets
 from collections.abc import Callable
 from email.message import Message
+from http.server import BaseHTTPRequestHandler
+from typing import cast
 
 from osfleet.peers import from_this_process
 
@@ -47,10 +49,6 @@ class LocalGate:
             return None
         return 401, "only the process that leased this replica, or one with its secret, may use this server"
 
-    @staticmethod
-    def from_this_process(client: tuple[str, int], server: tuple[str, int]) -> bool:
-        return from_this_process(client, server)
-
     def secret_given(self, authorization: str | None) -> bool:
         if not authorization:
             return False
@@ -65,3 +63,21 @@ class LocalGate:
                 return False
             return hmac.compare_digest(password, self.secret.encode())
         return False
+
+
+class GatedHandler(BaseHTTPRequestHandler):
+    """A request handler of a loopback server whose ``server.gate`` is a ``LocalGate``: ``refusal()`` checks the
+    request (asking the kernel once per connection whether it comes from this process)."""
+
+    _from_us: bool | None = None
+
+    def refusal(self) -> tuple[int, str] | None:
+        gate: LocalGate = self.server.gate  # type: ignore[attr-defined]  # both servers set it
+        port = cast(tuple[str, int], self.server.server_address)[1]
+        return gate.refusal(self.headers, int(port), self._connection_is_ours)
+
+    def _connection_is_ours(self) -> bool:
+        if self._from_us is None:
+            server = cast(tuple[str, int], self.server.server_address)
+            self._from_us = from_this_process(self.client_address, server)
+        return self._from_us

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import cast
 from urllib.parse import urlsplit
 
 from osfleet.osworld.endpoints import Answer, Endpoints, ErrorShape, Request, Route, route_for
 from osfleet.osworld.errors import HarnessError, LengthRequired, TooLarge
-from osfleet.osworld.local_gate import LocalGate
+from osfleet.osworld.local_gate import GatedHandler, LocalGate
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class _HTTPServer(ThreadingHTTPServer):
     gate: LocalGate
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GatedHandler):
     protocol_version = "HTTP/1.1"
     server_version = "osfleet-osworld"
     timeout = READ_SECONDS
@@ -57,19 +57,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:  # noqa: N802
         self._serve()
 
-    _from_us: bool | None = None  # whether this connection comes from this process, once asked
-
-    def _connection_is_ours(self) -> bool:
-        if self._from_us is None:
-            server = cast(tuple[str, int], self.server.server_address)
-            self._from_us = LocalGate.from_this_process(self.client_address, server)
-        return self._from_us
-
     def _serve(self) -> None:
         path = urlsplit(self.path).path
-        http = cast(_HTTPServer, self.server)
-        endpoints = http.endpoints
-        refused = http.gate.refusal(self.headers, int(http.server_address[1]), self._connection_is_ours)
+        endpoints = cast(_HTTPServer, self.server).endpoints
+        refused = self.refusal()
         if refused is not None:
             self.close_connection = True  # its body is not read
             self._send(ErrorShape.ERROR.answer(*refused))

@@ -58,6 +58,7 @@ WRITE_SECONDS = 10.0  # a frame the guest's channel does not take within this: t
 SEND_SECONDS = 15.0  # a client's bytes that find no room in their stream's queue within this: the stream ends
 MAX_STREAMS_PER_REPLICA = 16
 MAX_WAIT_SECONDS = 25.0
+Waiter = tuple[asyncio.AbstractEventLoop, asyncio.Event]  # an event loop's wait on a stream (``Stream.parked``)
 
 
 class TunnelError(OsfleetError):
@@ -92,8 +93,8 @@ class Stream:
     opened: bool = False
     closed: str | None = None  # why, once the connection is over
     cond: threading.Condition = field(default_factory=threading.Condition)
-    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
-    senders: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+    waiters: list[Waiter] = field(default_factory=list)  # event loops waiting in ``take_async``
+    senders: list[Waiter] = field(default_factory=list)  # and in ``Tunnels.send``, for room
 
     def feed(self, data: bytes) -> None:
         with self.cond:
@@ -128,27 +129,31 @@ class Stream:
         with self.cond:
             self._wake()
 
+    async def parked(self, waiters: list[Waiter], waiter: Waiter, left: float) -> bool:
+        """Wait on an event loop until ``waiter`` is woken (``_wake``) or ``left`` seconds pass, holding no thread;
+        True when woken. The caller put it in ``waiters`` under ``cond``, after looking at what it waits for (so
+        no wake-up falls between the two); it is taken out here."""
+        try:
+            if left > 0:
+                await asyncio.wait_for(waiter[1].wait(), left)
+        except TimeoutError:
+            pass
+        finally:
+            with self.cond, contextlib.suppress(ValueError):
+                waiters.remove(waiter)
+        return waiter[1].is_set()
+
     async def take_async(self, max_bytes: int, wait: float) -> bytes | None:
         """``take`` for an event loop: the wait holds no thread (a host agent's worker threads are few, and a
         client may keep a receive waiting on each of its tunnels)."""
         deadline = time.monotonic() + wait
         while True:
-            event = asyncio.Event()
-            waiter = (asyncio.get_running_loop(), event)
+            waiter = (asyncio.get_running_loop(), asyncio.Event())
             with self.cond:
                 if self.buffer or self.closed is not None:
                     return self.take(max_bytes, 0)
                 self.waiters.append(waiter)
-            left = deadline - time.monotonic()
-            try:
-                if left > 0:
-                    await asyncio.wait_for(event.wait(), left)
-            except TimeoutError:
-                pass
-            finally:
-                with self.cond, contextlib.suppress(ValueError):
-                    self.waiters.remove(waiter)
-            if left <= 0 or not event.is_set():
+            if not await self.parked(self.waiters, waiter, deadline - time.monotonic()):
                 with self.cond:
                     return self.take(max_bytes, 0) if self.buffer or self.closed is not None else b""
 
@@ -542,22 +547,14 @@ class Tunnels:
         deadline = time.monotonic() + (SEND_SECONDS if seconds is None else seconds)
         mux = stream.mux
         while True:
-            event = asyncio.Event()
+            waiter = (asyncio.get_running_loop(), asyncio.Event())
             with stream.cond:
                 data = data[mux.queue(stream, data) :]
                 if not data:
                     return
-                stream.senders.append((asyncio.get_running_loop(), event))
-            left = deadline - time.monotonic()
-            try:
-                if left > 0:
-                    await asyncio.wait_for(event.wait(), left)
-            except TimeoutError:
-                pass
-            finally:
-                with stream.cond, contextlib.suppress(ValueError):
-                    stream.senders.remove((asyncio.get_running_loop(), event))
-            if not event.is_set() and deadline - time.monotonic() <= 0:
+                stream.senders.append(waiter)
+            woken = await stream.parked(stream.senders, waiter, deadline - time.monotonic())
+            if not woken and deadline - time.monotonic() <= 0:
                 with stream.cond:
                     data = data[mux.queue(stream, data) :]
                     if not data:

@@ -30,19 +30,10 @@ from osfleet.api.auth import digest
 from osfleet.config import AgentConfig, ClientToken
 from tests.fakes import FakeHost
 from tests.test_fleet import free_port
+from tests.test_tenants import ALICE, BOB, OPERATOR, TASK, WAIT, A, B
 
 pytestmark = pytest.mark.integration  # a server on loopback, seconds of waits in sum
 
-OPERATOR = "operator-token-0123456789"
-ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789abc"
-A = {"Authorization": f"Bearer {ALICE}"}
-B = {"Authorization": f"Bearer {BOB}"}
-WAIT = [{"type": "wait", "seconds": 0}]
-TASK = {
-    "id": "fake-task",
-    "instruction": "Run something.",
-    "criteria": [{"name": "ran", "check": {"type": "command_output", "command": "check", "match": {"equals": "yes"}}}],
-}
 BODY_LIMIT = 32 * 2**20
 
 

@@ -27,12 +27,8 @@ from osfleet.config import AgentConfig, ClientToken, RecordingConfig, ReplicaSha
 from osfleet.recording import Recorder, TrajectoryStore
 from tests.fakes import FakeHost
 from tests.test_recording import noise_png
+from tests.test_tenants import ALICE, BOB, OP, OPERATOR, A, B
 
-OPERATOR = "operator-token-0123456789"
-ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789abc"
-OP = {"Authorization": f"Bearer {OPERATOR}"}
-A = {"Authorization": f"Bearer {ALICE}"}
-B = {"Authorization": f"Bearer {BOB}"}
 CLIENTS = (ClientToken("alice", digest(ALICE)), ClientToken("bob", digest(BOB)))
 
 

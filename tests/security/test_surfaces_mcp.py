@@ -27,8 +27,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.fakes import FakeHost
 from tests.test_fleet import Agent, free_port
+from tests.test_mcp import agent, token_file  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 CALL_SECONDS = 60
@@ -46,21 +46,6 @@ EASY = {  # what an agent would rather be scored on: a criterion that holds from
 }
 
 
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    a = Agent("h", FakeHost(tmp_path / "h", ready=3, max_replicas=4), free_port())
-    a.start()
-    yield a
-    a.stop()
-
-
-@pytest.fixture
-def fleet_token(agent: Agent, tmp_path: Path) -> Path:
-    f = tmp_path / "fleet-token"
-    f.write_text(agent.entry.token + "\n")
-    return f
-
-
 def _text(result: Any) -> str:
     return " ".join(getattr(c, "text", "") for c in result.content)
 
@@ -71,11 +56,13 @@ async def _call(s: ClientSession, name: str, arguments: dict[str, Any]) -> Any:
 
 @pytest.mark.system
 def test_an_agent_can_neither_swap_its_task_nor_learn_its_score(
-    agent: Agent, fleet_token: Path, tmp_path: Path
+    agent: Agent,  # noqa: F811
+    token_file: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     task_file, results = tmp_path / "task.json", tmp_path / "results.jsonl"
     task_file.write_text(json.dumps(TASK))
-    args = ["-m", "osfleet", "mcp", "serve", "--url", agent.entry.url, "--token-file", str(fleet_token)]
+    args = ["-m", "osfleet", "mcp", "serve", "--url", agent.entry.url, "--token-file", str(token_file)]
     args += ["--task", str(task_file), "--results-file", str(results)]
     params = StdioServerParameters(command=sys.executable, args=args, cwd=str(REPO), env=dict(os.environ))
 
@@ -100,11 +87,11 @@ def test_an_agent_can_neither_swap_its_task_nor_learn_its_score(
 
 
 @pytest.fixture
-def served(agent: Agent, fleet_token: Path, tmp_path: Path) -> Iterator[str]:
+def served(agent: Agent, token_file: Path, tmp_path: Path) -> Iterator[str]:  # noqa: F811
     port = free_port()
     (tmp_path / "agents").write_text(AGENTS + "\n")
     (tmp_path / "graders").write_text(GRADERS + "\n")
-    args = ["-m", "osfleet", "mcp", "serve", "--url", agent.entry.url, "--token-file", str(fleet_token)]
+    args = ["-m", "osfleet", "mcp", "serve", "--url", agent.entry.url, "--token-file", str(token_file)]
     args += ["--transport", "http", "--port", str(port), "--http-token-file", str(tmp_path / "agents")]
     args += ["--grader-token-file", str(tmp_path / "graders")]
     log = (tmp_path / "mcp.log").open("wb")
@@ -138,7 +125,7 @@ def _post(url: str, token: str) -> int:
 
 
 @pytest.mark.system
-def test_the_graders_surface_needs_its_own_token(served: str, agent: Agent) -> None:
+def test_the_graders_surface_needs_its_own_token(served: str, agent: Agent) -> None:  # noqa: F811
     fleet = agent.entry.token
     assert _post(f"{served}/grader", AGENTS) == 401  # the agents' token never opens the grader's surface
     assert _post(f"{served}/grader", fleet) == 401

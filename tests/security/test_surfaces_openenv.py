@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_client import TOKEN, agent, openenv_server, url_of  # noqa: F401 - agent is a fixture
+from tests.test_client import TOKEN, agent, openenv_server, raw_env_client, url_of  # noqa: F401 - agent is a fixture
 from tests.test_fleet import Agent
 
 CLIENT, GRADER = "openenv-client-token-0123456789", "openenv-grader-token-0123456789"
@@ -43,25 +43,6 @@ def port(agent: Agent, tmp_path: Path) -> Iterator[int]:  # noqa: F811
         yield p
 
 
-def _client(base_url: str) -> Any:
-    from openenv.core.client_types import StepResult
-    from openenv.core.env_client import EnvClient
-
-    class Raw(EnvClient):  # type: ignore[type-arg]
-        def _step_payload(self, action: Any) -> Any:
-            return action
-
-        def _parse_result(self, payload: dict[str, Any]) -> StepResult[Any]:
-            return StepResult(
-                observation=payload.get("observation"), reward=payload.get("reward"), done=bool(payload.get("done"))
-            )
-
-        def _parse_state(self, payload: Any) -> Any:
-            return payload
-
-    return Raw(base_url=base_url)
-
-
 def _post(url: str, body: dict[str, Any], token: str | None = None) -> tuple[int, Any]:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
@@ -78,7 +59,7 @@ def test_the_agents_surface_takes_no_task_body_and_tells_no_criterion(port: int,
     assert status == 403 and "grader" in json.dumps(body), body  # over plain HTTP, from the server's own user
 
     async def main() -> None:
-        async with _client(f"http://127.0.0.1:{port}") as c:
+        async with raw_env_client(f"http://127.0.0.1:{port}") as c:
             with pytest.raises(RuntimeError, match="grader"):
                 await c.reset(task=TASK)  # a task of its own writing: refused
             r = await c.reset()  # the server's task
@@ -99,7 +80,7 @@ def test_the_graders_surface_needs_its_own_token_and_tells_everything(port: int,
     assert _post(f"{base}/reset", {"task": TASK}, TOKEN)[0] == 401  # nor the fleet's
 
     async def main() -> None:
-        async with _client(f"http://osfleet:{GRADER}@127.0.0.1:{port}/grader") as c:
+        async with raw_env_client(f"http://osfleet:{GRADER}@127.0.0.1:{port}/grader") as c:
             r = await c.reset(task=TASK)
             assert r.observation["instruction"] == "Run something."
             r = await c.step({"actions": [{"type": "terminate"}]})
