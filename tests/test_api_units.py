@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from osfleet.api import probes
 from osfleet.api.app import create_app
 from osfleet.api.operations import OPERATIONS
 from osfleet.api.osgym_actions import ActionStringError, parse
@@ -161,14 +162,14 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.mark.integration
 def test_every_api_endpoint_needs_the_token(client: TestClient) -> None:
-    """Every operation the OpenAPI publishes (but /health, open, and /metrics, loopback) answers 401 without a
-    valid token, before it looks at the request's body or ids."""
+    """Every operation the OpenAPI publishes (but /health and the probes, open, and /metrics, loopback) answers
+    401 without a valid token, before it looks at the request's body or ids."""
     spec = client.get("/openapi.json").json()["paths"]
     operations = [
         (method, path.replace("{rid}", "r-x"))
         for path, ops in spec.items()
         for method in ops
-        if path not in ("/health", "/metrics")
+        if path not in {"/health", "/metrics", *probes.PATHS}
     ]
     for must in [
         ("delete", "/v1/replicas/r-x"),

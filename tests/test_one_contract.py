@@ -16,6 +16,7 @@ from fastapi import Query
 from fastapi.testclient import TestClient
 
 from osfleet.api import errors as server_errors
+from osfleet.api import probes
 from osfleet.api.app import create_app
 from osfleet.api.auth import Caller, Operator
 from osfleet.api.contract import Routes
@@ -69,8 +70,10 @@ def test_the_gateway_publishes_exactly_the_host_agents_operations() -> None:
     host_ops, gateway_ops = _operations(host), _operations(gateway)
     table = {(op.method, op.path) for op in OPERATIONS}
     assert table <= set(host_ops) and table <= set(gateway_ops)
-    # /health differs by design (a host's replicas, a gateway's hosts); everything else is the table's
-    assert set(host_ops) - table == set(gateway_ops) - table == {("GET", "/health"), ("GET", "/metrics")}
+    # /health differs by design (a host's replicas, a gateway's hosts); the probes and /metrics are each app's own;
+    # everything else is the table's
+    meta = {("GET", "/health"), ("GET", "/metrics"), *(("GET", path) for path in probes.PATHS)}
+    assert set(host_ops) - table == set(gateway_ops) - table == meta
     for key in sorted(table):
         assert gateway_ops[key] == host_ops[key], key
         assert _schemas_used(gateway, gateway_ops[key]) == _schemas_used(host, host_ops[key]), key
