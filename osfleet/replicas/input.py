@@ -40,7 +40,7 @@ SCROLL_LEFT, SCROLL_RIGHT = 6, 7  # X's buttons of the horizontal wheel
 BUTTONS = {"left": "left", "right": "right", "middle": "middle", "back": "side", "forward": "extra"}
 _MOUSE_LOCATION = re.compile(r"\AX=(\d{1,5})\nY=(\d{1,5})\n")
 
-GuestShell = Callable[[str, float], dict[str, Any]]
+DesktopCommand = Callable[[str, float], dict[str, Any]]
 """Runs a command in the guest as the desktop user on its display (``actions.shell``): its exit code and output."""
 
 
@@ -136,7 +136,7 @@ class Input:
     """Input for one domain whose screen is ``size`` pixels; ``guest`` runs the commands the pointer's position
     and Unicode text need (without it, those raise ``InputError``)."""
 
-    def __init__(self, virt: Virt, domain: str, size: tuple[int, int], guest: GuestShell | None = None) -> None:
+    def __init__(self, virt: Virt, domain: str, size: tuple[int, int], guest: DesktopCommand | None = None) -> None:
         self.virt, self.domain, self.size, self.guest = virt, domain, size, guest
         self.keyboard = keyboard_flow.flow_for(domain, self._keyboard_irqs)
 
