@@ -45,6 +45,7 @@ ROLES: tuple[Role, ...] = get_args(Role)
 ROLE_TOOLS = ("reset", "evaluate")  # every role has them, each with its own meaning (the module's docstring)
 GRADER_SESSION_TOOLS = ("sessions", "assign_task", "evaluate_session")  # over HTTP: the agent sessions
 MAX_SESSIONS_LISTED = 1000
+MAX_SUBMISSIONS_KEPT = 1000  # the last submission of this many agent sessions (ended ones too), newest kept
 
 TaskId = Annotated[str | None, Field(max_length=200, description="a task the fleet has built in")]
 TaskBody = Annotated[
@@ -104,7 +105,10 @@ class Board:
 
     def submit(self, submission: Submission) -> None:
         with self.lock:
+            self.submissions.pop(submission.session, None)  # moved to the newest end
             self.submissions[submission.session] = submission
+            while len(self.submissions) > MAX_SUBMISSIONS_KEPT:
+                del self.submissions[next(iter(self.submissions))]
         if self.results_file is not None:
             try:
                 with self.results_file.open("a") as f:
