@@ -423,6 +423,10 @@ LIMITS: dict[str, list[Limit]] = {
         Limit("a metric's wall time, at least", "osfleet.tasks.runner", "METRIC_MIN_SECONDS", "seconds"),
         Limit("files a metric writes", "osfleet.tasks.jail.sandbox", "METRIC_FILE_BYTES", "bytes"),
         Limit("files a metric opens", "osfleet.tasks.jail.sandbox", "METRIC_OPEN_FILES", "count"),
+        Limit("processes and threads of one evaluation (its cgroup)", "osfleet.tasks.jail.sandbox", "METRIC_PROCESSES",
+              "count"),
+        Limit("files in an evaluation's /tmp and /dev/shm together", "osfleet.tasks.jail.zygote", "SCRATCH_INODES",
+              "count"),
         Limit("a metric's answer", "osfleet.tasks.jail.sandbox", "REPLY_MAX_BYTES", "bytes"),
     ],
     "Episodes and recordings": [

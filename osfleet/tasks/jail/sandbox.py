@@ -513,16 +513,19 @@ def _verdict(
     """The child's answer, or why it has none, as a score in [0, 1] and a reason; a 0 says what the evaluation's
     cgroup counted against its bounds (a process the kernel ended for memory, forks refused)."""
     score, detail = _answer(func, reply, status, limits, wall)
+    notes = []
     if score == 0.0 and usage is not None:
         bounds = limits.bounds()
         if usage.oom_kills:
-            detail += (
+            notes.append(
                 f" (the evaluation reached its memory bound of {_mib(bounds.memory_bytes)}: the kernel ended "
                 f"{usage.oom_kills} of its processes)"
             )
         if usage.refused_forks:
-            detail += f" (the evaluation reached its bound of {bounds.tasks} processes: {usage.refused_forks} refused)"
-    return score, detail[:500]
+            refused = usage.refused_forks
+            notes.append(f" (the evaluation reached its bound of {bounds.tasks} processes: {refused} refused)")
+    said = "".join(notes)
+    return score, detail[: 500 - len(said)] + said  # the bounds it reached are said whatever the metric said
 
 
 def _answer(
