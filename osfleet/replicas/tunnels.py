@@ -354,7 +354,7 @@ class Mux:
         if kind == OPENED:
             with stream.cond:
                 stream.opened = True
-                stream.cond.notify_all()
+                stream._wake()
         elif kind == DATA:
             stream.feed(payload)
         elif kind == CLOSE:
@@ -379,8 +379,9 @@ class Mux:
             stream.end(self.dead)  # the first reason, whichever thread saw the end first
 
     # --- streams --------------------------------------------------------------------------------------------------
-    def open(self, port: int, make: Callable[[int], Stream]) -> Stream:
-        """A new connection to ``127.0.0.1:port`` in the guest (``TunnelRefusedError`` when refused there)."""
+    def begin(self, port: int, make: Callable[[int], Stream]) -> Stream:
+        """Ask the guest for a new connection to ``127.0.0.1:port``, without waiting for its answer (``settle``
+        says what came of it): the caller holds the replica's lock, which must not wait for a guest."""
         with self._lock:
             if len(self._streams) >= MAX_STREAMS_PER_REPLICA:
                 raise TunnelRefusedError(f"{MAX_STREAMS_PER_REPLICA} tunnels are open on this replica already")
@@ -392,6 +393,23 @@ class Mux:
         except OSError as exc:
             self._forget(conn)
             raise TunnelError(f"tunnel channel: {exc}") from None
+        return stream
+
+    def settle(self, stream: Stream) -> Stream:
+        """The stream once the guest connected it; ``TunnelRefusedError`` when nothing accepted the connection
+        there, ``TunnelError`` when the guest's relay gave no answer by the deadline (the connection is dropped)."""
+        if stream.opened:
+            return stream
+        self._forget(stream.conn)
+        if stream.closed is None:
+            self.send_close(stream.conn)
+            stream.end("no answer from the guest's relay")
+            raise TunnelError(f"the guest's relay did not connect to port {stream.port} within {OPEN_SECONDS:.0f} s")
+        raise TunnelRefusedError(f"nothing accepted a connection to port {stream.port} in the replica: {stream.closed}")
+
+    def open(self, port: int, make: Callable[[int], Stream]) -> Stream:
+        """A new connection to ``127.0.0.1:port`` in the guest, waiting in this thread for the guest's answer."""
+        stream = self.begin(port, make)
         deadline = time.monotonic() + OPEN_SECONDS
         with stream.cond:
             while not stream.opened and stream.closed is None:
@@ -399,13 +417,7 @@ class Mux:
                 if left <= 0:
                     break
                 stream.cond.wait(left)
-        if stream.opened:
-            return stream
-        self._forget(conn)
-        if stream.closed is None:
-            self.send_close(conn)
-            raise TunnelError(f"the guest's relay did not connect to port {port} within {OPEN_SECONDS:.0f} s")
-        raise TunnelRefusedError(f"nothing accepted a connection to port {port} in the replica: {stream.closed}")
+        return self.settle(stream)
 
     def queue(self, stream: Stream, data: bytes) -> int:
         """Queue what fits of ``data`` for the stream (the caller holds ``stream.cond``); ``TunnelNotFoundError``
@@ -514,17 +526,33 @@ class Tunnels:
         return mux
 
     def open(self, replica_id: str, generation: int, lease_id: str | None, domain: str, port: int) -> Stream:
-        """A stream to ``port`` inside the replica (called under the replica's lock, its lease checked)."""
+        """Ask for a stream to ``port`` inside the replica (called under the replica's lock, its lease checked);
+        ``opened`` waits for the guest's answer, after the lock is let go."""
         mux = self._mux(domain)
         self._prune()
 
         def make(conn: int) -> Stream:
             return Stream(f"t-{secrets.token_urlsafe(12)}", conn, port, replica_id, generation, lease_id, mux)
 
-        stream = mux.open(port, make)
+        return mux.begin(port, make)
+
+    async def opened(self, stream: Stream) -> Stream:
+        """The stream ``open`` asked for, once the guest connected it (``Mux.settle``'s errors otherwise), waiting
+        on the event loop: no thread and no replica's lock is held while a guest takes its time."""
+        deadline = time.monotonic() + OPEN_SECONDS
+        while True:
+            waiter = (asyncio.get_running_loop(), asyncio.Event())
+            with stream.cond:
+                if stream.opened or stream.closed is not None:
+                    break
+                stream.waiters.append(waiter)
+            woken = await stream.parked(stream.waiters, waiter, deadline - time.monotonic())
+            if not woken and deadline - time.monotonic() <= 0:
+                break
+        stream.mux.settle(stream)
         with self._lock:
             self._streams[stream.id] = stream
-        log.info("tunnel %s to port %d of %s", stream.id, port, replica_id)
+        log.info("tunnel %s to port %d of %s", stream.id, stream.port, stream.replica_id)
         return stream
 
     def get(self, tunnel_id: str, replica_id: str, generation: int, lease_id: str | None) -> Stream:

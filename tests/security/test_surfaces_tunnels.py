@@ -23,7 +23,7 @@ import pytest
 from osfleet.errors import OsfleetError
 from osfleet.replicas import tunnels
 from osfleet.replicas.guest_tunnel import HEADER, HELLO, OPEN, OPENED, frame
-from osfleet.replicas.tunnels import Mux, Stream, Tunnels, TunnelStalledError
+from osfleet.replicas.tunnels import Mux, Stream, TunnelError, Tunnels, TunnelStalledError
 from tests.test_tunnels import Channel, connected, drain, echo_server, new_stream
 
 pytestmark = pytest.mark.integration  # real sockets and threads; seconds of deadlines in sum
@@ -153,3 +153,49 @@ def test_a_guest_service_that_never_reads_holds_no_other_connection_up(tmp_path:
 def _send_quietly(mux: Mux, stream: Stream, data: bytes) -> None:
     with contextlib.suppress(OsfleetError):  # the stream ends under it: that is the point
         mux.send(stream, data)
+
+
+class OneChannel:
+    """``Tunnels``' view of the replicas' channels: one socket path, for the domain ``d``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def channel_path(self, domain: str, target: str) -> Path | None:
+        return self.path
+
+
+def test_a_tunnel_opening_into_a_guest_that_never_answers_holds_no_lock_or_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(tunnels, "OPEN_SECONDS", 2 * DEADLINE)
+    channel = Channel(tmp_path)
+    guest: list[socket.socket] = []
+
+    def hello_only() -> None:  # the relay answers its hello, then never an OPEN
+        g = channel.accept()
+        guest.append(g)
+        kind, conn, length = HEADER.unpack(g.recv(HEADER.size, socket.MSG_WAITALL))
+        g.sendall(frame(HELLO, conn, g.recv(length, socket.MSG_WAITALL)))
+
+    threading.Thread(target=hello_only, daemon=True).start()
+    table = Tunnels(OneChannel(channel.path), lambda domain: None)  # type: ignore[arg-type]
+    try:
+        started = time.monotonic()
+        stream = table.open("r-1", 1, "l-1", "d", 80)  # what runs under the replica's lock
+        assert time.monotonic() - started < DEADLINE  # asked, not waited for
+        assert not stream.opened
+
+        async def answer() -> float:
+            begun = time.monotonic()
+            with pytest.raises(TunnelError, match="did not connect"):
+                await table.opened(stream)
+            return time.monotonic() - begun
+
+        took = asyncio.run(asyncio.wait_for(answer(), 10 * DEADLINE))
+        assert 2 * DEADLINE <= took < 6 * DEADLINE and stream.closed
+    finally:
+        table.shutdown()
+        for g in guest:
+            g.close()
+        channel.close()

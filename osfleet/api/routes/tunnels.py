@@ -4,7 +4,8 @@ As every operation on one replica, a request finds its episode first (404 for an
 lease that does not hold it); the host checks the lease again under the replica's lock and only then looks the
 tunnel up (404 for one that is not this lease's). Reads and writes happen outside the replica's lock and the
 episode's, so a receive waiting for bytes, or a send waiting for room in its stream's bounded queue, never holds a
-step up, and its wait holds no worker thread either (409 when the replica takes nothing for ``SEND_SECONDS``).
+step up, and its wait holds no worker thread either (409 when the replica takes nothing for ``SEND_SECONDS``); an
+opening tunnel waits for the guest's answer the same way, its lock let go.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from osfleet.replicas.tunnels import Stream
 
 def mount(routes: Routes, state: Callable[[], AgentState]) -> None:
     @routes(OPEN_TUNNEL)
-    def open_tunnel(rid: str, req: TunnelRequest, who: Caller) -> TunnelOpened:
+    async def open_tunnel(rid: str, req: TunnelRequest, who: Caller) -> TunnelOpened:
+        # asked under the replica's lock in a worker thread; the guest's answer is awaited after both are let go
         s = state()
-        live = s.episode(rid, req.lease_id, who)
-        stream = live.on(s.host, who).open_tunnel(rid, req.port)
+
+        def ask() -> Stream:
+            live = s.episode(rid, req.lease_id, who)
+            return live.on(s.host, who).open_tunnel(rid, req.port)
+
+        stream = await s.host.tunnels.opened(await run_in_threadpool(ask))
         return TunnelOpened(tunnel_id=stream.id, port=stream.port)
 
     @routes(TUNNEL_SEND)
