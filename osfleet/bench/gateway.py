@@ -2,7 +2,8 @@
 
 The gateway is the real one (``osfleet fleet serve``, in a process of its own, with a clients file: the bench is a
 tenant, as trainers are); the hosts are ``sim_hosts`` (real HTTP servers in another process that answer as host
-agents do and count what reaches them), so only the gateway's own work is measured. Phases, in one run:
+agents do and count what reaches them), so only the gateway's own work is measured. On a machine of two or more
+CPUs the gateway gets one of its own and the hosts and the load the others (``_pin``). Phases, in one run:
 
 1. idle: the gateway polls its hosts and serves nothing; its CPU then is the cost of health polls (``idle``);
 2. leases: ``--leases N`` leases through the gateway, ``--concurrency`` at a time (placement on every one);
@@ -22,6 +23,7 @@ on the host that holds its replica (``misrouted`` and ``duplicate_steps`` 0), ev
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import secrets
 import tempfile
@@ -134,10 +136,13 @@ def run(
         with SimHosts(specs) as sim:
             say("[2/6] the gateway (osfleet fleet serve) in front of them, the bench as its tenant")
             gateway = GatewayProcess(specs, sim.urls, Path(tmp))
+            ours = os.sched_getaffinity(0)
             try:
+                result["cpus"] = _pin(gateway.proc.pid, sim.pid)
                 asyncio.run(_phases(gateway, specs, sim, leases, concurrency, seconds, probe_rounds, probe_load,
                                     result, say))  # fmt: skip
             finally:
+                os.sched_setaffinity(0, ours)
                 gateway.stop()
     result["goal_met"] = bool(
         result.get("steps_per_s_per_core", 0) >= GOAL_STEPS_PER_S_PER_CORE
@@ -145,6 +150,20 @@ def run(
         and result.get("misrouted") == 0
     )
     return result
+
+
+def _pin(gateway: int, sim_hosts: int) -> dict[str, list[int]]:
+    """The gateway on a CPU of its own, the simulated hosts and the load (this process) on the others, where the
+    machine has two or more: then the load the bench makes does not take the gateway's CPU from it, and what the
+    probe rounds see is the gateway's own latency, not the scheduler's turns between the bench's processes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {"gateway": cpus, "bench": cpus}
+    mine, rest = cpus[-1:], cpus[:-1]
+    os.sched_setaffinity(gateway, mine)
+    for pid in (sim_hosts, os.getpid()):
+        os.sched_setaffinity(pid, rest)
+    return {"gateway": mine, "bench": rest}
 
 
 async def _phases(
@@ -463,7 +482,7 @@ def summary(r: dict[str, Any]) -> str:
               help="agents calling the gateway at once")  # fmt: skip
 @click.option("--seconds", default=20.0, show_default=True, type=click.FloatRange(1, 3600),
               help="how long the agents step as fast as the gateway answers")  # fmt: skip
-@click.option("--probe-rounds", default=2000, show_default=True, type=click.IntRange(10, 1_000_000),
+@click.option("--probe-rounds", default=5000, show_default=True, type=click.IntRange(10, 1_000_000),
               help="rounds of one step straight to a host and one through the gateway (added latency)")  # fmt: skip
 @click.option("--probe-load", default=1000.0, show_default=True, type=click.FloatRange(0, 100000),
               help="steps a second sent through the gateway in the background while the probe rounds run")  # fmt: skip
