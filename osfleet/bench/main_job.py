@@ -1,7 +1,8 @@
 """The main job, the mission end to end: golden image -> one replica booted and screenshotted -> disk bench ->
-reset bench (one host) -> two lab hosts deployed with the plain ``pulumi up --stack lab`` (osfleet's language
-host) -> a fleet gateway over them -> Locust bring-up and trajectories through the gateway -> ``pulumi
-destroy`` and ``lab down`` -> report, all in one run directory.
+reset bench (one host) -> density bench (ready desktops held at once, the memory curve) -> two lab hosts deployed
+with the plain ``pulumi up --stack lab`` (osfleet's language host) -> a fleet gateway over them -> Locust
+bring-up and trajectories through the gateway -> ``pulumi destroy`` and ``lab down`` -> report (with the cost
+of an active and a parked replica-day and of 1,000 steps), all in one run directory.
 
 Ctrl-C or SIGTERM at any point unwinds the same way (context managers all the way down): Locust stops, the
 gateway stops, the stack is destroyed, the lab goes, and ``infra.json`` records what was left.
@@ -27,8 +28,11 @@ from osfleet.vm.images import GoldenImage, load
 if TYPE_CHECKING:
     from osfleet.bench.lab_fleet import LabFleet
 
-TOTAL = 8
+TOTAL = 9
 LAB_HOSTS = 2
+# Desktops the density stage holds: enough for a curve and a parked replica's memory, in about a minute under
+# TCG (``osfleet bench density --max 1000`` is the full measurement).
+DENSITY_REPLICAS = 16
 READY_SECONDS = 600.0
 ROOM_SECONDS = 180.0
 
@@ -96,6 +100,7 @@ def _run(
     machine = _boot(image, run_dir, settings, timings)
     _disk_bench(image, replicas, machine, run_dir, settings, timings)
     _reset_bench(image, reset_replicas, resets, run_dir, settings, timings)
+    _density_bench(image, run_dir, settings, timings)
     _on_lab_fleet(run_dir, settings, bringup_replicas, users, duration, policy, timings)
     _report(run_dir, image, machine, timings, started)
     return run_dir
@@ -177,6 +182,21 @@ def _reset_bench(
     timings["reset_bench_seconds"] = time.monotonic() - t
 
 
+def _density_bench(image: GoldenImage, run_dir: Path, settings: Settings, timings: dict[str, float]) -> None:
+    """A few ready desktops held parked, each answering: the density curve and a parked replica's footprint for
+    the report's cost. Like the reset bench, a failure stops the job once its JSON is written."""
+    from osfleet.bench import density
+    from osfleet.bench.tables import density_table
+
+    t = _stage(5, f"density bench: {DENSITY_REPLICAS} ready desktops held parked, the memory curve")
+    result = density.run(image, DENSITY_REPLICAS, settings=settings, say=_say)
+    _write_json(run_dir / "density.json", result)
+    if result.get("failure"):
+        raise OsfleetError(f"density bench: {result['failure']}")
+    print(density_table(result), flush=True)
+    timings["density_bench_seconds"] = time.monotonic() - t
+
+
 def _on_lab_fleet(
     run_dir: Path,
     settings: Settings,
@@ -186,12 +206,12 @@ def _on_lab_fleet(
     policy: str,
     timings: dict[str, float],
 ) -> None:
-    """Stages 5 to 7 run inside the fleet's ``with``: whichever of them fails or is interrupted, the gateway
+    """Stages 6 to 8 run inside the fleet's ``with``: whichever of them fails or is interrupted, the gateway
     stops, the stack is destroyed, the lab goes, and ``infra.json`` records what was left."""
     from osfleet.bench.lab_fleet import LabFleet
 
     warm = max(1, -(-users // LAB_HOSTS))  # enough ready replicas across the hosts for every Locust agent
-    t = _stage(5, f"{LAB_HOSTS} lab hosts, pulumi up --stack lab (plain CLI, {warm} warm per agent), fleet gateway")
+    t = _stage(6, f"{LAB_HOSTS} lab hosts, pulumi up --stack lab (plain CLI, {warm} warm per agent), fleet gateway")
     fleet = LabFleet(run_dir, LAB_HOSTS, warm, settings, _say)
     try:
         with fleet:
@@ -212,7 +232,7 @@ def _bringup(fleet: LabFleet, run_dir: Path, bringup_replicas: int, timings: dic
     beyond it is refused, and the stage would measure the refusal instead of a bring-up."""
     from osfleet.bench.load import run_locust
 
-    t = _stage(6, f"Locust bring-up of {bringup_replicas} replicas at once through the gateway")
+    t = _stage(7, f"Locust bring-up of {bringup_replicas} replicas at once through the gateway")
     asked = fleet.wait_room(bringup_replicas, ROOM_SECONDS)
     if asked < bringup_replicas:
         print(f"the fleet has room for {asked} more replica(s) now (its hosts' CPU): asking for that", flush=True)
@@ -234,7 +254,7 @@ def _trajectories(
     """Locust starts once the hosts' warm pools hold a ready replica per agent: a lease needs one."""
     from osfleet.bench.load import run_locust
 
-    t = _stage(7, f"Locust trajectories through the gateway: {users} agent(s), {policy} policy, {duration}")
+    t = _stage(8, f"Locust trajectories through the gateway: {users} agent(s), {policy} policy, {duration}")
     fleet.wait_ready(min(users, LAB_HOSTS * warm), READY_SECONDS)
     gw = fleet.gateway
     run_locust("trajectories", gw.url, gw.token, run_dir, users, duration, ["--policy", policy])
@@ -247,7 +267,7 @@ def _report(
 ) -> None:
     from osfleet.report import render
 
-    _stage(8, "report")
+    _stage(9, "report")
     timings["total_seconds"] = time.monotonic() - started
     _write_json(
         run_dir / "run.json",
@@ -255,7 +275,24 @@ def _report(
     )
     for path in render(run_dir):
         print(path)
+    print(_cost_line(run_dir), flush=True)
     print(f"\ndone in {time.monotonic() - started:.0f} s: {run_dir}", flush=True)
+
+
+def _cost_line(run_dir: Path) -> str:
+    """The report's cost on the aws stack's default host type (c5.metal On-Demand), measured figures only."""
+    from osfleet.report import load
+
+    cost = load(run_dir).cost
+    row = next((r for r in cost.rows if r["host"] == "aws-c5.metal-on-demand"), None) if cost else None
+    if row is None:
+        return "cost: not measured in this run"
+    parts = [f"{row['usd_per_replica_day']:.3f} USD per active replica-day"]
+    if row.get("usd_per_parked_replica_day") is not None:
+        parts.append(f"{row['usd_per_parked_replica_day']:.4f} per parked one")
+    if row.get("usd_per_1000_steps") is not None:
+        parts.append(f"{row['usd_per_1000_steps']:.4f} per 1,000 steps")
+    return "cost on c5.metal On-Demand (footprints measured here): " + ", ".join(parts)
 
 
 def _overhead_line(over: dict[str, float]) -> str:
