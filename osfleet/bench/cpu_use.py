@@ -37,6 +37,8 @@ KINDS = (
     ("libvirt", ("libvirtd", "virtlogd", "virtqemud")),
 )
 WITH_CHILDREN = frozenset({"evaluation_jail", "host_agents", "gateway", "load_generator"})
+OTHER_COMMAND_CHARS = 100
+OTHERS_LISTED = 8
 
 
 Kinds = tuple[tuple[str, tuple[str, ...]], ...]
@@ -54,6 +56,7 @@ def kind_of(cmdline: str, kinds: Kinds = KINDS) -> str:
 @dataclass
 class _Seen:
     kind: str
+    command: str  # its command line, cut short: what ``others`` names
     first: float  # CPU seconds counted for it at its first sample (0 when it was born in the window)
     last: float
 
@@ -119,7 +122,7 @@ class CpuUse:
             if seen is None:
                 kind = kind_of(cmdline, self.kinds)
                 counted = own + (children if kind in WITH_CHILDREN else 0.0)
-                self._seen[key] = _Seen(kind, counted if first else 0.0, counted)
+                self._seen[key] = _Seen(kind, cmdline[:OTHER_COMMAND_CHARS], counted if first else 0.0, counted)
             else:
                 seen.last = own + (children if seen.kind in WITH_CHILDREN else 0.0)
 
@@ -137,3 +140,13 @@ class CpuUse:
         out["all"] = round(busy, 3)
         out["unaccounted"] = round(max(0.0, busy - sum(v for k, v in out.items() if k != "all")), 3)
         return out
+
+    def others(self) -> list[tuple[str, float]]:
+        """The processes of no kind that used the most CPU (command line, core-seconds): on a shared machine,
+        whose work the measured window shared the CPU with."""
+        by_command: dict[str, float] = {}
+        for seen in self._seen.values():
+            if seen.kind == "other" and seen.last > seen.first:
+                by_command[seen.command] = by_command.get(seen.command, 0.0) + seen.last - seen.first
+        top = sorted(by_command.items(), key=lambda item: -item[1])[:OTHERS_LISTED]
+        return [(command.strip(), round(seconds, 2)) for command, seconds in top]

@@ -87,6 +87,7 @@ def run(
                 extra=["--policy", "oracle"], spawn_rate=float(users),
             )  # fmt: skip
         result.update(summarise(_episodes(run_dir), started, minutes, cpu.result(), cpu.seconds))
+        result["cpu"]["others_top"] = cpu.others()  # the "other" processes: this bench's own, or the machine's
     except Exception as exc:  # what was measured is still reported, with the failure named (exit code 1)
         result["failure"] = str(as_osfleet(exc, "the throughput benchmark"))
         say(f"throughput bench failed: {result['failure']}")
