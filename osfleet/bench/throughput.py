@@ -213,8 +213,14 @@ def summary(r: dict[str, Any]) -> str:
 @click.option("--minutes", default=3.0, show_default=True, type=click.FloatRange(0.5, 1440),
               help="how long the agents run (the measured window)")  # fmt: skip
 @click.option("--hosts", default=2, show_default=True, type=click.IntRange(1, 8), help="host agents on loopback")
-@click.option("--warm", default=4, show_default=True, type=click.IntRange(1, 64), help="ready replicas per host")
-@click.option("--users", default=8, show_default=True, type=click.IntRange(1, 256), help="Locust agents")
+@click.option("--warm", default=2, show_default=True, type=click.IntRange(1, 64), help="ready replicas per host")
+@click.option(
+    "--users",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Locust agents (on 2 TCG cores, 12 starve the guests: docs/benchmarks/2026-12-06-throughput.md)",
+)
 @click.option(
     "--record/--no-record",
     default=False,
