@@ -25,10 +25,8 @@ from osfleet.api.app import create_app
 from osfleet.api.models import StepRequest
 from osfleet.bench import step as bench_step
 from osfleet.config import AgentConfig
-from osfleet.errors import VirtError
 from osfleet.measure.timing import Stages, collecting, parse_server_timing, stage
 from osfleet.protocol.models import DEFAULT_QUALITY
-from osfleet.replicas.capture import ScreenCapture
 from osfleet.vm.screen import encode
 from tests.conftest import free_port
 from tests.fakes import FakeHost
@@ -98,85 +96,6 @@ def test_png_is_lossless_and_jpeg_webp_follow_quality() -> None:
         encode(img, "jpeg", 0)
     with pytest.raises(ValueError, match="gif"):
         encode(img, "gif")  # type: ignore[arg-type]
-
-
-# --- capture --------------------------------------------------------------------------------------------------
-class FakeVirt:
-    """QMP screendump writes a PPM where it is told; libvirt's stream returns another colour."""
-
-    def __init__(self, dump_error: Exception | None = None, running: bool = True) -> None:
-        self.dump_error = dump_error
-        self.running = running
-        self.dumped: list[str] = []
-        self.streamed = 0
-        self.lock = threading.Lock()
-
-    def qmp(self, name: str, command: str, arguments: dict[str, Any] | None = None) -> Any:
-        assert command == "screendump" and arguments is not None
-        if self.dump_error is not None:
-            raise self.dump_error
-        with self.lock:
-            self.dumped.append(arguments["filename"])
-        Image.new("RGB", (64, 40), (1, 2, 3)).save(arguments["filename"], "PPM")
-        return {}
-
-    def screenshot(self, name: str) -> Image.Image:
-        if not self.running:
-            raise VirtError(f"domain {name} is not running")
-        self.streamed += 1
-        return Image.new("RGB", (64, 40), (9, 9, 9))
-
-    def is_running(self, name: str) -> bool:
-        return self.running
-
-    def qemu_ids(self) -> tuple[int, int] | None:
-        return None
-
-
-def test_capture_reads_a_screendump_from_its_directory_and_removes_it(tmp_path: Path) -> None:
-    virt = FakeVirt()
-    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
-    with collecting() as stages:
-        img = cap.grab("osfleet-r-1-g1")
-    assert img.mode == "RGB" and img.getpixel((0, 0)) == (1, 2, 3) and virt.streamed == 0
-    assert cap.method == "screendump" and "capture" in stages.seconds
-    assert (tmp_path / "screens").stat().st_mode & 0o777 == 0o700
-    assert list((tmp_path / "screens").iterdir()) == []  # read, then removed
-
-
-def test_concurrent_captures_of_one_domain_use_their_own_files(tmp_path: Path) -> None:
-    virt = FakeVirt()
-    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
-    threads = [threading.Thread(target=cap.grab, args=("osfleet-r-1-g1",)) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(set(virt.dumped)) == 8 and virt.streamed == 0
-
-
-def test_capture_falls_back_to_libvirts_stream_when_qemu_cannot_dump(tmp_path: Path) -> None:
-    virt = FakeVirt(dump_error=VirtError("QMP screendump on d: Permission denied"))
-    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
-    assert cap.grab("d").getpixel((0, 0)) == (9, 9, 9) and cap.method == "libvirt"
-    virt.dump_error = None
-    cap.grab("d")
-    assert virt.dumped == [] and virt.streamed == 2  # no second try of a path that failed on a running domain
-
-
-def test_a_gone_domain_is_reported_as_libvirt_names_it_and_keeps_the_fast_path(tmp_path: Path) -> None:
-    virt = FakeVirt(dump_error=VirtError("no domain d"), running=False)
-    cap = ScreenCapture(virt, tmp_path / "screens")  # type: ignore[arg-type]
-    with pytest.raises(VirtError, match="not running"):
-        cap.grab("d")
-    assert cap.method == "screendump"
-
-
-def test_without_a_directory_capture_uses_libvirt(tmp_path: Path) -> None:
-    virt = FakeVirt()
-    cap = ScreenCapture(virt, None)  # type: ignore[arg-type]
-    cap.grab("d")
-    assert cap.method == "libvirt" and virt.streamed == 1 and virt.dumped == []
 
 
 # --- the API --------------------------------------------------------------------------------------------------

@@ -49,7 +49,6 @@ from osfleet.replicas.registry import Counters, Registry, usable
 from osfleet.replicas.saved_state import SavedState
 from osfleet.replicas.template_memory import MemoryMode
 from osfleet.replicas.tunnels import Stream, Tunnels
-from osfleet.vm import screen
 from osfleet.vm.accel import detect_accelerator
 from osfleet.vm.images import GoldenImage, ImageHold
 from osfleet.vm.virt import Virt
@@ -194,6 +193,7 @@ class ReplicaHost:
             self.generations.close,
             self.liveness.close,
             self.tunnels.shutdown,
+            self.capture.close,
             self.virt.close,
             self.image_hold.release,
         ]
@@ -473,8 +473,8 @@ class ReplicaHost:
         if fmt not in FORMATS:
             raise OsfleetError(f"unknown screenshot format {fmt!r} (png, jpeg or webp)")
         with self._touching(replica_id, claim) as rec:
-            grabbed = self.capture.grab(rec.domain)
-        return screen.encode(grabbed, fmt, quality)
+            frame = self.capture.take(rec.domain)
+        return frame.encode(fmt, quality)  # outside the lock; only the rows that changed (``capture``)
 
     def act(self, replica_id: str, actions: list[Action], claim: Claim | None = None) -> list[ActionResult]:
         with self._touching(replica_id, claim) as rec:
