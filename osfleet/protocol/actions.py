@@ -229,8 +229,16 @@ class Screenshot(_Action):
 
 
 class Wait(_Action):
+    """Wait ``seconds``; with ``until: "quiet"``, only until the screen has not changed for ``quiet_seconds``, and
+    ``seconds`` at the longest (its result's ``seconds`` says how long it waited: the bound when the screen never
+    settled). An agent waits as long as the desktop draws instead of a fixed sleep (``osfleet.replicas.settle``)."""
+
     type: Literal["wait"]
-    seconds: float = Field(1.0, ge=0, le=60)
+    seconds: float = Field(1.0, ge=0, le=60, description="how long to wait; with until=quiet, the longest")
+    until: Literal["quiet"] | None = Field(None, description="quiet: end once the screen stops changing")
+    quiet_seconds: float = Field(
+        0.5, gt=0, le=10, description="with until=quiet: how long the screen must stay unchanged"
+    )
 
 
 class Shell(_Action):

@@ -49,7 +49,7 @@ from osfleet.protocol.actions import (
     Wait,
 )
 from osfleet.protocol.osworld_paths import GUEST_USER
-from osfleet.replicas import computer13, pyautogui_code
+from osfleet.replicas import computer13, pyautogui_code, settle
 from osfleet.replicas.input import Input, InputError, check_point, check_text, combo, combo_key
 from osfleet.replicas.pyautogui_code import CodeFailedError
 from osfleet.vm import screen
@@ -160,12 +160,14 @@ def run_actions(
     actions: list[Action],
     budget: float = STEP_BUDGET_SECONDS,
     capture: Capture | None = None,
+    screen_state: settle.Fingerprint | None = None,
 ) -> list[ActionResult]:
     """Run a batch in order; every action gets a result, failed or not. Invalid batches raise first.
 
     The whole batch gets ``budget`` seconds: waits and guest-command timeouts are cut to what is left, and
     actions after it are not run (their result says so), so one request never holds a client for longer.
-    ``capture`` takes the screen for ``screenshot`` actions (without it they fail).
+    ``capture`` takes the screen for ``screenshot`` actions (without it they fail); ``screen_state`` tells whether
+    it changed, for ``wait`` until quiet (``osfleet.replicas.settle``; without it such a wait fails).
     """
     check_actions(actions, size)
     pointer = Input(virt, domain, size, guest=lambda command, timeout: shell(virt, domain, command, timeout))
@@ -179,7 +181,7 @@ def run_actions(
             results.append(ActionResult(type=action.type, ok=False, seconds=0.0, error=error))
             continue
         try:
-            extra = _run_one(virt, domain, pointer, _within(action, left), left, capture)
+            extra = _run_one(virt, domain, pointer, _within(action, left), left, capture, screen_state)
             results.append(ActionResult(type=action.type, ok=True, seconds=time.monotonic() - start, **extra))
         except CodeFailedError as exc:  # the agent's code ran and failed: its error, and what it printed
             took = time.monotonic() - start
@@ -202,7 +204,13 @@ def _within(action: Action, left: float) -> Action:
 
 
 def _run_one(
-    virt: Virt, domain: str, pointer: Input, action: Action, left: float, capture: Capture | None
+    virt: Virt,
+    domain: str,
+    pointer: Input,
+    action: Action,
+    left: float,
+    capture: Capture | None,
+    screen_state: settle.Fingerprint | None = None,
 ) -> dict[str, Any]:
     match action:
         case Click(x=x, y=y, button=button, count=count, keys=keys):
@@ -235,6 +243,10 @@ def _run_one(
             return {"x": x, "y": y}
         case Screenshot():
             return _screenshot(action, pointer.size, capture)
+        case Wait(until="quiet", seconds=seconds, quiet_seconds=quiet):
+            if screen_state is None:
+                raise OsfleetError("wait until quiet: this replica's screen cannot be watched here")
+            settle.wait_until_quiet(screen_state, seconds, quiet)
         case Wait(seconds=seconds):
             time.sleep(seconds)
         case Shell():

@@ -481,7 +481,12 @@ class ReplicaHost:
             self.lifecycle.mark_used(rec.id, rec.generation)
             with stage("act"):
                 return run_actions(
-                    self.virt, rec.domain, self.image.screen, actions, capture=lambda: self.capture.grab(rec.domain)
+                    self.virt,
+                    rec.domain,
+                    self.image.screen,
+                    actions,
+                    capture=lambda: self.capture.grab(rec.domain),
+                    screen_state=lambda: self.capture.take(rec.domain).fingerprint,
                 )
 
     def shell(
