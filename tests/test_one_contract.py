@@ -173,6 +173,20 @@ def test_a_hosts_refusal_relayed_by_the_gateway_keeps_its_kind_and_status() -> N
         assert str(relayed) == "h1: why"
 
 
+@pytest.mark.unit
+def test_a_whole_number_sent_as_a_float_is_that_integer_and_nothing_else_passes_for_one() -> None:
+    """JSON Schema's integer takes 3867.0 (schemathesis sends it): a request model takes it as 3867, and stays
+    strict about the rest."""
+    from pydantic import ValidationError
+
+    from osfleet.protocol.models import TunnelRequest
+
+    assert TunnelRequest.model_validate({"lease_id": "l", "port": 3867.0}).port == 3867
+    for bad in (3867.5, "3867", True):
+        with pytest.raises(ValidationError, match="port"):
+            TunnelRequest.model_validate({"lease_id": "l", "port": bad})
+
+
 @pytest.mark.system
 def test_the_protocol_imports_nothing_but_pydantic() -> None:
     """osfleet.protocol is what a client-only install relies on: it may not reach the server's modules."""

@@ -40,6 +40,16 @@ LeaseId = Annotated[str, Field(min_length=1, max_length=MAX_ID)]
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # no "1" or true where the schema says a number
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        """JSON has one kind of number: ``3867.0`` is the integer 3867 to JSON Schema (and to whoever sent it), so a
+        whole float where the model says ``int`` is taken as that int; the rest stays strict (no "1", no true)."""
+        if not isinstance(data, dict):
+            return data
+        ints = {f.alias or name for name, f in cls.model_fields.items() if f.annotation in (int, int | None)}
+        return {k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v for k, v in data.items()}
+
 
 CHECKPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 CheckpointName = Annotated[
