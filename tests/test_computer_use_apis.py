@@ -90,6 +90,13 @@ def test_screenshots_fit_the_models_limit_and_points_map_back_to_the_desktop(des
     assert zoom.size == SHOWN and zoom.getpixel((SHOWN[0] - 1, SHOWN[1] - 1))[0] > 200  # the red quarter, enlarged
 
 
+def test_a_screenshot_that_needs_no_scaling_is_an_observation_not_a_step(desk: tuple[Any, ScriptedGuest]) -> None:
+    session, _ = desk
+    toolset = ComputerToolset(session, confirm=lambda context: True, max_long_side=None, max_pixels=None)
+    assert image_of(use(toolset, "screenshot")).size == SCREEN
+    assert session.steps == 0  # nothing recorded on the host for a look at the screen
+
+
 def test_every_acting_member_reaches_the_desktop(desk: tuple[Any, ScriptedGuest]) -> None:
     session, guest = desk
     toolset = ComputerToolset(session, confirm=lambda context: True)

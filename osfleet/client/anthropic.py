@@ -28,6 +28,7 @@ try:
     from anthropic.tools.computer import (
         BetaAbstractComputerToolset20260801,
         BetaAsyncAbstractComputerToolset20260801,
+        BetaAsyncComputerConfirmCallable,
         BetaComputerConfirmCallable,
         BetaComputerCursorPositionResult,
         BetaComputerMemberResult,
@@ -53,8 +54,10 @@ from osfleet.client.errors import FleetError, InfrastructureError
 from osfleet.client.fleet import AsyncSession
 from osfleet.client.sync import Session
 
-MAX_LONG_SIDE = ANTHROPIC_MAX_LONG_SIDE  # pixels on an image's long side that Anthropic's models take as they are
-MAX_PIXELS = ANTHROPIC_MAX_PIXELS  # and in all
+MAX_LONG_SIDE = ANTHROPIC_MAX_LONG_SIDE
+"""Pixels on a screenshot's long side at most, by default: what Anthropic's models take as it is."""
+MAX_PIXELS = ANTHROPIC_MAX_PIXELS
+"""Pixels of a screenshot in all at most, by default (about 1.15 megapixels)."""
 TOOL_NAME: Literal["computer"] = "computer"  # the computer_20251124 tool's name
 ACKNOWLEDGED = {
     "key": "Pressed {text}.",
@@ -85,17 +88,21 @@ class Desktop:
         self._view: View | None = None
 
     async def view(self) -> View:
+        """The desktop and the screenshot's size (the desktop's is asked once)."""
         if self._view is None:
             self._view = View.fit(await screen_size(self.session), *self.limits)
         return self._view
 
     def know(self, screen: tuple[int, int]) -> View:
+        """Take the desktop's size as given (it need not be asked)."""
         self._view = View.fit(screen, *self.limits)
         return self._view
 
     async def member(self, name: str, given: Mapping[str, Any]) -> Result:
         """Run one member with its input (the model's, as a dict) and return what it answers."""
         view = await self.view()
+        if name == "screenshot" and not view.scaled:  # the screen as it is: an observation, not a step to record
+            return (await self.session.observe(format="png")).base64(), "image/png"
         actions = anthropic_actions(view, name, given, self.limits)
         steps = await run(self.session, actions)
         if name == "cursor_position":
@@ -154,6 +161,8 @@ class ComputerToolset(BetaAbstractComputerToolset20260801):
         self.desktop = Desktop(session.inner, max_long_side, max_pixels)
 
     def execute(self, context: BetaToolsetCallContext, name: Any, input: Any) -> BetaComputerMemberResult:
+        """Run member ``name`` on the desktop (the SDK calls it once ``confirm`` said yes); a refusal of the fleet
+        is a ``ToolError`` the model reads."""
         try:
             return _toolset_result(self.session._loop.run(self.desktop.member(name, _given(input))))
         except FleetError as exc:
@@ -167,7 +176,7 @@ class AsyncComputerToolset(BetaAsyncAbstractComputerToolset20260801):
         self,
         session: AsyncSession,
         *,
-        confirm: Any = None,
+        confirm: BetaAsyncComputerConfirmCallable | None = None,
         configs: BetaComputerToolsetConfigsParam | None = None,
         tool_configs: BetaToolConfigs | None = None,
         max_long_side: int | None = MAX_LONG_SIDE,
@@ -178,6 +187,7 @@ class AsyncComputerToolset(BetaAsyncAbstractComputerToolset20260801):
         self.desktop = Desktop(session, max_long_side, max_pixels)
 
     async def execute(self, context: BetaToolsetCallContext, name: Any, input: Any) -> BetaComputerMemberResult:
+        """Run member ``name`` on the desktop; see ``ComputerToolset.execute``."""
         try:
             return _toolset_result(await self.desktop.member(name, _given(input)))
         except FleetError as exc:
@@ -245,9 +255,11 @@ class ComputerTool20251124(BetaBuiltinFunctionTool):
         self.desktop = Desktop(session.inner, max_long_side, max_pixels)
 
     def to_dict(self) -> BetaToolComputerUse20251124Param:  # type: ignore[override]
+        """The ``tools[]`` entry: ``computer_20251124`` with the screenshot's size."""
         return _tool_param(self.session._loop.run(self.desktop.view()), self.enable_zoom)
 
     def call(self, input: object) -> Any:
+        """Run one ``action`` with its input; the ``tool_result`` content, or a ``ToolError`` with the reason."""
         action, given = _tool_input(input, self.confirm)
         try:
             return _tool_content(action, given, self.session._loop.run(self.desktop.member(action, given)))
@@ -276,9 +288,11 @@ class AsyncComputerTool20251124(BetaAsyncBuiltinFunctionTool):
         self.view = self.desktop.know(screen)
 
     def to_dict(self) -> BetaToolComputerUse20251124Param:  # type: ignore[override]
+        """The ``tools[]`` entry: ``computer_20251124`` with the screenshot's size."""
         return _tool_param(self.view, self.enable_zoom)
 
     async def call(self, input: object) -> Any:
+        """Run one ``action`` with its input (see ``ComputerTool20251124.call``)."""
         action, given = _tool_input(input, self.confirm)
         try:
             return _tool_content(action, given, await self.desktop.member(action, given))
@@ -293,5 +307,4 @@ __all__ = [
     "AsyncComputerToolset",
     "ComputerTool20251124",
     "ComputerToolset",
-    "Desktop",
 ]

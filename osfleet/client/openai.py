@@ -36,7 +36,8 @@ from osfleet.client.fleet import AsyncFleet, AsyncSession
 from osfleet.client.sync import Session
 from osfleet.client.types import TaskLike
 
-WAIT_SECONDS = OPENAI_WAIT_SECONDS  # what a ``wait`` waits: the GA action has no duration
+WAIT_SECONDS = OPENAI_WAIT_SECONDS
+"""What a ``wait`` action waits, in seconds: the GA action has no duration."""
 ENVIRONMENT: Literal["ubuntu"] = "ubuntu"  # an osfleet desktop is Linux (the preview tool's ``environment``)
 
 
@@ -73,10 +74,12 @@ class AsyncComputer(agents.AsyncComputer):
 
     @property
     def environment(self) -> Literal["ubuntu"]:
+        """``ubuntu``: an osfleet desktop is Linux (the preview tool's payload states it)."""
         return ENVIRONMENT
 
     @property
     def dimensions(self) -> tuple[int, int] | None:
+        """The screenshot's size in pixels, once known (``prepare``, or the first action)."""
         return None if self._view is None else self._view.shown
 
     async def _do(self, action: dict[str, Any]) -> None:
@@ -90,27 +93,35 @@ class AsyncComputer(agents.AsyncComputer):
         return (await self.session.screenshot(width=view.shown[0], height=view.shown[1])).base64()
 
     async def click(self, x: int, y: int, button: str = "left", *, keys: list[str] | None = None) -> None:
+        """Click ``button`` (left, right, wheel, back, forward) at (x, y) with ``keys`` held."""
         await self._do({"type": "click", "x": x, "y": y, "button": button, "keys": keys})
 
     async def double_click(self, x: int, y: int, *, keys: list[str] | None = None) -> None:
+        """Double-click the left button at (x, y) with ``keys`` held."""
         await self._do({"type": "double_click", "x": x, "y": y, "keys": keys})
 
     async def scroll(self, x: int, y: int, scroll_x: int, scroll_y: int, *, keys: list[str] | None = None) -> None:
+        """Scroll at (x, y) by ``scroll_x``/``scroll_y`` pixels (as wheel clicks) with ``keys`` held."""
         await self._do({"type": "scroll", "x": x, "y": y, "scroll_x": scroll_x, "scroll_y": scroll_y, "keys": keys})
 
     async def type(self, text: str) -> None:
+        """Type ``text`` (any Unicode) into the focused window."""
         await self._do({"type": "type", "text": text})
 
     async def wait(self) -> None:
+        """Wait ``WAIT_SECONDS``."""
         await self._do({"type": "wait"})
 
     async def move(self, x: int, y: int, *, keys: list[str] | None = None) -> None:
+        """Move the pointer to (x, y) with ``keys`` held."""
         await self._do({"type": "move", "x": x, "y": y, "keys": keys})
 
     async def keypress(self, keys: list[str]) -> None:
+        """Press ``keys`` together and release them (any case: "CTRL", "Enter", "ArrowLeft")."""
         await self._do({"type": "keypress", "keys": keys})
 
     async def drag(self, path: list[tuple[int, int]], *, keys: list[str] | None = None) -> None:
+        """Drag the left button along ``path`` with ``keys`` held."""
         await self._do({"type": "drag", "path": [{"x": x, "y": y} for x, y in path], "keys": keys})
 
 
@@ -127,40 +138,51 @@ class Computer(agents.Computer):
 
     @property
     def environment(self) -> Literal["ubuntu"]:
+        """``ubuntu`` (``AsyncComputer.environment``)."""
         return ENVIRONMENT
 
     @property
     def dimensions(self) -> tuple[int, int] | None:
+        """The screenshot's size in pixels (asked of the desktop the first time)."""
         if self.inner.dimensions is None:
             self._run(self.inner.prepare())
         return self.inner.dimensions
 
     def screenshot(self) -> str:
+        """The screen as base64 PNG (``AsyncComputer.screenshot``)."""
         result: str = self._run(self.inner.screenshot())
         return result
 
     def click(self, x: int, y: int, button: str = "left", *, keys: list[str] | None = None) -> None:
+        """``AsyncComputer.click``."""
         self._run(self.inner.click(x, y, button, keys=keys))
 
     def double_click(self, x: int, y: int, *, keys: list[str] | None = None) -> None:
+        """``AsyncComputer.double_click``."""
         self._run(self.inner.double_click(x, y, keys=keys))
 
     def scroll(self, x: int, y: int, scroll_x: int, scroll_y: int, *, keys: list[str] | None = None) -> None:
+        """``AsyncComputer.scroll``."""
         self._run(self.inner.scroll(x, y, scroll_x, scroll_y, keys=keys))
 
     def type(self, text: str) -> None:
+        """``AsyncComputer.type``."""
         self._run(self.inner.type(text))
 
     def wait(self) -> None:
+        """``AsyncComputer.wait``."""
         self._run(self.inner.wait())
 
     def move(self, x: int, y: int, *, keys: list[str] | None = None) -> None:
+        """``AsyncComputer.move``."""
         self._run(self.inner.move(x, y, keys=keys))
 
     def keypress(self, keys: list[str]) -> None:
+        """``AsyncComputer.keypress``."""
         self._run(self.inner.keypress(keys))
 
     def drag(self, path: list[tuple[int, int]], *, keys: list[str] | None = None) -> None:
+        """``AsyncComputer.drag``."""
         self._run(self.inner.drag(path, keys=keys))
 
 
