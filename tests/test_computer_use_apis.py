@@ -225,6 +225,22 @@ def test_the_async_computer_is_openai_agents_and_acts_on_the_desktop(agent: Agen
     assert "+left" in words and words[-3:] == ["@50,50", "B-left", "-shift"]
 
 
+def test_the_async_computer_takes_a_blocking_session_too(desk: tuple[Any, ScriptedGuest]) -> None:
+    """A script with a blocking ``Session`` awaits the computer from an event loop of its own (asyncio.run): the
+    session's calls run on the session's loop."""
+    session, guest = desk
+
+    async def go() -> str:
+        c = AsyncComputer(session)
+        await c.click(30, 40, "right")
+        await c.keypress(["ENTER"])
+        return await c.screenshot()
+
+    shot = asyncio.run(go())
+    assert Image.open(io.BytesIO(base64.b64decode(shot))).size == SCREEN
+    assert guest.timeline() == ["@30,40", "B+right", "B-right", "+ret", "-ret"]
+
+
 def test_a_ga_computer_call_is_run_in_order_and_answered_with_a_screenshot(desk: tuple[Any, ScriptedGuest]) -> None:
     session, guest = desk
     item = {

@@ -22,8 +22,8 @@ OpenAI's SDK is an extra: ``pip install 'osfleet[openai]'`` (openai-agents, whic
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 try:
     import agents
@@ -38,6 +38,7 @@ from osfleet.client.types import TaskLike
 
 WAIT_SECONDS = OPENAI_WAIT_SECONDS
 """What a ``wait`` action waits, in seconds: the GA action has no duration."""
+T = TypeVar("T")
 ENVIRONMENT: Literal["ubuntu"] = "ubuntu"  # an osfleet desktop is Linux (the preview tool's ``environment``)
 
 
@@ -50,16 +51,24 @@ def _field(item: Any, name: str) -> Any:
 
 
 class AsyncComputer(agents.AsyncComputer):
-    """openai-agents' ``AsyncComputer`` on a leased osfleet desktop (an ``AsyncSession``). Screenshots are the
-    desktop's own size unless ``max_long_side``/``max_pixels`` ask for smaller (coordinates are then mapped back);
+    """openai-agents' ``AsyncComputer`` on a leased osfleet desktop: an ``AsyncSession``, or a blocking ``Session``
+    (its calls then run on the session's own event loop, awaited from the caller's). Screenshots are the desktop's
+    own size unless ``max_long_side``/``max_pixels`` ask for smaller (coordinates are then mapped back);
     ``dimensions`` is known once ``prepare()`` or the first action has run."""
 
     def __init__(
-        self, session: AsyncSession, *, max_long_side: int | None = None, max_pixels: int | None = None
+        self, session: AsyncSession | Session, *, max_long_side: int | None = None, max_pixels: int | None = None
     ) -> None:
-        self.session = session
+        self.session: AsyncSession = session.inner if isinstance(session, Session) else session
+        self._loop = session._loop.loop if isinstance(session, Session) else None
         self.limits = (max_long_side, max_pixels)
         self._view: View | None = None
+
+    async def _on_session_loop(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` awaited on the event loop its session's connections belong to."""
+        if self._loop is None or self._loop is asyncio.get_running_loop():
+            return await work
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
 
     async def prepare(self) -> AsyncComputer:
         """Learn the desktop's size (one small observation); returns self."""
@@ -69,7 +78,7 @@ class AsyncComputer(agents.AsyncComputer):
     async def view(self) -> View:
         """The desktop and the screenshot's size (asked once)."""
         if self._view is None:
-            self._view = View.fit(await screen_size(self.session), *self.limits)
+            self._view = View.fit(await self._on_session_loop(screen_size(self.session)), *self.limits)
         return self._view
 
     @property
@@ -83,14 +92,16 @@ class AsyncComputer(agents.AsyncComputer):
         return None if self._view is None else self._view.shown
 
     async def _do(self, action: dict[str, Any]) -> None:
-        await run(self.session, openai_actions(await self.view(), action))
+        await self._on_session_loop(run(self.session, openai_actions(await self.view(), action)))
 
     async def screenshot(self) -> str:
         """The screen as base64 PNG (scaled to the limits, if any)."""
         view = await self.view()
         if not view.scaled:
-            return (await self.session.observe(format="png")).base64()
-        return (await self.session.screenshot(width=view.shown[0], height=view.shown[1])).base64()
+            shot = self.session.observe(format="png")
+        else:
+            shot = self.session.screenshot(width=view.shown[0], height=view.shown[1])
+        return (await self._on_session_loop(shot)).base64()
 
     async def click(self, x: int, y: int, button: str = "left", *, keys: list[str] | None = None) -> None:
         """Click ``button`` (left, right, wheel, back, forward) at (x, y) with ``keys`` held."""
