@@ -35,6 +35,8 @@ COMMANDS = {
     "trajectories": "osfleet.recording.cli:trajectories",
     "openenv": "osfleet.openenv.cli:openenv",
     "mcp": "osfleet.mcp.cli:mcp",
+    "e2b": "osfleet.e2b.cli:e2b",
+    "cua": "osfleet.cua.cli:cua",
 }
 # Which extra brings a package a command imports (everything else comes with the "host" extra).
 EXTRA_OF = {
@@ -48,6 +50,9 @@ EXTRA_OF = {
     "locust": "loadtest",
     "matplotlib": "reports",
     "pyarrow": "parquet",
+    "e2b": "e2b",
+    "connectrpc": "e2b",
+    "protobuf": "e2b",
 }
 
 

@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "osfleet.api",
                 "osfleet.bench",
                 "osfleet.chaos",
+                "osfleet.cua",
+                "osfleet.e2b",
                 "osfleet.fleet",
                 "osfleet.gym",
                 "osfleet.imaging",
@@ -279,6 +281,8 @@ RUNTIME = frozenset(
     {
         "osfleet.api",
         "osfleet.client",
+        "osfleet.cua",
+        "osfleet.e2b",
         "osfleet.fleet",
         "osfleet.gym",
         "osfleet.imaging",
