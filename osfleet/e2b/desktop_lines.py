@@ -14,6 +14,7 @@ hypervisor (QEMU's input events, the framebuffer), so those lines become osfleet
 - ``Xvfb :0 ...`` and ``startxfce4``: the desktop runs already; they answer as processes that run until killed.
   ``xdpyinfo -display :0`` and e2b-desktop's ``pgrep`` check of XFCE answer that it is up; ``xrandr`` its size.
 - ``sleep S``: waited here.
+- ``x11vnc ...`` (the live view's server): refused with the reason (exit status 1): the view is not served.
 
 A line is recognised only when it is exactly what ``shlex.join`` makes of its words (so nothing in it is expanded
 or redirected by a shell) and its words are one of the forms above; anything else, ``xdotool`` included (window
@@ -39,6 +40,10 @@ MAX_SHOTS = 16  # screenshots kept for files.read at once (e2b-desktop reads and
 MAX_SLEEP = 600.0  # seconds a ``sleep`` line may ask for
 MAX_REPEAT = 100  # clicks one ``xdotool click --repeat`` may ask for
 XFCE_CHECK = "pgrep -x xfce4-session >/dev/null && pgrep -x xfwm4 >/dev/null && pgrep -x xfdesktop >/dev/null"
+LIVE_VIEW = (
+    "osfleet e2b serve: the live view (e2b-desktop's stream: x11vnc and noVNC) is not served; the screen is "
+    "there through screenshot() (docs: how-to/e2b.md, the domain mode)"
+)
 KEY_WORD = re.compile(r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$")
 INT = re.compile(r"^-?\d{1,6}$")
 CLICKS = {"1": "left", "2": "middle", "3": "right", "8": "back", "9": "forward"}
@@ -55,6 +60,7 @@ class Line:
     path: str = ""
     seconds: float = 0.0
     exit_code: int = 0
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ def recognise(command: str) -> Line | None:
     """The line as one of e2b-desktop's (``None``: not one; it runs in the guest)."""
     if command == XFCE_CHECK:
         return Line("status", exit_code=0)
+    if command.split(maxsplit=1)[:1] == ["x11vnc"]:  # refused whatever follows: nothing of it runs
+        return Line("status", exit_code=1, reason=LIVE_VIEW)
     try:
         words = shlex.split(command)
     except ValueError:
@@ -226,4 +234,4 @@ async def _answer(line: Line, session: AsyncSession, shots: Shots) -> Outcome:
             return Outcome(0)
         case "running":
             return Outcome(0, running=True)
-    return Outcome(line.exit_code)
+    return Outcome(line.exit_code, stderr=f"{line.reason}\n".encode() if line.reason else b"")

@@ -86,6 +86,8 @@ def parse_listing(text: str) -> list[Entry]:
     """The records of ``FIELDS`` (hostile text: strict, bounded)."""
     if len(text.encode()) > MAX_LISTING:
         raise GuestFileError(502, f"the guest's listing is over {MAX_LISTING} bytes")
+    if text and not text.endswith("\0\n"):
+        raise GuestFileError(502, "the guest's listing ends inside a record: not find's records")
     entries = []
     for record in text.split("\0\n"):
         if not record:
