@@ -48,12 +48,13 @@ class Command:
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path, probe: str) -> None:
         self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "osfleet", *args],
-            env={**os.environ, **env},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "osfleet", *args],
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, log.read_text()[-2000:]
