@@ -5,6 +5,7 @@ stack in tests/test_e2b_desktop.py, and a real replica in tests/test_e2b_vm.py."
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 from collections.abc import Iterator
@@ -302,3 +303,36 @@ def test_stopping_the_server_gives_every_desktop_back(tmp_path: Path, monkeypatc
 def test_a_bad_timeout_is_an_invalid_argument(served: Served, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="timeout -5 s: must be 0 or more seconds"):
         sandbox.set_timeout(-5)
+
+
+# --- races ---------------------------------------------------------------------------------------------------------
+def test_killing_a_sandbox_ends_the_stream_of_a_command_it_runs(served: Served) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from e2b.exceptions import SandboxNotRunningException
+
+    served.guest.programs["./forever"] = [Look(b"", status=None), Look(b"tick\n", status=None)]
+    box = Sandbox.create()
+    handle = box.commands.run("./forever", background=True)
+    assert next(iter(handle))[0] == "tick\n"
+    with ThreadPoolExecutor(3) as pool:  # the stream goes on while two kills race each other
+        waiting = pool.submit(handle.wait)
+        killed = [pool.submit(box.kill), pool.submit(Sandbox.kill, box.sandbox_id)]
+        assert True in [k.result(timeout=30) for k in killed]  # the other may find it gone already: False
+        with pytest.raises(SandboxNotRunningException, match="was not found: it was killed"):
+            waiting.result(timeout=60)
+    assert served.leased() == [] and served.book.sandboxes == {}
+
+
+def test_a_pause_racing_a_kill_leaves_neither_lease_nor_checkpoint(served: Served) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    for _ in range(3):
+        box = Sandbox.create()
+        with ThreadPoolExecutor(2) as pool:
+            pausing = pool.submit(box.pause)
+            killing = pool.submit(box.kill)
+            assert killing.result(timeout=30) is True
+            with contextlib.suppress(SandboxNotFoundException):  # after the kill: nothing to pause
+                pausing.result(timeout=30)  # before it: a checkpoint the kill deleted
+        assert served.leased() == [] and served.host.checkpoints.list("alice") == []

@@ -20,7 +20,7 @@ import base64
 import binascii
 import posixpath
 import shlex
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from connectrpc.code import Code
@@ -97,14 +97,23 @@ async def guarded(sandbox: Sandbox | None, call: Awaitable[T]) -> T:
     except GuestFileError as exc:
         raise connect_error(E2BError(exc.status, str(exc))) from None
     except ProcessError as exc:
+        if sandbox is not None and sandbox.session is None:  # killed or paused under the command
+            raise connect_error(_gone(sandbox)) from None
         raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
     except FleetError as exc:
         raise connect_error(lease_gone(sandbox, exc) if sandbox else from_fleet(exc)) from None
 
 
+def _gone(sandbox: Sandbox) -> E2BError:
+    """Why a sandbox without a desktop answers no more (E2B's proxy's words: "not found" means killed)."""
+    if sandbox.killed:
+        return E2BError(502, f"sandbox {sandbox.id} was not found: it was killed")
+    return E2BError(502, f"sandbox {sandbox.id} is paused: connect to it to resume it")
+
+
 def _session(sandbox: Sandbox) -> AsyncSession:
     if sandbox.session is None:
-        raise E2BError(502, f"sandbox {sandbox.id} is paused: connect to it to resume it")
+        raise _gone(sandbox)
     return sandbox.session
 
 
@@ -199,12 +208,9 @@ class ProcessService(process_connect.Process):
         cwd = config.cwd if config is not None and config.has_field("cwd") and config.cwd else None
         if cwd is not None:
             cwd = await guarded(sandbox, _resolved(cwd))
-        stream = processes.start_guest(session, sandbox.processes, command, envs, cwd, tag)
-        while True:
-            try:
-                event = await guarded(sandbox, anext(stream))
-            except StopAsyncIteration:
-                return
+        async for event in _relayed(
+            sandbox, processes.start_guest(session, sandbox.processes, command, envs, cwd, tag)
+        ):
             yield event
 
     async def connect(
@@ -213,12 +219,7 @@ class ProcessService(process_connect.Process):
         sandbox = self.door.sandbox(ctx)
         process = _selected(sandbox, request.process)
         session = await guarded(sandbox, _ready(sandbox))
-        stream = processes.connect(session, sandbox.processes, process)
-        while True:
-            try:
-                event = await guarded(sandbox, anext(stream))
-            except StopAsyncIteration:
-                return
+        async for event in _relayed(sandbox, processes.connect(session, sandbox.processes, process)):
             yield process_pb.ConnectResponse(event=_event(event))
 
     async def list(self, request: process_pb.ListRequest, ctx: RequestContext[Any, Any], /) -> process_pb.ListResponse:
@@ -267,6 +268,20 @@ class ProcessService(process_connect.Process):
     ) -> process_pb.UpdateResponse:
         self.door.sandbox(ctx)
         raise ConnectError(Code.UNIMPLEMENTED, f"a PTY {NOT_SERVED}")
+
+
+async def _relayed(sandbox: Sandbox, stream: AsyncGenerator[Event, None]) -> AsyncIterator[Event]:
+    """``stream``'s events, its failures as Connect errors; closed with the relay (a client gone mid-stream ends the
+    following there and then, not when the collector finds it)."""
+    try:
+        while True:
+            try:
+                event = await guarded(sandbox, anext(stream))
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        await stream.aclose()
 
 
 async def _ready(sandbox: Sandbox) -> AsyncSession:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -136,7 +136,7 @@ async def start_guest(
     envs: Mapping[str, str],
     cwd: str | None,
     tag: str | None,
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     """Start ``command`` in the guest and follow it to its end (or until the stream is closed)."""
     nonce = guest.new_nonce()
     try:
@@ -152,7 +152,7 @@ async def start_guest(
         yield event
 
 
-async def connect(session: AsyncSession, table: ProcessTable, process: Process) -> AsyncIterator[Event]:
+async def connect(session: AsyncSession, table: ProcessTable, process: Process) -> AsyncGenerator[Event, None]:
     """Follow a running process from what was delivered last."""
     yield Event("start", pid=process.pid)
     if process.nonce is None:
@@ -165,7 +165,7 @@ async def connect(session: AsyncSession, table: ProcessTable, process: Process) 
 
 async def _follow(
     session: AsyncSession, table: ProcessTable, process: Process, first: Frame | None = None
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     assert process.nonce is not None
     process.followers += 1
     out, err = process.delivered

@@ -68,6 +68,7 @@ class Sandbox:
     auto_pause: bool
     session: AsyncSession | None
     checkpoint: str | None = None
+    killed: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     shots: Shots = field(default_factory=Shots)
     processes: ProcessTable = field(default_factory=ProcessTable)
@@ -218,10 +219,12 @@ class SandboxBook:
         async with sandbox.lock:
             if self.sandboxes.pop(sandbox.id, None) is None:
                 return
+            sandbox.killed = True
             self._ended[sandbox.id] = hashlib.sha256(sandbox.access_token.encode()).hexdigest()
             while len(self._ended) > ENDED_REMEMBERED:
                 self._ended.popitem(last=False)
             session, sandbox.session = sandbox.session, None
+            sandbox.processes.clear()  # their streams end
             if session is not None:
                 with contextlib.suppress(FleetError):  # an ended lease: nothing left to give back
                     await session.release()
