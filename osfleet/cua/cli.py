@@ -20,12 +20,7 @@ def cua() -> None:
 
 @cua.command("serve")
 @click.option("--url", required=True, help="the host agent or gateway, e.g. http://127.0.0.1:8080")
-@click.option(
-    "--token-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="bearer token for --url (default: $OSFLEET_API_TOKEN)",
-)
+@file_option("--token-file", "bearer token for --url (default: $OSFLEET_API_TOKEN)")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="the address to listen on")
 @click.option(
     "--port",

@@ -298,27 +298,26 @@ async def write_text(desk: Desk, p: dict[str, Any]) -> Answer:
     return await _write(desk, _path(p), _text(p, "content").encode(), p.get("append") is True)
 
 
+async def _must(desk: Desk, command: str, otherwise: str) -> Answer:
+    """Run ``command`` as the desktop user; a failure is the command's error (what it printed, else ``otherwise``)."""
+    code, _, err = await _shell(desk, command)
+    if code != 0:
+        raise CommandError(err.strip() or otherwise)
+    return {}
+
+
 async def delete_file(desk: Desk, p: dict[str, Any]) -> Answer:
     path = shlex.quote(_path(p))
-    code, _, err = await _shell(desk, f"test -f {path} && rm -f -- {path}")
-    if code != 0:
-        raise CommandError(err.strip() or f"{_path(p)} is not a file")
-    return {}
+    return await _must(desk, f"test -f {path} && rm -f -- {path}", f"{_path(p)} is not a file")
 
 
 async def create_dir(desk: Desk, p: dict[str, Any]) -> Answer:
-    code, _, err = await _shell(desk, f"mkdir -p -- {shlex.quote(_path(p))}")
-    if code != 0:
-        raise CommandError(err.strip())
-    return {}
+    return await _must(desk, f"mkdir -p -- {shlex.quote(_path(p))}", f"{_path(p)} could not be made")
 
 
 async def delete_dir(desk: Desk, p: dict[str, Any]) -> Answer:
     path = shlex.quote(_path(p))
-    code, _, err = await _shell(desk, f"test -d {path} && rm -rf -- {path}")
-    if code != 0:
-        raise CommandError(err.strip() or f"{_path(p)} is not a folder")
-    return {}
+    return await _must(desk, f"test -d {path} && rm -rf -- {path}", f"{_path(p)} is not a folder")
 
 
 async def version(desk: Desk, p: dict[str, Any]) -> Answer:

@@ -59,40 +59,30 @@ def created(sandbox: Sandbox) -> dict[str, Any]:
     return model.to_dict()
 
 
+def _described(sandbox: Sandbox) -> dict[str, Any]:
+    """What ``GET /sandboxes/{id}`` and a list say of a sandbox alike: cpu, memory and disk are 0, which this server
+    does not know of a replica."""
+    return {
+        "template_id": sandbox.template,
+        "sandbox_id": sandbox.id,
+        "client_id": CLIENT_ID,
+        "started_at": _when(sandbox.started_at),
+        "end_at": _when(sandbox.end_at),
+        "envd_version": ENVD_VERSION,
+        "cpu_count": 0,
+        "memory_mb": 0,
+        "disk_size_mb": 0,
+        "state": SandboxState.PAUSED if sandbox.paused else SandboxState.RUNNING,
+        "metadata": sandbox.metadata,
+    }
+
+
 def detail(sandbox: Sandbox) -> dict[str, Any]:
-    """``GET /sandboxes/{id}``: cpu, memory and disk are 0, which this server does not know of a replica."""
-    model = SandboxDetail(
-        template_id=sandbox.template,
-        sandbox_id=sandbox.id,
-        client_id=CLIENT_ID,
-        started_at=_when(sandbox.started_at),
-        end_at=_when(sandbox.end_at),
-        envd_version=ENVD_VERSION,
-        cpu_count=0,
-        memory_mb=0,
-        disk_size_mb=0,
-        state=SandboxState.PAUSED if sandbox.paused else SandboxState.RUNNING,
-        envd_access_token=sandbox.access_token,
-        metadata=sandbox.metadata,
-    )
-    return model.to_dict()
+    return SandboxDetail(**_described(sandbox), envd_access_token=sandbox.access_token).to_dict()
 
 
 def listed(sandbox: Sandbox) -> dict[str, Any]:
-    model = ListedSandbox(
-        template_id=sandbox.template,
-        sandbox_id=sandbox.id,
-        client_id=CLIENT_ID,
-        started_at=_when(sandbox.started_at),
-        end_at=_when(sandbox.end_at),
-        cpu_count=0,
-        memory_mb=0,
-        disk_size_mb=0,
-        state=SandboxState.PAUSED if sandbox.paused else SandboxState.RUNNING,
-        envd_version=ENVD_VERSION,
-        metadata=sandbox.metadata,
-    )
-    return model.to_dict()
+    return ListedSandbox(**_described(sandbox)).to_dict()
 
 
 async def body_of(request: Request) -> dict[str, Any]:

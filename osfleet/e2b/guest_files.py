@@ -68,10 +68,8 @@ def resolve(path: str) -> str:
 
 def _find(path: str, depth: int) -> str:
     q = shlex.quote(path)
-    return (
-        f"[ -e {q} ] || [ -L {q} ] || exit {STATUS_NOT_FOUND}; "
-        f"find {q} -mindepth {depth and 1} -maxdepth {depth} -printf '{FIELDS}' | head -c {MAX_LISTING + 1}"
-    )
+    find = f"find {q} -mindepth {depth and 1} -maxdepth {depth} -printf '{FIELDS}'"
+    return f"{_there(q)}; {find} | head -c {MAX_LISTING + 1}"
 
 
 async def _run(session: AsyncSession, command: str) -> tuple[int, str, str]:
@@ -116,55 +114,55 @@ def parse_listing(text: str) -> list[Entry]:
 
 async def stat(session: AsyncSession, path: str) -> Entry:
     path = resolve(path)
-    code, out, err = await _run(session, _find(path, 0))
+    entries = parse_listing(await _checked(session, _find(path, 0), "stat", path))
+    if len(entries) != 1:
+        raise GuestFileError(502, f"stat {path}: the guest answered {len(entries)} records, not 1")
+    return entries[0]
+
+
+async def _checked(session: AsyncSession, command: str, what: str, path: str) -> str:
+    """Run ``command``; its exit statuses as errors (``STATUS_NOT_FOUND`` 404, ``STATUS_EXISTS`` 409, any other
+    failure 400 with what it printed); its output when it succeeded."""
+    code, out, err = await _run(session, command)
     if code == STATUS_NOT_FOUND:
         raise GuestFileError(404, f"{path} does not exist")
-    entries = parse_listing(out)
-    if code != 0 or len(entries) != 1:
-        raise GuestFileError(502, f"stat {path}: {err.strip()[:300] or 'no answer'}")
-    return entries[0]
+    if code == STATUS_EXISTS:
+        raise GuestFileError(409, f"{path} exists already")
+    if code != 0:
+        raise GuestFileError(400, f"{what} {path}: {err.strip()[:300]}")
+    return out
+
+
+def _there(q: str) -> str:
+    """A shell test that exits ``STATUS_NOT_FOUND`` unless the (quoted) path is there, a dangling link too."""
+    return f"[ -e {q} ] || [ -L {q} ] || exit {STATUS_NOT_FOUND}"
 
 
 async def list_dir(session: AsyncSession, path: str, depth: int) -> list[Entry]:
     path = resolve(path)
     if not 1 <= depth <= MAX_DEPTH:
         raise GuestFileError(400, f"depth {depth}: 1 to {MAX_DEPTH}")
-    code, out, err = await _run(session, f"[ -d {shlex.quote(path)} ] || exit {STATUS_NOT_FOUND}; {_find(path, depth)}")
-    if code == STATUS_NOT_FOUND:
-        raise GuestFileError(404, f"{path} is not a folder")
-    if code != 0:
-        raise GuestFileError(400, f"list {path}: {err.strip()[:300]}")
-    return parse_listing(out)
+    q = shlex.quote(path)
+    return parse_listing(
+        await _checked(session, f"[ -d {q} ] || exit {STATUS_NOT_FOUND}; {_find(path, depth)}", "list", path)
+    )
 
 
 async def make_dir(session: AsyncSession, path: str) -> Entry:
     path = resolve(path)
     q = shlex.quote(path)
-    code, _, err = await _run(session, f"[ -e {q} ] && exit {STATUS_EXISTS}; mkdir -p -- {q}")
-    if code == STATUS_EXISTS:
-        raise GuestFileError(409, f"{path} exists already")
-    if code != 0:
-        raise GuestFileError(400, f"make {path}: {err.strip()[:300]}")
+    await _checked(session, f"[ -e {q} ] && exit {STATUS_EXISTS}; mkdir -p -- {q}", "make", path)
     return await stat(session, path)
 
 
 async def move(session: AsyncSession, source: str, destination: str) -> Entry:
     source, destination = resolve(source), resolve(destination)
     q, d = shlex.quote(source), shlex.quote(destination)
-    there = f"[ -e {q} ] || [ -L {q} ] || exit {STATUS_NOT_FOUND}"
-    code, _, err = await _run(session, f'{there}; mkdir -p -- "$(dirname -- {d})" && mv -- {q} {d}')
-    if code == STATUS_NOT_FOUND:
-        raise GuestFileError(404, f"{source} does not exist")
-    if code != 0:
-        raise GuestFileError(400, f"move {source}: {err.strip()[:300]}")
+    await _checked(session, f'{_there(q)}; mkdir -p -- "$(dirname -- {d})" && mv -- {q} {d}', "move", source)
     return await stat(session, destination)
 
 
 async def remove(session: AsyncSession, path: str) -> None:
     path = resolve(path)
     q = shlex.quote(path)
-    code, _, err = await _run(session, f"[ -e {q} ] || [ -L {q} ] || exit {STATUS_NOT_FOUND}; rm -rf -- {q}")
-    if code == STATUS_NOT_FOUND:
-        raise GuestFileError(404, f"{path} does not exist")
-    if code != 0:
-        raise GuestFileError(400, f"remove {path}: {err.strip()[:300]}")
+    await _checked(session, f"{_there(q)}; rm -rf -- {q}", "remove", path)
