@@ -49,6 +49,22 @@ seen["running_after_kill"] = s.is_running()
 print(json.dumps(seen))
 """
 
+# The live view: stream.start(require_auth=True), then the URL e2b-desktop gives for it; stopped, the sandbox killed
+# when the caller closes standard input.
+STREAM = r"""
+import json, sys
+from e2b_desktop import Sandbox
+s = Sandbox.create(timeout=300)
+try:
+    s.stream.start(require_auth=True)
+    print(json.dumps({"url": s.stream.get_url(auth_key=s.stream.get_auth_key())}), flush=True)
+    sys.stdin.read()
+    s.stream.stop()
+    print(json.dumps({"stopped": True}), flush=True)
+finally:
+    s.kill()
+"""
+
 
 def make(folder: Path) -> str:
     """The venv's python, made in ``folder`` with e2b-desktop alone."""
@@ -63,13 +79,28 @@ def make(folder: Path) -> str:
     return python
 
 
+def environment(folder: Path, url: str, key: str) -> dict[str, str]:
+    """What E2B's SDK is given: the server for both planes, and the key."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(folder),
+        "E2B_API_KEY": key,
+        "E2B_API_URL": url,
+        "E2B_SANDBOX_URL": url,
+    }
+
+
 def run_flow(
     python: str, folder: Path, url: str, key: str, typed: str, settle: float
 ) -> subprocess.CompletedProcess[str]:
     """Run ``FLOW`` with the venv's python against the server at ``url``."""
     script = folder / "e2b_flow.py"
     script.write_text(FLOW)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "E2B_API_KEY": key, "E2B_API_URL": url, "E2B_SANDBOX_URL": url}
     return subprocess.run(
-        [python, str(script), typed, str(settle)], capture_output=True, text=True, env=env, cwd=folder, timeout=900
+        [python, str(script), typed, str(settle)],
+        capture_output=True,
+        text=True,
+        env=environment(folder, url, key),
+        cwd=folder,
+        timeout=900,
     )

@@ -186,6 +186,34 @@ def test_a_line_that_is_not_exactly_e2b_desktops_runs_in_the_guest(served: Serve
     assert "+ctrl" not in served.guest.timeline()
 
 
+def test_e2b_desktops_live_view_is_served_at_its_host_for_its_password(served: Served, sandbox: Sandbox) -> None:
+    run = sandbox.commands.run
+    with pytest.raises(CommandExitException, match="only with a password"):  # stream.start() without require_auth
+        run("x11vnc -bg -display :0 -forever -wait 50 -shared -rfbport 5900 -nopw 2>/tmp/x11vnc_stderr.log ")
+    with pytest.raises(CommandExitException):
+        run("pgrep -x x11vnc")  # e2b-desktop's "is the stream running?": no
+    run("x11vnc -storepasswd Pa55word0123abcd ~/.vnc/passwd")  # stream.start(require_auth=True)'s lines
+    run("x11vnc -bg -display :0 -forever -wait 50 -shared -rfbport 5900 -usepw 2>/tmp/x11vnc_stderr.log ")
+    novnc = "cd /opt/noVNC/utils && ./novnc_proxy --vnc localhost:5900 --listen 6080 --web /opt/noVNC"
+    proxy = run(f"{novnc} > /tmp/novnc.log 2>&1", background=True, timeout=0)
+    assert ":6080 " in run('netstat -tuln | grep ":6080 "').stdout
+    assert run("pgrep -x x11vnc").exit_code == 0
+    view = {"Host": f"6080-{sandbox.sandbox_id}.e2b.example.org"}
+    page = httpx.get(f"{served.url}/vnc.html", params={"password": "Pa55word0123abcd"}, headers=view)
+    assert page.status_code == 200 and b"frame.jpg" in page.content
+    frame = httpx.get(f"{served.url}/frame.jpg", params={"password": "Pa55word0123abcd"}, headers=view)
+    assert frame.headers["content-type"] == "image/jpeg" and Image.open(io.BytesIO(frame.content)).size == (1920, 1080)
+    assert httpx.get(f"{served.url}/frame.jpg", params={"password": "guess"}, headers=view).status_code == 401
+    daemon = {"Host": f"49983-{sandbox.sandbox_id}.e2b.example.org"}  # the domain mode's daemon host: the routes
+    assert (
+        httpx.get(f"{served.url}/frame.jpg", params={"password": "Pa55word0123abcd"}, headers=daemon).status_code == 404
+    )
+    run("pkill x11vnc")  # stream.stop()
+    proxy.kill()
+    assert httpx.get(f"{served.url}/vnc.html", params={"password": "Pa55word0123abcd"}, headers=view).status_code == 404
+    assert served.guest.launched == []  # none of it ran in the guest
+
+
 # --- files ---------------------------------------------------------------------------------------------------------
 def test_files_go_through_the_fleets_files_endpoint_as_the_desktop_user(served: Served, sandbox: Sandbox) -> None:
     sandbox.files.write("/home/user/e2b.txt", "hello from e2b")

@@ -14,6 +14,7 @@ from osfleet.e2b.guest_commands import GuestProtocolError
 from osfleet.e2b.guest_files import GuestFileError
 
 pytestmark = pytest.mark.unit
+NOVNC = "cd /opt/noVNC/utils && ./novnc_proxy --vnc localhost:5900 --listen 6080 --web /opt/noVNC"  # e2b-desktop's
 
 
 def b64(data: bytes) -> str:
@@ -50,6 +51,13 @@ def test_a_frame_is_its_header_and_two_base64_lines() -> None:
 def test_anything_else_from_the_guest_is_refused_whole(answer: str, why: str) -> None:
     with pytest.raises(GuestProtocolError, match=why):
         guest_commands.parse_frame(answer)
+
+
+def test_a_view_without_a_password_and_any_other_x11vnc_line_are_refused_with_the_reason() -> None:
+    nopw = desktop_lines.recognise("x11vnc -bg -display :0 -forever -rfbport 5900 -nopw")
+    assert nopw is not None and nopw.exit_code == 1 and "require_auth=True" in nopw.reason
+    other = desktop_lines.recognise("x11vnc -storepasswd short ~/.vnc/passwd; curl evil")
+    assert other is not None and other.kind == "status" and other.exit_code == 1
 
 
 def test_an_environment_is_quoted_for_the_shell_or_refused() -> None:
@@ -92,6 +100,20 @@ def test_an_environment_is_quoted_for_the_shell_or_refused() -> None:
             "status",
             (),
         ),
+        (
+            "x11vnc -bg -display :0 -forever -wait 50 -shared -rfbport 5900 -usepw 2>/tmp/x11vnc_stderr.log ",
+            "view_start",
+            (),
+        ),
+        ("x11vnc -storepasswd abcdEFGH12345678 ~/.vnc/passwd", "view_password", ()),
+        (
+            NOVNC + " > /tmp/novnc.log 2>&1",
+            "view_proxy",
+            (),
+        ),
+        ('netstat -tuln | grep ":6080 "', "view_port", ()),
+        ("pgrep -x x11vnc", "view_status", ()),
+        ("pkill x11vnc", "view_stop", ()),
     ],
 )
 def test_e2b_desktops_lines_are_recognised(line: str, kind: str, actions: tuple[dict[str, object], ...]) -> None:
@@ -112,6 +134,8 @@ def test_e2b_desktops_lines_are_recognised(line: str, kind: str, actions: tuple[
         "Xvfb :1 -ac",  # another display
         "sleep 100000",
         "xdotool search --onlyvisible --class xterm",  # a real query: the guest's
+        NOVNC + "; rm -rf ~",
+        'netstat -tuln | grep ":6080 "; reboot',
     ],
 )
 def test_anything_else_is_the_guests_to_run(line: str) -> None:

@@ -6,9 +6,10 @@ overlap (``/sandboxes``, ``/v2/sandboxes`` for the one; ``/health``, ``/files``,
 timeout passed (every ``EXPIRY_SECONDS``), and shutting down kills them all, so no lease outlives the server that
 took it.
 
-A request carrying ``Origin`` comes from a web page: it must be one of the allowed origins (default: this server's
-own), else 403, so a page a browser opens cannot drive the desktops of a key the browser never had (the SDKs send
-no ``Origin``).
+A request whose ``Host`` names a sandbox's view (``<port>-<sandbox id>.<domain>``) goes to its live view
+(``live_view``). A request carrying ``Origin`` comes from a web page: it must be one of the allowed origins
+(default: this server's own), else 403, so a page a browser opens cannot drive the desktops of a key the browser
+never had (the SDKs send no ``Origin``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from osfleet.client import FleetError
 from osfleet.e2b import control, envd
 from osfleet.e2b.errors import E2BError
+from osfleet.e2b.live_view import LiveView
 from osfleet.e2b.sandboxes import SandboxBook
 from osfleet.serving_gate import own_origins
 
@@ -104,7 +106,7 @@ def create_app(book: SandboxBook, origins: Sequence[str] | None = None) -> ASGIA
         lifespan=lifespan,
     )
     app.state.book = book
-    return OriginGate(app, origins)
+    return OriginGate(LiveView(app, book), origins)
 
 
 async def _expire(book: SandboxBook) -> None:

@@ -6,7 +6,7 @@ and reads the file back, moves and clicks with ``xdotool``, types with ``xdotool
 ``xrandr`` for the screen's size. An osfleet desktop is already running, and its input and screen belong to the
 hypervisor (QEMU's input events, the framebuffer), so those lines become osfleet actions and observations:
 
-- ``scrot [--pointer] PATH``: the screen as PNG, kept here under PATH (``Shots``): ``files.read`` and
+- ``scrot [--pointer] PATH``: the screen as PNG, kept here under PATH (``DesktopState``): ``files.read`` and
   ``files.remove`` of that path are answered from it; the guest's disk is not touched.
 - ``xdotool mousemove [--sync] X Y``, ``click [--repeat N] [--delay D] B``, ``mousedown B``, ``mouseup B``,
   ``getmouselocation``, ``type [--delay D] [--] TEXT``, ``key [--delay D] K[+K...]...``, ``keydown K``, ``keyup K``:
@@ -14,7 +14,10 @@ hypervisor (QEMU's input events, the framebuffer), so those lines become osfleet
 - ``Xvfb :0 ...`` and ``startxfce4``: the desktop runs already; they answer as processes that run until killed.
   ``xdpyinfo -display :0`` and e2b-desktop's ``pgrep`` check of XFCE answer that it is up; ``xrandr`` its size.
 - ``sleep S``: waited here.
-- ``x11vnc ...`` (the live view's server): refused with the reason (exit status 1): the view is not served.
+- the live view (``stream.start()``): ``x11vnc -storepasswd PASSWORD ~/.vnc/passwd``, ``x11vnc -bg -display :0 ...
+  -usepw``, ``novnc_proxy --listen PORT`` (a process until killed), ``netstat`` for its port, ``pgrep -x x11vnc`` and
+  ``pkill x11vnc`` keep the view's state here; ``live_view`` serves it (the screen, view-only) at the URL
+  e2b-desktop gives, for the password. Without one (``-nopw``) x11vnc is refused with the reason.
 
 A line is recognised only when it is exactly what ``shlex.join`` makes of its words (so nothing in it is expanded
 or redirected by a shell) and its words are one of the forms above; anything else, ``xdotool`` included (window
@@ -40,15 +43,37 @@ MAX_SHOTS = 16  # screenshots kept for files.read at once (e2b-desktop reads and
 MAX_SLEEP = 600.0  # seconds a ``sleep`` line may ask for
 MAX_REPEAT = 100  # clicks one ``xdotool click --repeat`` may ask for
 XFCE_CHECK = "pgrep -x xfce4-session >/dev/null && pgrep -x xfwm4 >/dev/null && pgrep -x xfdesktop >/dev/null"
-LIVE_VIEW = (
-    "osfleet e2b serve: the live view (e2b-desktop's stream: x11vnc and noVNC) is not served; the screen is "
-    "there through screenshot() (docs: how-to/e2b.md, the domain mode)"
+LIVE_VIEW = "osfleet e2b serve: this x11vnc line is not one of e2b-desktop's stream.start() (docs: how-to/e2b.md)"
+LIVE_VIEW_NEEDS_AUTH = (
+    "osfleet e2b serve: the live view is served only with a password: stream.start(require_auth=True), then "
+    "stream.get_url(auth_key=stream.get_auth_key()) (docs: how-to/e2b.md, the domain mode)"
 )
 KEY_WORD = re.compile(r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$")
 INT = re.compile(r"^-?\d{1,6}$")
 CLICKS = {"1": "left", "2": "middle", "3": "right", "8": "back", "9": "forward"}
 WHEEL = {"4": ("clicks", -1), "5": ("clicks", 1), "6": ("clicks_x", -1), "7": ("clicks_x", 1)}
-Kind = Literal["step", "screenshot", "cursor", "xrandr", "xdpyinfo", "sleep", "running", "status"]
+Kind = Literal[
+    "step",
+    "screenshot",
+    "cursor",
+    "xrandr",
+    "xdpyinfo",
+    "sleep",
+    "running",
+    "status",
+    "view_password",
+    "view_start",
+    "view_proxy",
+    "view_port",
+    "view_status",
+    "view_stop",
+]
+NOVNC = re.compile(
+    r"^cd /opt/noVNC/utils && \./novnc_proxy --vnc localhost:\d{1,5} --listen (\d{1,5}) --web /opt/noVNC "
+    r"> /tmp/novnc\.log 2>&1$"
+)
+NETSTAT = re.compile(r'^netstat -tuln \| grep ":(\d{1,5}) "$')
+PASSWORD = re.compile(r"^[A-Za-z0-9]{8,64}$")
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,7 @@ class Line:
     seconds: float = 0.0
     exit_code: int = 0
     reason: str = ""
+    port: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,12 +101,16 @@ class Outcome:
 
 
 @dataclass
-class Shots:
-    """The screenshots taken for ``scrot`` lines, by path, until read and removed (the oldest go past
-    ``MAX_SHOTS``); and the screen's size once known."""
+class DesktopState:
+    """What e2b-desktop's lines leave here for a sandbox: the screenshots taken for ``scrot`` lines, by path, until
+    read and removed (the oldest go past ``MAX_SHOTS``); the screen's size once known; and its live view (the
+    password ``x11vnc -storepasswd`` set, whether "x11vnc" runs, the port "noVNC" listens on: ``live_view``)."""
 
     files: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
     size: tuple[int, int] | None = None
+    view_password: str | None = None
+    view_running: bool = False
+    view_port: int | None = None
 
     def keep(self, path: str, data: bytes) -> None:
         self.files[path] = data
@@ -98,8 +128,12 @@ def recognise(command: str) -> Line | None:
     """The line as one of e2b-desktop's (``None``: not one; it runs in the guest)."""
     if command == XFCE_CHECK:
         return Line("status", exit_code=0)
-    if command.split(maxsplit=1)[:1] == ["x11vnc"]:  # refused whatever follows: nothing of it runs
-        return Line("status", exit_code=1, reason=LIVE_VIEW)
+    if command.split(maxsplit=1)[:1] == ["x11vnc"]:  # answered or refused whatever follows: nothing of it runs
+        return _x11vnc(command.split())
+    if novnc := NOVNC.match(command):
+        return Line("view_proxy", port=int(novnc.group(1)))
+    if netstat := NETSTAT.match(command):
+        return Line("view_port", port=int(netstat.group(1)))
     try:
         words = shlex.split(command)
     except ValueError:
@@ -121,7 +155,23 @@ def recognise(command: str) -> Line | None:
             return Line("sleep", seconds=float(seconds))
         case ["xdotool", *rest]:
             return _xdotool(rest)
+        case ["pgrep", "-x", "x11vnc"]:
+            return Line("view_status")
+        case ["pkill", "x11vnc"]:
+            return Line("view_stop")
     return None
+
+
+def _x11vnc(words: list[str]) -> Line:
+    """e2b-desktop's x11vnc lines: the password stored, then the server started on the display with it. A view
+    without a password (``-nopw``) is refused: its URL would let anyone who learns it watch the desktop."""
+    if len(words) == 4 and words[1] == "-storepasswd" and words[3] == "~/.vnc/passwd" and PASSWORD.match(words[2]):
+        return Line("view_password", path=words[2])
+    if words[1:2] == ["-bg"] and "-display" in words and words[words.index("-display") + 1 :][:1] == [DISPLAY]:
+        if "-usepw" in words:
+            return Line("view_start")
+        return Line("status", exit_code=1, reason=LIVE_VIEW_NEEDS_AUTH)
+    return Line("status", exit_code=1, reason=LIVE_VIEW)
 
 
 def _shot_path(path: str) -> bool:
@@ -195,7 +245,7 @@ def _click(button: str, repeat: int) -> Line | None:
     return None
 
 
-async def answer(line: Line, session: AsyncSession, shots: Shots) -> Outcome:
+async def answer(line: Line, session: AsyncSession, shots: DesktopState) -> Outcome:
     """Do what ``line`` asks with the fleet and answer as the program would have. An action the desktop refuses
     answers status 1 with the reason; a failure of the lease or the fleet raises (``FleetError``)."""
     try:
@@ -208,7 +258,7 @@ async def answer(line: Line, session: AsyncSession, shots: Shots) -> Outcome:
         raise
 
 
-async def _answer(line: Line, session: AsyncSession, shots: Shots) -> Outcome:
+async def _answer(line: Line, session: AsyncSession, shots: DesktopState) -> Outcome:
     match line.kind:
         case "step":
             if line.actions:
@@ -234,4 +284,29 @@ async def _answer(line: Line, session: AsyncSession, shots: Shots) -> Outcome:
             return Outcome(0)
         case "running":
             return Outcome(0, running=True)
+        case "view_password":
+            shots.view_password = line.path
+            return Outcome(0)
+        case "view_start":
+            if shots.view_password is None:
+                return Outcome(1, stderr=b"x11vnc -usepw: no password was stored (x11vnc -storepasswd)\n")
+            shots.view_running = True
+            return Outcome(0)
+        case "view_proxy":
+            if not shots.view_running:
+                return Outcome(1, stderr=b"novnc_proxy: no VNC server runs (x11vnc)\n")
+            shots.view_port = line.port
+            return Outcome(0, running=True)
+        case "view_port":
+            if shots.view_port != line.port:
+                return Outcome(1)
+            return Outcome(
+                0, f"tcp        0      0 0.0.0.0:{line.port}            0.0.0.0:*               LISTEN\n".encode()
+            )
+        case "view_status":
+            return Outcome(0 if shots.view_running else 1, b"1\n" if shots.view_running else b"")
+        case "view_stop":
+            was = shots.view_running
+            shots.view_running, shots.view_port = False, None
+            return Outcome(0 if was else 1)
     return Outcome(line.exit_code, stderr=f"{line.reason}\n".encode() if line.reason else b"")

@@ -192,7 +192,7 @@ class ProcessService(process_connect.Process):
         session = await guarded(sandbox, _ready(sandbox))
         line = desktop_lines.recognise(command)
         if line is not None:
-            outcome = await guarded(sandbox, desktop_lines.answer(line, session, sandbox.shots))
+            outcome = await guarded(sandbox, desktop_lines.answer(line, session, sandbox.desktop))
             if outcome.running:
                 process = processes.start_answered(sandbox.processes, command, tag)
                 async for event in processes.follow_answered(process):
@@ -358,8 +358,8 @@ class FilesystemService(filesystem_connect.Filesystem):
     ) -> filesystem_pb.StatResponse:
         async def do(sandbox: Sandbox, session: AsyncSession) -> filesystem_pb.StatResponse:
             path = guest_files.resolve(request.path)
-            if path in sandbox.shots.files:
-                return filesystem_pb.StatResponse(entry=_shot_entry(path, sandbox.shots.files[path]))
+            if path in sandbox.desktop.files:
+                return filesystem_pb.StatResponse(entry=_shot_entry(path, sandbox.desktop.files[path]))
             return filesystem_pb.StatResponse(entry=_entry(await guest_files.stat(session, path)))
 
         return await self._call(ctx, do)
@@ -395,7 +395,7 @@ class FilesystemService(filesystem_connect.Filesystem):
     ) -> filesystem_pb.RemoveResponse:
         async def do(sandbox: Sandbox, session: AsyncSession) -> filesystem_pb.RemoveResponse:
             path = guest_files.resolve(request.path)
-            if sandbox.shots.files.pop(path, None) is None:
+            if sandbox.desktop.files.pop(path, None) is None:
                 await guest_files.remove(session, path)
             return filesystem_pb.RemoveResponse()
 
@@ -441,8 +441,8 @@ async def read_file(book: SandboxBook, request: Request) -> Response:
     try:
         sandbox = _http_sandbox(book, request)
         path = guest_files.resolve(request.query_params.get("path", ""))
-        if path in sandbox.shots.files:
-            return Response(sandbox.shots.files[path], media_type="application/octet-stream")
+        if path in sandbox.desktop.files:
+            return Response(sandbox.desktop.files[path], media_type="application/octet-stream")
         session = _session(sandbox)
         try:
             data = await session.download(path)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from osfleet.client import AsyncFleet, AuthenticationError, FleetError, NotFoundError
 from osfleet.client.fleet import AsyncSession
-from osfleet.e2b.desktop_lines import Shots
+from osfleet.e2b.desktop_lines import DesktopState
 from osfleet.e2b.errors import E2BError, from_fleet
 from osfleet.e2b.processes import ProcessTable
 
@@ -70,7 +70,7 @@ class Sandbox:
     checkpoint: str | None = None
     killed: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    shots: Shots = field(default_factory=Shots)
+    desktop: DesktopState = field(default_factory=DesktopState)
     processes: ProcessTable = field(default_factory=ProcessTable)
 
     @property
