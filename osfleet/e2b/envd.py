@@ -101,6 +101,8 @@ async def guarded(sandbox: Sandbox | None, call: Awaitable[T]) -> T:
             raise connect_error(_gone(sandbox)) from None
         raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
     except FleetError as exc:
+        if sandbox is not None and sandbox.session is None:  # killed or paused while the call was in flight
+            raise connect_error(_gone(sandbox)) from None
         raise connect_error(lease_gone(sandbox, exc) if sandbox else from_fleet(exc)) from None
 
 
