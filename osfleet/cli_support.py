@@ -70,15 +70,23 @@ def interrupt_on_signals() -> None:
         signal.signal(sig, interrupt)
 
 
+GRACEFUL_SECONDS = 10.0  # what a server's open streams get to end after SIGTERM/SIGINT/SIGHUP (``serve``)
+
+
 def serve(app: Any, host: str, port: int, log_level: str, **options: Any) -> None:
     """Run an ASGI app with uvicorn until a signal stops it, with its graceful shutdown (the app's lifespan:
     replicas' state, recordings, the evaluation sandbox) on SIGHUP as on SIGINT and SIGTERM: uvicorn handles
     only those two, and a bare SIGHUP would end the event loop without any shutdown. ``options``: more of
-    uvicorn's ``Config`` (a listener's TLS files)."""
+    uvicorn's ``Config`` (a listener's TLS files).
+
+    Open streams (a long-poll, a followed command, a live view) get ``GRACEFUL_SECONDS`` to end after the signal,
+    then are cut: uvicorn would otherwise wait for them for ever, and a client that keeps one open would keep the
+    server (and what its shutdown releases) up after SIGTERM."""
     import signal
 
     import uvicorn
 
+    options.setdefault("timeout_graceful_shutdown", GRACEFUL_SECONDS)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, **options))
     before = signal.signal(signal.SIGHUP, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
     try:
