@@ -38,8 +38,9 @@ try:
     )
     from anthropic.types.beta import BetaComputerToolsetConfigsParam, BetaToolComputerUse20251124Param
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        f"osfleet.client.anthropic needs Anthropic's SDK: pip install 'osfleet[anthropic]' ({exc})"
+    # ModuleNotFoundError naming the module, like Python's own: a tool that walks the package sees an extra missing.
+    raise ModuleNotFoundError(
+        f"osfleet.client.anthropic needs Anthropic's SDK: pip install 'osfleet[anthropic]' ({exc})", name=exc.name
     ) from None
 
 from osfleet.client.computer_use import (

@@ -28,7 +28,10 @@ from typing import Any, Literal, TypeVar
 try:
     import agents
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(f"osfleet.client.openai needs OpenAI's SDK: pip install 'osfleet[openai]' ({exc})") from None
+    # ModuleNotFoundError naming the module, like Python's own: a tool that walks the package sees an extra missing.
+    raise ModuleNotFoundError(
+        f"osfleet.client.openai needs OpenAI's SDK: pip install 'osfleet[openai]' ({exc})", name=exc.name
+    ) from None
 
 from osfleet.client.computer_use import OPENAI_WAIT_SECONDS, View, openai_actions, run, screen_size
 from osfleet.client.errors import FleetError, InvalidActionError
