@@ -50,10 +50,13 @@ def lab(engine: str) -> Iterator[LabState]:
 
 
 @pytest.fixture
-def lab_stack(lab: LabState, tmp_path: Path) -> Iterator[Any]:
+def lab_stack(lab: LabState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A throwaway stack on the lab in a folder of its own, its state removed afterwards."""
     from pulumi import automation as auto
 
+    # The inline program finds the lab from OSFLEET_HOME when it runs: pinned to this lab's home, since an
+    # earlier test of this xdist worker may have left another there (``engine.stack`` exports its settings).
+    monkeypatch.setenv("OSFLEET_HOME", str(Path(lab.root).parent))
     st = stack(STACK, work_dir=tmp_path)
     st.set_config("osfleet:platform", auto.ConfigValue("lab"))
     st.set_config("osfleet:hosts", auto.ConfigValue("2"))

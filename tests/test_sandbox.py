@@ -287,11 +287,13 @@ def test_a_dead_zygote_is_an_infrastructure_error_then_restarted(files: Path) ->
         t = threading.Thread(target=run)
         t.start()
         zygote = psutil.Process(box.pid())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # generous: in CI's system tier two workers share two busy cores
         while not zygote.children() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert zygote.children(), "the evaluation never reached the zygote"
         zygote.kill()
-        t.join(20)
+        t.join(60)
+        assert out, "the evaluation did not end when its zygote died"
         assert isinstance(out[0], SandboxError)
         assert box.run("literal_match", "a", "a", {})[0] == 1.0  # a new zygote
     finally:
