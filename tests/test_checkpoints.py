@@ -92,7 +92,7 @@ def test_a_name_that_cannot_be_a_file_name_is_422(client: TestClient, name: str)
 
 
 @unit
-def test_a_taken_name_is_409_and_a_full_quota_507_with_the_figure(client: TestClient, fake: FakeHost) -> None:
+def test_a_taken_name_is_409_and_a_full_quota_409_quota_with_the_figure(client: TestClient, fake: FakeHost) -> None:
     rid, lid = lease(client, A)
     assert save(client, rid, lid, "one", A)[0] == 201
     status, body = save(client, rid, lid, "one", A)
@@ -100,7 +100,7 @@ def test_a_taken_name_is_409_and_a_full_quota_507_with_the_figure(client: TestCl
     for i in range(fake.checkpoints.max_count - 1):
         assert save(client, rid, lid, f"n{i}", A)[0] == 201
     status, body = save(client, rid, lid, "over", A)
-    assert status == 507 and body["kind"] == "quota" and f"at most {fake.checkpoints.max_count}" in body["error"]
+    assert status == 409 and body["kind"] == "quota" and f"at most {fake.checkpoints.max_count}" in body["error"]
     rid_b, lid_b = lease(client, B)
     assert save(client, rid_b, lid_b, "one", B)[0] == 201  # bob's quota and names are his own
 
@@ -126,7 +126,7 @@ def test_deleting_a_name_no_checkpoint_can_have_is_404(client: TestClient, name:
 @unit
 def test_the_book_counts_bytes_and_one_name_is_saved_once_under_a_race(tmp_path: Path) -> None:
     book = CheckpointBook(tmp_path, max_count=10, max_bytes=100)
-    with pytest.raises(CheckpointQuotaError, match="would pass its"), book.reserving("alice", "big", 101):
+    with pytest.raises(CheckpointQuotaError, match="larger than its quota"), book.reserving("alice", "big", 101):
         pass
     with pytest.raises(CheckpointNameError), book.reserving("alice", "a/b", 1):
         pass

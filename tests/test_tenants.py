@@ -35,6 +35,15 @@ TASK = {
     "instruction": "Run something.",
     "criteria": [{"name": "ran", "check": {"type": "command_output", "command": "check", "match": {"equals": "yes"}}}],
 }
+OSGYM_TASK = {  # OSWorld's form, as OSGym's /reset takes it (scored in the evaluation jail)
+    "id": "t1",
+    "instruction": "i",
+    "evaluator": {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": "check"},
+        "expected": {"type": "rule", "rules": {"expected": "yes"}},
+    },
+}
 
 
 # --- the clients file -------------------------------------------------------------------------------------------
@@ -272,16 +281,7 @@ def test_only_the_operators_token_may_name_the_client_it_acts_for(client: TestCl
 def test_osgym_vms_are_their_clients_and_an_expired_vm_never_drives_a_newer_one(
     client: TestClient, fake: FakeHost
 ) -> None:
-    osworld = {
-        "id": "t1",
-        "instruction": "i",
-        "evaluator": {
-            "func": "exact_match",
-            "result": {"type": "vm_command_line", "command": "check"},
-            "expected": {"type": "rule", "rules": {"expected": "yes"}},
-        },
-    }
-    r = client.post("/reset", json={"task_config": osworld, "timeout": 600}, headers=A)
+    r = client.post("/reset", json={"task_config": OSGYM_TASK, "timeout": 600}, headers=A)
     assert r.status_code == 200, r.text
     vm = r.json()["vm_id"]
     for method, path, body in [
@@ -302,7 +302,7 @@ def test_osgym_vms_are_their_clients_and_an_expired_vm_never_drives_a_newer_one(
         fake.release(due_rid, due_lease)  # what the monitor does
     for other in [r.id for r in fake.replicas() if r.id != rid]:
         fake.retire(other)  # so the next vm is on the same replica
-    r = client.post("/reset", json={"task_config": osworld, "timeout": 600}, headers=A)
+    r = client.post("/reset", json={"task_config": OSGYM_TASK, "timeout": 600}, headers=A)
     assert r.status_code == 200 and r.json()["vm_id"] != vm
     # its episode ended and the replica's new one has another vm id: the old id names no vm (never the new one)
     assert client.post("/step", json={"action": "click(3,4)", "vm_id": vm}, headers=A).status_code == 404
@@ -312,16 +312,7 @@ def test_osgym_vms_are_their_clients_and_an_expired_vm_never_drives_a_newer_one(
 
 @pytest.mark.system
 def test_osgym_finish_releases_the_vm_even_when_scoring_fails(client: TestClient, fake: FakeHost) -> None:
-    osworld = {
-        "id": "t1",
-        "instruction": "i",
-        "evaluator": {
-            "func": "exact_match",
-            "result": {"type": "vm_command_line", "command": "check"},
-            "expected": {"type": "rule", "rules": {"expected": "yes"}},
-        },
-    }
-    vm = client.post("/reset", json={"task_config": osworld, "timeout": 600}, headers=A).json()["vm_id"]
+    vm = client.post("/reset", json={"task_config": OSGYM_TASK, "timeout": 600}, headers=A).json()["vm_id"]
     rid = next(r.id for r in fake.replicas() if r.lease is not None)
 
     def broken(*args: Any, **kw: Any) -> dict[str, Any]:

@@ -21,9 +21,11 @@ client gets a share, and what is past its share is refused to *it*, 429 with ``R
 
 What a client keeps on the host (saved forks and its checkpoints, counted together against the host-wide fork
 budget; recordings) is bounded the same way by a share of each budget (``--client-share``, default
-``osfleet.config.DEFAULT_CLIENT_SHARE``); past it the answer is 507 ``quota`` (a share that frees only when the
-client releases or deletes), never a 503, and never another client's loss (``Ledger.keeping``;
-``osfleet.recording.recorder`` drops the largest holder's recordings first).
+``osfleet.config.DEFAULT_CLIENT_SHARE``); past it the answer is the client's own 4xx with the reason
+(``Ledger.keeping``, ``osfleet.replicas.quota``): 409 ``quota`` when what it keeps fills its share (it frees only
+when the client releases or deletes), 413 for one larger than the whole share, 429 when only its own saves under way
+are in the way. Never a 503 or a 507, which say the host is short of something, and never another client's loss
+(``osfleet.recording.recorder`` drops the largest holder's recordings first).
 
 The operator (the server's own token, with no client named) is not a tenant: its requests are not counted.
 """
@@ -45,12 +47,14 @@ from pathlib import Path
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from osfleet.api import auth
+from osfleet.api import auth, osgym_turn
 from osfleet.api.auth import Principal
-from osfleet.api.errors import ShareFull, Throttled
+from osfleet.api.errors import LargerThanShare, SavesPending, ShareFull, Throttled
 from osfleet.api.host import AgentHost
+from osfleet.api.limits import content_length, refuse_too_large
 from osfleet.config import DEFAULT_CLIENT_SHARE
 from osfleet.replicas.errors import CapacityError
+from osfleet.replicas.quota import Refusals, refuse_past
 from osfleet.tasks.jail.sandbox import MAX_JOBS
 
 SPARE_REQUESTS = 16  # a client's requests in flight whatever it holds (leases asked for, listings, its checkpoints)
@@ -59,6 +63,7 @@ BODY_SHARE = 4  # a client's bodies being received: at most this many times the 
 RETRY_AFTER_SECONDS = 1
 EVALUATION_RETRY_AFTER_SECONDS = 5  # an evaluation takes seconds: sooner would only be refused again
 DISK_RESERVE_SHARE = 20  # a fork or checkpoint leaves at least 1/N of its file systems free (replicas' overlays)
+SHARE_REFUSALS = Refusals(full=ShareFull, too_large=LargerThanShare, pending=SavesPending)
 LEASES_CACHE_SECONDS = 1.0  # how long a client's count of leases is reused (it is counted only past the spare)
 # A replica's operations whose body waits for the same client's earlier request on that replica (not the tunnel's
 # bytes: ``PUT /v1/replicas/{rid}/tunnel`` never takes the replica's lock).
@@ -179,10 +184,12 @@ class Ledger:
 
     @contextmanager
     def keeping(self, host: AgentHost, who: Principal, new_bytes: int) -> Iterator[None]:
-        """Room for one more saved fork or checkpoint of ``who`` (about ``new_bytes``), held while it is saved:
-        507 ``quota`` past the client's share of the host's fork budget (``ShareFull``: its forks and checkpoints
-        counted together, with those being saved), 503 ``capacity`` when the host's disk or memory file system
-        would keep less than 1/``DISK_RESERVE_SHARE`` free (that is no client's excess)."""
+        """Room for one more saved fork or checkpoint of ``who`` (about ``new_bytes``), held while it is saved. Past
+        the client's share of the host's fork budget (its forks and checkpoints counted together, with those being
+        saved) it is refused as its own excess (``osfleet.replicas.quota``): 409 ``quota`` when what it keeps fills
+        the share, 413 when this one alone is larger than the share, 429 when only its own saves under way make it
+        not fit. 503 ``capacity`` when the host's disk or memory file system would keep less than
+        1/``DISK_RESERVE_SHARE`` free (that is no client's excess)."""
         leave_free(host, new_bytes)
         if who.operator:
             yield
@@ -190,13 +197,16 @@ class Ledger:
         cap = int(host.settings.fork_max_bytes * self.shares.share)
         held = kept_bytes(host, who.name)
         with self._lock:
-            pending = self.keeping_bytes[who.name]
-            if held + pending + new_bytes > cap:
-                raise ShareFull(
-                    f"this client's saved forks and checkpoints hold {(held + pending) >> 20} MiB on this host; "
-                    f"another (~{new_bytes >> 20} MiB) would pass its share of the host's fork budget "
-                    f"({cap >> 20} MiB): release forked replicas or delete a checkpoint first"
-                )
+            refuse_past(
+                held,
+                self.keeping_bytes[who.name],
+                new_bytes,
+                cap,
+                SHARE_REFUSALS,
+                holding="this client's saved forks and checkpoints",
+                limit=f"its share of the host's fork budget ({cap >> 20} MiB)",
+                remedy="release forked replicas or delete a checkpoint first",
+            )
             self.keeping_bytes[who.name] += new_bytes
         try:
             yield
@@ -252,12 +262,20 @@ def leave_free(host: AgentHost, new_bytes: int) -> None:
 
 class Admission:
     """ASGI middleware inside ``AuthBeforeBody``: counts each client's requests in, refuses what is past its share
-    (429, the body unread), and makes a body for a replica wait for its client's previous one there."""
+    (429, the body unread), and makes a body for a replica wait for its client's previous one there (OSGym's step
+    too, its body bounded and read first: ``osgym_turn``)."""
 
-    def __init__(self, app: ASGIApp, ledger: Callable[[], Ledger | None], max_body_bytes: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        ledger: Callable[[], Ledger | None],
+        max_body_bytes: Callable[[], int],
+        vm_replica: osgym_turn.VmReplica | None = None,
+    ) -> None:
         self.app = app
         self.ledger = ledger
         self.max_body_bytes = max_body_bytes
+        self.vm_replica = vm_replica
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ledger = self.ledger() if scope["type"] == "http" else None
@@ -272,6 +290,9 @@ class Admission:
             await refuse(send, exc, body_unread=body > 0)
             return
         try:
+            if body and scope["method"] == "POST" and scope["path"] == osgym_turn.PATH and self.vm_replica:
+                await self._osgym_step(ledger, who, scope, receive, send)
+                return
             match = ONE_AT_A_TIME.match(scope["path"]) if body else None
             if match is None or scope["method"] not in ("POST", "PUT", "DELETE"):
                 await self.app(scope, receive, send)
@@ -282,10 +303,36 @@ class Admission:
         finally:
             ledger.done(who.name, body)
 
+    async def _osgym_step(self, ledger: Ledger, who: Principal, scope: Scope, receive: Receive, send: Send) -> None:
+        """OSGym's step: its body bounded and read, then its vm's replica's turn taken (``osgym_turn``). A chunked
+        body is read up to the bound (its declared size for the ledger is the server's limit, not its own)."""
+        assert self.vm_replica is not None
+        declared = content_length(scope)
+        if declared is not None and declared > osgym_turn.MAX_STEP_BODY:
+            await refuse_too_large(send, osgym_turn.too_large(declared))
+            return
+        read = await osgym_turn.read_bounded(receive)
+        if read is None:
+            await refuse_too_large(send, osgym_turn.too_large(None))
+            return
+        data, messages = read
+        replayed = osgym_turn.replaying(messages, receive)
+        rid = osgym_turn.replica_of(data, who, self.vm_replica)
+        if rid is None:  # not parsed, or not the caller's vm: its route answers at once
+            await self.app(scope, replayed, send)
+            return
+        with ledger.turn((who.name, rid)) as turn:
+            async with turn:
+                await self.app(scope, replayed, send)
+
 
 def _client(scope: Scope) -> Principal | None:
-    """The request's tenant; None for the operator, and for a caller not known (its route answers 401)."""
-    who = auth.principal_if_any(HTTPConnection(scope))
+    """The request's tenant (on OSGym's endpoints, an address of the OSGym allow-list is one too); None for the
+    operator, and for a caller not known (its route answers 401)."""
+    conn = HTTPConnection(scope)
+    who = auth.principal_if_any(conn)
+    if who is None and scope["path"] in auth.OSGYM_PATHS:
+        who = auth.osgym_address_principal(conn)
     return None if who is None or who.operator else who
 
 

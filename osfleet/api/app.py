@@ -60,7 +60,18 @@ def create_app(config: AgentConfig, host_factory: Callable[[], AgentHost]) -> Fa
     def ledger() -> Ledger | None:
         return running["state"].ledger if "state" in running else None
 
-    app.add_middleware(Admission, ledger=ledger, max_body_bytes=lambda: config.max_body_bytes)  # fair shares
+    def vm_replica(vm_id: int, who: auth.Principal) -> str | None:
+        """The replica of an OSGym vm ``who`` holds (OSGym's step waits for its turn: ``api.osgym_turn``)."""
+        if "state" not in running:
+            return None
+        try:
+            return running["state"].vm(vm_id, who)[0]
+        except errors.NotFound:
+            return None
+
+    app.add_middleware(  # fair shares
+        Admission, ledger=ledger, max_body_bytes=lambda: config.max_body_bytes, vm_replica=vm_replica
+    )
     app.add_middleware(auth.AuthBeforeBody)
     app.add_middleware(BodyLimit, limit=lambda: config.max_body_bytes)  # outermost: 413 before anything
 

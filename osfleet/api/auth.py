@@ -212,13 +212,18 @@ async def require_operator(request: HTTPConnection) -> Principal:
 
 async def require_principal_or_osgym_ip(request: HTTPConnection) -> Principal:
     """OSGym's endpoints: a bearer token, or an address in the OSGym allow-list (principal ``ip:<address>``)."""
-    who = authenticate(request)
+    who = authenticate(request) or osgym_address_principal(request)
     if who is not None:
         return who
-    address = client_address(request)
-    if address and address in _config(request).osgym_allowed_ips:
-        return Principal(f"ip:{address}")
     raise _unauthorized("send a bearer token, or call from an address in the OSGym allow-list")
+
+
+def osgym_address_principal(conn: HTTPConnection) -> Principal | None:
+    """An OSGym caller known by its address alone (in ``--osgym-allow``): principal ``ip:<address>``, else None."""
+    address = client_address(conn)
+    if address and address in _config(conn).osgym_allowed_ips:
+        return Principal(f"ip:{address}")
+    return None
 
 
 def foreign_origin(conn: HTTPConnection) -> str | None:
@@ -272,7 +277,7 @@ class AuthBeforeBody:
         except HTTPException as exc:  # a malformed X-Osfleet-Client: the route's own words
             known, detail = False, str(exc.detail)
         if not known and scope["path"] in OSGYM_PATHS:
-            known = client_address(conn) in _config(conn).osgym_allowed_ips
+            known = osgym_address_principal(conn) is not None
             detail = "send a bearer token, or call from an address in the OSGym allow-list"
         if known:
             await self.app(scope, receive, send)

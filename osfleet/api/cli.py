@@ -50,7 +50,7 @@ def host() -> None:
     show_default=True,
     type=click.FloatRange(0.01, 1.0),
     help="the most of each host-wide budget one client may hold: evaluation slots, saved forks and checkpoints, "
-    "recordings (past it: 429 or 507 for that client alone)",
+    "recordings (past it: 429, 409 or 413 for that client alone, with the reason)",
 )
 @click.option(
     "--allow-agent-root/--no-allow-agent-root",

@@ -22,9 +22,12 @@ from osfleet.replicas.checkpoints import (
     CheckpointNameError,
     CheckpointNotFoundError,
     CheckpointQuotaError,
+    CheckpointSavesPendingError,
+    CheckpointTooLargeError,
 )
 from osfleet.replicas.errors import (
     CapacityError,
+    ForkTooDeepError,
     GuestFileConflictError,
     GuestFileNotFoundError,
     GuestPathRefusedError,
@@ -34,6 +37,7 @@ from osfleet.replicas.errors import (
     ReplicaNotFoundError,
 )
 from osfleet.replicas.input import InputError
+from osfleet.replicas.quota import SAVE_RETRY_AFTER_SECONDS
 from osfleet.replicas.records import InvalidTransitionError
 from osfleet.replicas.tunnels import TunnelNotFoundError, TunnelRefusedError, TunnelStalledError
 from osfleet.tasks.model import TaskError
@@ -63,8 +67,21 @@ class Throttled(OsfleetError):
 
 
 class ShareFull(OsfleetError):
-    """What the caller keeps on the host (saved forks and checkpoints) has reached its share of the host's budget:
-    507 ``quota``, until it releases or deletes some (``osfleet.api.admission``)."""
+    """What the caller keeps on the host (saved forks and checkpoints) fills its share of the host's fork budget:
+    409 ``quota``, until it releases or deletes some (``osfleet.api.admission``, ``osfleet.replicas.quota``)."""
+
+
+class LargerThanShare(OsfleetError):
+    """A fork or checkpoint larger by itself than the caller's whole share of the host's fork budget: 413, it can
+    never be kept there."""
+
+
+class SavesPending(Throttled):
+    """Only the caller's own forks or checkpoints being saved now make another pass its share: 429, retried once
+    they end (``osfleet.replicas.quota``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after=SAVE_RETRY_AFTER_SECONDS)
 
 
 class PayloadTooLarge(OsfleetError):
@@ -88,9 +105,13 @@ KIND: list[tuple[type[Exception], ErrorKind]] = [
     (TunnelStalledError, "conflict"),
     (CheckpointNotFoundError, "not_found"),
     (CheckpointExistsError, "conflict"),
+    (CheckpointTooLargeError, "too_large"),
+    (CheckpointSavesPendingError, "throttled"),
     (CheckpointQuotaError, "quota"),
     (Throttled, "throttled"),
     (ShareFull, "quota"),
+    (LargerThanShare, "too_large"),
+    (ForkTooDeepError, "conflict"),
     (CheckpointNameError, "invalid_request"),
     (Conflict, "conflict"),
     (Forbidden, "forbidden"),
@@ -140,7 +161,7 @@ def install(app: FastAPI, on_error: object = None) -> None:
             on_error(kind)
         headers = {"Retry-After": "2"} if code == 503 else None
         if code == 429:  # a host's 429 relayed by the gateway keeps the client retrying too
-            headers = {"Retry-After": str(exc.retry_after if isinstance(exc, Throttled) else 1)}
+            headers = {"Retry-After": str(getattr(exc, "retry_after", 1))}
         return JSONResponse(status_code=code, content={"error": str(exc), "kind": kind}, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

@@ -43,9 +43,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limit()
-        declared = _content_length(scope)
+        declared = content_length(scope)
         if declared is not None and declared > limit:
-            await _refuse(send, limit)
+            await refuse_too_large(send, BodyTooLarge(limit).detail)
             return
         started = False
 
@@ -58,10 +58,11 @@ class BodyLimit:
             await self.app(scope, _counting(receive, limit), sending)
         except BodyTooLarge:  # read outside a route (the gateway's fast path): answered here
             if not started:
-                await _refuse(send, limit)
+                await refuse_too_large(send, BodyTooLarge(limit).detail)
 
 
-def _content_length(scope: Scope) -> int | None:
+def content_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length``; None for a chunked body (its size is known only once it is read)."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -86,8 +87,9 @@ def _counting(receive: Receive, limit: int) -> Receive:
     return counted
 
 
-async def _refuse(send: Send, limit: int) -> None:
-    body = json.dumps({"error": BodyTooLarge(limit).detail, "kind": "too_large"}).encode()
+async def refuse_too_large(send: Send, reason: str) -> None:
+    """413 ``too_large`` with the reason, answered before the body was read (the connection ends with it)."""
+    body = json.dumps({"error": reason, "kind": "too_large"}).encode()
     await send(
         {
             "type": "http.response.start",
@@ -105,7 +107,7 @@ async def _refuse(send: Send, limit: int) -> None:
 async def read_limited(request: Request, limit: int) -> bytes:
     """A body read only up to ``limit`` bytes (``BodyTooLarge`` past it): for a route with a smaller limit than
     the server's, such as the dashboard's login form."""
-    declared = _content_length(request.scope)
+    declared = content_length(request.scope)
     if declared is not None and declared > limit:
         raise BodyTooLarge(limit)
     chunks, seen = [], 0

@@ -86,8 +86,11 @@ class OsgymResetResponse(BaseModel):
     vm_id: JsonInt
 
 
+OSGYM_ACTION_MAX_CHARS = 100_000  # an OSGym step's action string (its model's longest output, with room)
+
+
 class OsgymStep(_Wire):
-    action: str = Field(max_length=100000)
+    action: str = Field(max_length=OSGYM_ACTION_MAX_CHARS)
     vm_id: JsonInt
 
 

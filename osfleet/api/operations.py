@@ -195,13 +195,16 @@ FORK = Operation(
     "/v1/replicas/{rid}/fork",
     "Fork the leased replica mid-episode: ``children`` replicas start from its current state (screen, memory, "
     "disk), each with its own identity, leased to the caller, with the parent's task and applied steps "
-    "(``evaluate`` works on each). The parent pauses only while it is saved, then goes on. 503 capacity when its "
-    "host cannot hold that many more replicas or its disk would be nearly full; 507 quota when the caller's saved "
-    "forks and checkpoints hold its share of the host's fork budget.",
+    "(``evaluate`` works on each). The parent pauses only while it is saved, then goes on. The caller's own excess "
+    "is a 4xx with the reason: 409 quota when its saved forks and checkpoints fill its share of the host's fork "
+    "budget (release forked replicas or delete a checkpoint), 413 for a fork larger than that share by itself, 429 "
+    "(Retry-After) when only its own saves under way are in the way, 409 conflict for a replica that is a fork as "
+    "deep as the host allows. 503 capacity only for the host's shortage: it cannot hold that many more replicas, "
+    "its fork budget is full, or its disk would be nearly full.",
     body=ForkRequest,
     response=ForkResponse,
     status=201,
-    errors=(404, 409, 503, 507),
+    errors=(404, 409, 503),
 )
 EVALUATE = Operation(
     "evaluate",
@@ -297,13 +300,14 @@ CHECKPOINT = Operation(
     "/v1/replicas/{rid}/checkpoints",
     "Keep the leased replica's running state (memory and disk) under a name of the caller's; the replica goes on. "
     "Start replicas from it later with POST /v1/leases {checkpoint}. It outlives the replica and the host "
-    "agent's restarts until deleted. 409 for a name the caller keeps already; 507 when the caller's checkpoint "
-    "quota on the host (number or bytes, named) is full, or its forks and checkpoints hold its share of the host's "
-    "fork budget; 503 capacity when the host's disk would be nearly full.",
+    "agent's restarts until deleted. 409 for a name the caller keeps already; 409 quota when the caller's "
+    "checkpoint quota on the host (number or bytes, named) is full, or its forks and checkpoints fill its share of "
+    "the host's fork budget; 413 for one larger than that quota or share by itself; 429 (Retry-After) when only its "
+    "own saves under way are in the way; 503 capacity when the host's disk would be nearly full.",
     body=CheckpointRequest,
     response=CheckpointView,
     status=201,
-    errors=(404, 409, 503, 507),
+    errors=(404, 409, 503),
     tag="checkpoints",
 )
 LIST_CHECKPOINTS = Operation(

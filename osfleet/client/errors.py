@@ -61,7 +61,8 @@ class BusyError(FleetError):
 
 
 class InvalidRequestError(FleetError):
-    """413/422: the request itself is wrong; retrying it unchanged cannot succeed."""
+    """413/422: the request itself is wrong (or too large: a body over the server's limit, a fork or checkpoint
+    larger than the client's whole quota); retrying it unchanged cannot succeed."""
 
     status = 422
 
@@ -89,10 +90,13 @@ class ThrottledError(FleetError):
 
 
 class QuotaError(FleetError):
-    """507: the client's quota or share on the host is full (its checkpoints' number or bytes, or its saved forks' and
-    checkpoints' share of the host's fork budget, named in the message)."""
+    """409 (kind ``quota``; 507 from an osfleet before 2026-12-06): what the client keeps on the host fills its quota
+    or share (its checkpoints' number or bytes, or its saved forks' and checkpoints' share of the host's fork budget,
+    named in the message). Its own doing, so waiting does not help: delete a checkpoint or release forked replicas.
+    One larger than the whole quota is an ``InvalidRequestError`` (413); one that only the client's own saves under
+    way keep out is a 429, waited out like any other."""
 
-    status = 507
+    status = 409
 
 
 class InfrastructureError(FleetError):

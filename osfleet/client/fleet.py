@@ -333,7 +333,10 @@ class AsyncSession:
 
     async def fork(self, children: int, *, timeout: float | None = None) -> list[AsyncSession]:
         """``children`` new sessions that start from this replica's current state (screen, memory, disk), each
-        with its own lease, the task and the steps so far; this session goes on unchanged."""
+        with its own lease, the task and the steps so far; this session goes on unchanged. ``QuotaError`` when the
+        caller's saved forks and checkpoints fill its share of the host's fork budget (release forked sessions or
+        delete a checkpoint), ``InvalidRequestError`` when one fork alone is larger than that share,
+        ``ConflictError`` when this replica is a fork as deep as the host allows (fork its ancestor)."""
         self._live()
         if children < 1:
             raise InvalidRequestError(f"fork: children must be at least 1, not {children}")
@@ -360,7 +363,8 @@ class AsyncSession:
     async def checkpoint(self, name: str, *, timeout: float | None = None) -> CheckpointView:
         """Keep this replica's running state (memory and disk) under ``name``, the caller's own; this session goes
         on. Start replicas from it with ``fleet.lease(checkpoint=name)`` or ``fleet.from_checkpoint(name, n)``,
-        until ``fleet.delete_checkpoint(name)``. ``QuotaError`` when the host's quota for the caller is full."""
+        until ``fleet.delete_checkpoint(name)``. ``QuotaError`` when the caller's quota or share on the host is full
+        (delete a checkpoint first), ``InvalidRequestError`` when this one alone is larger than it."""
         self._live()
         data = await self.fleet._t.call(
             "POST",

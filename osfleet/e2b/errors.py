@@ -2,8 +2,8 @@
 
 Both planes raise it: the control plane answers it as E2B's ``{"code", "message"}`` body, the daemon's HTTP routes
 likewise and its Connect RPCs as the Connect code of that status (``envd``). A refusal of the fleet keeps the
-fleet's status (401 a wrong key, 404 another client's thing, 409 a lease that ended, 429, 503, 507), but for a
-request it found malformed, which E2B's API calls 400.
+fleet's status (401 a wrong key, 404 another client's thing, 409 a lease that ended or a full quota, 429, 503), but
+for a request it found malformed, which E2B's API calls 400.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ STATUS: dict[ErrorKind, int] = {
     "invalid_task": 422,  # the task is malformed or uses a feature this host does not run
     "capacity": 503,  # no replica free now: retry after Retry-After
     "throttled": 429,  # the client's own share of the host is in use (requests, bodies, evaluations): retry after
-    "quota": 507,  # the client's quota or share on the host is full (checkpoints, forks): delete something first
+    "quota": 409,  # what the client keeps on the host fills its quota or share (checkpoints, forks): delete first
     "infrastructure": 503,  # the replica, its guest or its host failed: never a reward of 0
 }
 
@@ -58,7 +58,7 @@ USUAL_KIND: dict[int, ErrorKind] = {
     422: "invalid_request",
     429: "throttled",
     503: "infrastructure",
-    507: "quota",
+    507: "quota",  # an osfleet before 2026-12-06 answered a full quota so
 }
 
 WHY: dict[int, str] = {
@@ -66,15 +66,18 @@ WHY: dict[int, str] = {
     403: "the operator's token is needed: scale-up, /v1/host, replicas of the warm pool, or a shell as_root "
     "(unless the host runs with --allow-agent-root); or a file path the desktop user may not use (named)",
     404: "unknown replica, task or vm id, or one that is another client's (not confirmed to exist)",
-    409: "the lease is expired, released or does not hold the replica, or the replica is busy",
+    409: "the lease is expired, released or does not hold the replica, the replica is busy, or it is a fork as deep "
+    "as the host allows (fork its ancestor); or (kind: quota) what the client keeps on this host fills its quota "
+    "or share (the figure is named): delete a checkpoint or release forked replicas first, waiting does not help",
     413: "the request body is over the server's limit (refused before it is read), or a file to download is over "
-    "the most a host reads from a guest (named)",
+    "the most a host reads from a guest, or a fork or checkpoint larger than the client's whole quota or share "
+    "(named)",
     422: "malformed request, action or task (the problem is named)",
     429: "this client's own share of the host is in use now (requests in flight, bodies being received, "
-    "evaluations): nothing of the request was done; retry after Retry-After (other clients are not affected)",
-    507: "the client's quota or share on this host is full (the figure is named): delete a checkpoint or release "
-    "forked replicas first",
-    503: "no capacity right now, or the replica or guest failed (kind: infrastructure, never a reward of 0)",
+    "evaluations, its own forks or checkpoints being saved): nothing of the request was done; retry after "
+    "Retry-After (other clients are not affected)",
+    503: "no capacity right now (a host-wide shortage, no client's excess), or the replica or guest failed (kind: "
+    "infrastructure, never a reward of 0)",
 }
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from osfleet.errors import OsfleetError
 from osfleet.protocol.models import CHECKPOINT_NAME_PATTERN
+from osfleet.replicas.quota import SAVE_RETRY_AFTER_SECONDS, Refusals, refuse_count_past, refuse_past
 from osfleet.replicas.saved_state import SavedState
 from osfleet.vm import qcow2
 
@@ -35,6 +36,7 @@ from osfleet.vm import qcow2
 # file name on the host and a path segment in the API, so nothing that could climb out of either.
 _NAME = re.compile(CHECKPOINT_NAME_PATTERN)
 RECORD_SUFFIX = ".json"
+DELETE = "delete one first"
 
 
 class CheckpointNotFoundError(OsfleetError):
@@ -50,7 +52,19 @@ class CheckpointExistsError(OsfleetError):
 
 
 class CheckpointQuotaError(OsfleetError):
-    """One more checkpoint would pass the client's quota on this host (its number or bytes)."""
+    """One more checkpoint would pass the client's quota on this host (its number or bytes): 409 ``quota``, until
+    the client deletes one (waiting does not free it)."""
+
+
+class CheckpointTooLargeError(CheckpointQuotaError):
+    """The checkpoint alone is larger than the client's whole quota of bytes on this host: 413, it can never fit."""
+
+
+class CheckpointSavesPendingError(CheckpointQuotaError):
+    """Only the client's own checkpoints being saved right now make this one pass its quota: 429 with
+    ``retry_after``, since whether it fits is known once they end (a failed save frees its room)."""
+
+    retry_after = SAVE_RETRY_AFTER_SECONDS
 
 
 @dataclass(frozen=True)
@@ -157,7 +171,8 @@ class CheckpointBook:
     @contextlib.contextmanager
     def reserving(self, owner: str, name: str, expected_bytes: int) -> Iterator[None]:
         """Hold ``name`` for ``owner`` while its checkpoint is saved: refuses a name the client keeps (or is
-        saving) and a checkpoint past the client's quota, counting the ones being saved."""
+        saving) and a checkpoint past the client's quota, counting the ones being saved (``quota.refuse_past``:
+        full, too large, or pending those saves)."""
         check_name(name)
         key = (owner, name)
         with self._lock:
@@ -165,19 +180,18 @@ class CheckpointBook:
             if key in self._reserved or any(c.name == name for c in mine):
                 raise CheckpointExistsError(f"checkpoint {name!r} exists: delete it first or choose another name")
             pending = [b for (o, _), b in self._reserved.items() if o == owner]
-            count = len(mine) + len(pending)
-            if count + 1 > self.max_count:
-                raise CheckpointQuotaError(
-                    f"checkpoint quota full: this client keeps {count} checkpoint(s) on this host, at most "
-                    f"{self.max_count}: delete one first"
-                )
-            used = sum(c.bytes for c in mine) + sum(pending)
-            if used + expected_bytes > self.max_bytes:
-                raise CheckpointQuotaError(
-                    f"checkpoint quota full: this client's checkpoints hold {used / 2**20:.0f} MiB on this host; "
-                    f"another (~{expected_bytes / 2**20:.0f} MiB) would pass its {self.max_bytes / 2**20:.0f} MiB: "
-                    "delete one first"
-                )
+            refusals = Refusals(CheckpointQuotaError, CheckpointTooLargeError, CheckpointSavesPendingError)
+            refuse_count_past(len(mine), len(pending), self.max_count, refusals, what="checkpoint(s)", remedy=DELETE)
+            refuse_past(
+                sum(c.bytes for c in mine),
+                sum(pending),
+                expected_bytes,
+                self.max_bytes,
+                refusals,
+                holding="this client's checkpoints",
+                limit=f"its quota of {self.max_bytes / 2**20:.0f} MiB",
+                remedy=DELETE,
+            )
             self._reserved[key] = expected_bytes
         try:
             yield

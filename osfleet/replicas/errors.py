@@ -21,6 +21,12 @@ class CapacityError(OsfleetError):
     """The host cannot take that many more replicas (its configured maximum or its memory reserve)."""
 
 
+class ForkTooDeepError(CapacityError):
+    """The replica is a fork of a fork as deep as this host allows (``Settings.fork_max_depth``): forking it can never
+    succeed, its ancestor can be forked instead. One of the host's limits (so a ``CapacityError``, as callers that
+    catch those expect), but the request's own: the API answers 409 ``conflict``, not a shortage's 503."""
+
+
 class LeaseError(OsfleetError):
     """The lease is unknown, expired or held by someone else."""
 

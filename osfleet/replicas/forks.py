@@ -62,7 +62,7 @@ from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.replicas import guest_control, saved_state, template_memory
 from osfleet.replicas.capture import ScreenCapture
-from osfleet.replicas.errors import CapacityError
+from osfleet.replicas.errors import CapacityError, ForkTooDeepError
 from osfleet.replicas.records import ReplicaRecord
 from osfleet.replicas.saved_state import IGNORE_SHARED, SavedState
 from osfleet.replicas.spec import replica_spec
@@ -180,7 +180,7 @@ class Forks:
         forks (counting the new one at the parent's memory size)."""
         depth = self.depth(parent) + 1
         if depth > self.settings.fork_max_depth:
-            raise CapacityError(
+            raise ForkTooDeepError(
                 f"replica {parent.id} is {depth - 1} fork(s) deep; forks go at most "
                 f"{self.settings.fork_max_depth} deep on this host (fork its ancestor instead)"
             )

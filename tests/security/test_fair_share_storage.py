@@ -2,7 +2,8 @@
 host must keep its own.
 
 - checkpoints and forks count together against the host-wide fork budget: one client holds at most its share
-  (``--client-share``) and is refused past it, 507 ``quota`` with the figure, while another client's go through;
+  (``--client-share``) and is refused past it, 409 ``quota`` with the figure (its own excess: a 4xx, never a 503 or
+  507), while another client's go through;
 - a checkpoint that would leave the host's disk (or memory file system) nearly full is refused, 503 ``capacity``
   with the reason, whoever asks: the replicas' own overlays and memory live there;
 - recordings: a client flooding the store loses its own oldest episodes, never another's.
@@ -49,7 +50,7 @@ def checkpoint(c: TestClient, who: dict[str, str], rid: str, lid: str, name: str
 
 
 @pytest.mark.integration
-def test_a_clients_checkpoints_past_its_share_of_the_fork_budget_are_507_and_anothers_are_kept(tmp_path: Path) -> None:
+def test_a_clients_checkpoints_past_its_share_of_the_fork_budget_are_409_and_anothers_are_kept(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path / "h", ready=2, max_replicas=4)
     fake.shape = ReplicaShape(memory_mib=8)  # each new one counted at 8 MiB before it is saved; the fake's hold 16
     fake.settings = dataclasses.replace(fake.settings, fork_max_bytes=80 * 2**20)  # a share of 0.5: 40 MiB each
@@ -58,7 +59,7 @@ def test_a_clients_checkpoints_past_its_share_of_the_fork_budget_are_507_and_ano
         made = [checkpoint(c, A, rid, lid, f"a{i}")[0] for i in range(3)]  # 16, 32, then 48 MiB kept
         assert made == [201, 201, 201]
         status, body = checkpoint(c, A, rid, lid, "a3")
-        assert status == 507 and body["kind"] == "quota", body
+        assert status == 409 and body["kind"] == "quota", body
         assert "share of the host's fork budget (40 MiB)" in body["error"] and "48 MiB" in body["error"]
         bob_rid, bob_lid = lease(c, B)
         assert checkpoint(c, B, bob_rid, bob_lid, "b0")[0] == 201  # bob's share is his own
