@@ -127,6 +127,24 @@ def test_a_background_command_streams_as_it_prints_and_dies_by_its_signal(served
     assert sandbox.commands.kill(handle.pid) is False  # gone: the SDK's reading of NOT_FOUND
 
 
+def test_a_sleep_line_starts_at_once_runs_in_the_background_and_dies_by_its_signal(
+    served: Served, sandbox: Sandbox
+) -> None:
+    """``sleep S`` is answered here (e2b-desktop waits with it), but as a process: it answered nothing until S had
+    passed, so ``sleep 300`` in the background timed out and could not be killed."""
+    t = time.monotonic()
+    slow = sandbox.commands.run("sleep 300", background=True, request_timeout=20)
+    assert time.monotonic() - t < 10 and [p.pid for p in sandbox.commands.list()] == [slow.pid]
+    assert sandbox.commands.kill(slow.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        slow.wait()
+    assert killed.value.exit_code == 137 and sandbox.commands.list() == []
+    t = time.monotonic()
+    assert sandbox.commands.run("sleep 0.5").exit_code == 0
+    assert time.monotonic() - t >= 0.5
+    assert sandbox.commands.list() == [] and served.guest.launched == []  # none of it ran in the guest
+
+
 def test_nothing_runs_as_root_and_stdin_is_refused_with_the_reason(served: Served, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="never as root"):
         sandbox.commands.run("id", user="root")

@@ -13,7 +13,7 @@ hypervisor (QEMU's input events, the framebuffer), so those lines become osfleet
   the actions of the same meaning (buttons 1-3 and 8-9 are clicks, 4-7 the wheel both ways).
 - ``Xvfb :0 ...`` and ``startxfce4``: the desktop runs already; they answer as processes that run until killed.
   ``xdpyinfo -display :0`` and e2b-desktop's ``pgrep`` check of XFCE answer that it is up; ``xrandr`` its size.
-- ``sleep S``: waited here.
+- ``sleep S``: a process here that ends with status 0 after S seconds, or by its signal.
 - the live view (``stream.start()``): ``x11vnc -storepasswd PASSWORD ~/.vnc/passwd``, ``x11vnc -bg -display :0 ...
   -usepw``, ``novnc_proxy --listen PORT`` (a process until killed), ``netstat`` for its port, ``pgrep -x x11vnc`` and
   ``pkill x11vnc`` keep the view's state here; ``live_view`` serves it (the screen, view-only) at the URL
@@ -27,7 +27,6 @@ the screen, an unknown key) answers exit status 1 with the reason on stderr, whi
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shlex
 from collections import OrderedDict
@@ -92,12 +91,14 @@ class Line:
 @dataclass(frozen=True)
 class Outcome:
     """What a recognised line answers, as a process would: its exit status and output. ``running``: it goes on
-    until killed (Xvfb, startxfce4: the desktop they would start runs already)."""
+    until killed (Xvfb, startxfce4: the desktop they would start runs already), or for ``lasts`` seconds at most
+    (``sleep S``, which like the real one starts at once, may run in the background and dies by a signal)."""
 
     exit_code: int
     stdout: bytes = b""
     stderr: bytes = b""
     running: bool = False
+    lasts: float | None = None
 
 
 @dataclass
@@ -280,8 +281,7 @@ async def _answer(line: Line, session: AsyncSession, shots: DesktopState) -> Out
             w, h = await shots.screen(session)
             return Outcome(0, f"name of display:    {DISPLAY}\n  dimensions:    {w}x{h} pixels\n".encode())
         case "sleep":
-            await asyncio.sleep(line.seconds)
-            return Outcome(0)
+            return Outcome(0, running=True, lasts=line.seconds)
         case "running":
             return Outcome(0, running=True)
         case "view_password":

@@ -196,7 +196,7 @@ class ProcessService(process_connect.Process):
         if line is not None:
             outcome = await guarded(sandbox, desktop_lines.answer(line, session, sandbox.desktop))
             if outcome.running:
-                process = processes.start_answered(sandbox.processes, command, tag)
+                process = processes.start_answered(sandbox.processes, command, tag, outcome.lasts)
                 async for event in processes.follow_answered(process):
                     yield event
                 return

@@ -210,11 +210,22 @@ async def _remove(session: AsyncSession, table: ProcessTable, process: Process) 
         await session.step(step, observe=False)
 
 
-def start_answered(table: ProcessTable, command: str, tag: str | None) -> Process:
-    """An answered process that runs until killed (what Xvfb and startxfce4 would be)."""
+def start_answered(table: ProcessTable, command: str, tag: str | None, lasts: float | None = None) -> Process:
+    """An answered process that runs until killed (what Xvfb and startxfce4 would be), or ends with status 0 after
+    ``lasts`` seconds (``sleep S``) whether or not anyone follows it: its start is answered at once, so a client
+    that runs it in the background gets its pid and can signal it, as with the real one."""
     process = Process(table.virtual_pid(), command, {}, None, tag, None)
     table.add(process)
+    if lasts is not None:
+        asyncio.get_running_loop().call_later(lasts, _end_answered, table, process, 0)
     return process
+
+
+def _end_answered(table: ProcessTable, process: Process, exit_code: int) -> None:
+    if process.running:
+        process.exit_code = exit_code
+        process.ended.set()
+        table.processes.pop(process.pid, None)
 
 
 async def _wait_answered(process: Process) -> AsyncIterator[Event]:
