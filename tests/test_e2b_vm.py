@@ -129,7 +129,9 @@ def test_commands_stream_die_by_signal_and_files_answer_in_a_real_guest(
         box.files.rename("/home/user/e2b-dir/a.txt", "/home/user/e2b-dir/b.txt")
         box.files.remove("/home/user/e2b-dir")
         assert not box.files.exists("/home/user/e2b-dir")
-        assert box.commands.run("ls -a /tmp/.osfleet-e2b").stdout.split() == [".", ".."]  # nothing left behind
+        left = box.commands.run("ls -a /tmp/.osfleet-e2b").stdout.split()
+        assert left[:2] == [".", ".."] and len(left) == 3, left  # nothing left behind but this command's own folder
+        assert len(left[2]) == 16 and set(left[2]) <= set("0123456789abcdef"), left
     finally:
         box.kill()
 
