@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from osfleet.errors import OsfleetError
 from osfleet.measure.stats import distribution
 
 Say = Callable[[str], None]
@@ -58,6 +59,7 @@ class _Against:
     """The other checkout's sandbox, in a process of its Python (``AGAINST``)."""
 
     def __init__(self, python: Path) -> None:
+        self.python = python
         self.proc = subprocess.Popen(
             [str(python), "-I", "-c", AGAINST], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -67,7 +69,10 @@ class _Against:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the other checkout's sandbox ended (exit {self.proc.wait()})")
+            raise OsfleetError(
+                f"--against {self.python}: its sandbox ended (exit {self.proc.wait()}) before answering; its own "
+                "virtualenv must import that checkout's osfleet with its dependencies (its error is printed above)"
+            )
         return line
 
     def run(self, case: tuple[str, Any, Any, dict[str, Any]]) -> tuple[float, tuple[float, str]]:
