@@ -254,7 +254,7 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
     from osfleet.replicas.lifecycle import Lifecycle
     from osfleet.replicas.records import RecordStore
     from osfleet.replicas.registry import Registry
-    from osfleet.replicas.saved_state import SavedState
+    from osfleet.replicas.saved_state import SavedState, disk_identity
 
     reg = Registry(RecordStore(tmp_path / "replicas"))
     parent = ReplicaRecord(
@@ -264,6 +264,8 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
     reg.save(parent)
     reg.add(parent)
     events: list[tuple[str, object]] = []
+    (tmp_path / "golden-fake.qcow2").write_bytes(b"disk")  # the image's disk the fork records (unchanged since)
+    disks = [disk_identity(tmp_path / "golden-fake.qcow2")]
     slots = [Slot(f"r-s{i}", f"osfleet-r-s{i}-g1", tmp_path / "replicas" / f"r-s{i}" / "disk-g1.qcow2") for i in (1, 2)]
     for s in slots:
         s.disk.parent.mkdir(parents=True)
@@ -274,7 +276,9 @@ def test_a_fork_gives_its_slots_to_children_first_copies_the_parents_identity_an
 
         def save(self, rec: ReplicaRecord) -> Saved:
             return Saved(
-                SavedState(tmp_path / "f-1", {"memory_mode": "template", "parent_paused_seconds": 0.05}),
+                SavedState(
+                    tmp_path / "f-1", {"memory_mode": "template", "parent_paused_seconds": 0.05, "disks": disks}
+                ),
                 list(slots),
                 1.0,
             )

@@ -35,6 +35,7 @@ from osfleet.replicas.errors import (
     NoReplicaAvailableError,
     ReplicaBusyError,
     ReplicaNotFoundError,
+    StateImageChangedError,
 )
 from osfleet.replicas.input import InputError
 from osfleet.replicas.quota import SAVE_RETRY_AFTER_SECONDS
@@ -112,6 +113,7 @@ KIND: list[tuple[type[Exception], ErrorKind]] = [
     (ShareFull, "quota"),
     (LargerThanShare, "too_large"),
     (ForkTooDeepError, "conflict"),
+    (StateImageChangedError, "conflict"),
     (CheckpointNameError, "invalid_request"),
     (Conflict, "conflict"),
     (Forbidden, "forbidden"),

@@ -27,6 +27,12 @@ class ForkTooDeepError(CapacityError):
     catch those expect), but the request's own: the API answers 409 ``conflict``, not a shortage's 503."""
 
 
+class StateImageChangedError(OsfleetError):
+    """A checkpoint or fork was saved on an image whose disk was replaced since (a rebuild under the same name): its
+    guest's memory holds blocks of other bytes, so it is never restored (409 ``conflict``; deleting it is the client's
+    call, never done for it)."""
+
+
 class LeaseError(OsfleetError):
     """The lease is unknown, expired or held by someone else."""
 

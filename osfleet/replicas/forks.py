@@ -62,7 +62,7 @@ from osfleet.config import ReplicaShape, Settings
 from osfleet.errors import OsfleetError, as_osfleet
 from osfleet.replicas import guest_control, saved_state, template_memory
 from osfleet.replicas.capture import ScreenCapture
-from osfleet.replicas.errors import CapacityError, ForkTooDeepError
+from osfleet.replicas.errors import CapacityError, ForkTooDeepError, StateImageChangedError
 from osfleet.replicas.records import ReplicaRecord
 from osfleet.replicas.saved_state import IGNORE_SHARED, SavedState
 from osfleet.replicas.spec import replica_spec
@@ -225,6 +225,7 @@ class Forks:
                 "stream_bytes": stream.stat().st_size,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "depth": self.depth(parent) + 1,
+                "disks": self.image_disks(parent),
             }
             why_not = self._template_unavailable(mapped)
             if batch is not None:
@@ -270,6 +271,19 @@ class Forks:
             self.unpin(fork_id)
             self._remove(directory, ram)
             raise
+
+    def image_disks(self, parent: ReplicaRecord) -> list[dict[str, Any]]:
+        """What identifies the image's disk under the parent, for its fork's meta (``image_changed`` checks it before
+        any child starts): the golden disk is the one file of a chain replaced under the same name, the other layers
+        are the fork's own. Recorded by the nearest state the parent's chain goes through (a fork's or the image's
+        saved state: the bytes it was restored on, which a rebuild since does not change), else the image's disk as
+        it is now (a cold-booted parent)."""
+        for layer in parent.layers:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                disks = json.loads((Path(layer).parent / META).read_text()).get("disks")
+                if isinstance(disks, list) and disks:
+                    return disks
+        return [saved_state.disk_identity(self.image.disk)]
 
     def pin(self, fork_id: str) -> None:
         """Keep the fork from being collected while children start from it (``unpin`` after)."""
@@ -614,6 +628,18 @@ class Forks:
 
     def _remove(self, directory: Path, ram: Path | None) -> None:
         remove_fork(directory, self.settings.memory_dir, ram)
+
+
+def image_changed(state: SavedState, what: str, remedy: str) -> StateImageChangedError | None:
+    """The refusal to start anything from a fork's state (a checkpoint's too) whose image disk changed since it was
+    saved, or that records none (saved by an older osfleet), as ``saved_state.stale_reason`` judges it; None when it
+    may be restored. Restoring it would put the guest's page cache over other bytes (``Bad message``)."""
+    why = state.stale()
+    if why is None:
+        return None
+    return StateImageChangedError(
+        f"{what} was saved on image {state.meta.get('image', '?')} and cannot be restored: {why}; {remedy}"
+    )
 
 
 def _release_ram(directory: Path) -> None:

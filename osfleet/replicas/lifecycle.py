@@ -24,7 +24,7 @@ from osfleet.measure.timing import collecting, stage
 from osfleet.protocol.models import Mode
 from osfleet.replicas import guest_clock
 from osfleet.replicas.errors import LeaseError, ReplicaBusyError, ReplicaNotFoundError
-from osfleet.replicas.forks import Forks, Saved, Slot
+from osfleet.replicas.forks import Forks, Saved, Slot, image_changed
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.liveness import Liveness
 from osfleet.replicas.records import RUNNING_STATES, Lease, ReplicaRecord, State
@@ -303,8 +303,13 @@ class Lifecycle:
         ready: list[Slot],
         source: str,
     ) -> list[Child]:
-        """Bring up ``children`` replicas from ``state`` (the first on ``ready`` slots), all or nothing."""
+        """Bring up ``children`` replicas from ``state`` (the first on ``ready`` slots), all or nothing; none from a
+        state whose image's disk changed since it was saved (``forks.image_changed``)."""
         forks = self._forks()
+        refused = image_changed(state, f"fork {state.directory.name}", "reset its replica, then fork it again")
+        if refused is not None:
+            forks.release_slots(ready)
+            raise refused
         slots = ready[:children]
         forks.release_slots(ready[children:])
         made: list[str] = []

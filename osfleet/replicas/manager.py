@@ -37,7 +37,7 @@ from osfleet.replicas.errors import (
     ReplicaFailedError,
     ReplicaNotFoundError,
 )
-from osfleet.replicas.forks import ForkInfo, Forks
+from osfleet.replicas.forks import ForkInfo, Forks, image_changed
 from osfleet.replicas.generations import Generations
 from osfleet.replicas.leases import DEFAULT_LEASE_SECONDS, Claim, LeaseBook
 from osfleet.replicas.lifecycle import Child, Forked, Lifecycle, Timed
@@ -419,6 +419,8 @@ class ReplicaHost:
                 f"checkpoint {name!r} was saved from image {found.image}; this host serves {self.image.name}"
             )
         state = self.forks.load(found.fork_id)
+        if (refused := image_changed(state, f"checkpoint {name!r}", "delete it")) is not None:
+            raise refused  # never restored over other bytes, nor deleted for its client
         if state.ram is not None and not state.ram.exists():  # tmpfs emptied by a reboot: put the RAM back
             if not state.ram_copy.exists():
                 raise OsfleetError(f"checkpoint {name!r} lost its memory with a reboot (no copy on disk)")

@@ -109,7 +109,7 @@ class SavedState:
 
     def stale(self) -> str | None:
         """Why this state may no longer be restored (a disk under it is not the file it was saved on), or None.
-        For states made by ``ensure_saved_state``: a fork's state records its chain in ``layers`` instead."""
+        A fork's state (a checkpoint's) records the image's disk it sits on the same way (``forks.image_changed``)."""
         return stale_reason(self.meta)
 
 
