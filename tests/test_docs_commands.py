@@ -27,7 +27,7 @@ def page_param(path: Path) -> object:
     assert tier in ("system", "vm"), f"{path.name}: a page runs commands, so its tier is system or vm, not {tier}"
     marks = [getattr(pytest.mark, tier), pytest.mark.slow]
     if page.restores:  # a page that changes tracked files (a lab's Pulumi stack): one at a time, with the lab's tests
-        marks.append(pytest.mark.xdist_group("lab"))
+        marks += [pytest.mark.xdist_group("lab"), pytest.mark.machine_lab]
     return pytest.param(page, marks=marks, id=str(path.relative_to(REPO)))
 
 

@@ -23,7 +23,8 @@ from osfleet.lab.engine import EngineError, call, engine_root, engine_version, p
 from osfleet.lab.state import LabState, load
 from osfleet.tls import SYSTEM_CA_BUNDLE, client_context
 
-pytestmark = pytest.mark.xdist_group("lab")  # one xdist worker: the machine has one lab (lab_root)
+# One xdist worker: the machine has one lab (lab_root); and in CI a step of their own (pyproject's machine_lab).
+pytestmark = [pytest.mark.xdist_group("lab"), pytest.mark.machine_lab]
 
 REPO = Path(__file__).resolve().parent.parent
 OSFLEET = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "osfleet")

@@ -20,7 +20,8 @@ from osfleet.lab.lab import lab_root, running
 from osfleet.lab.proc import alive
 from osfleet.lab.state import LabState, load
 
-pytestmark = pytest.mark.xdist_group("lab")  # one xdist worker: the machine has one lab (lab_root)
+# One xdist worker: the machine has one lab (lab_root); and in CI a step of their own (pyproject's machine_lab).
+pytestmark = [pytest.mark.xdist_group("lab"), pytest.mark.machine_lab]
 
 REPO = Path(__file__).resolve().parent.parent
 OSFLEET = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "osfleet")
