@@ -120,6 +120,9 @@ def fork_bytes(state: SavedState) -> tuple[int, int]:
     return disk, memory
 
 
+QUOTA_REFUSALS = Refusals(CheckpointQuotaError, CheckpointTooLargeError, CheckpointSavesPendingError)
+
+
 class CheckpointBook:
     """The checkpoints of one host, by client. Thread-safe: names are reserved under one lock while a save runs,
     so two saves of one name (or past a quota) cannot both succeed."""
@@ -180,14 +183,15 @@ class CheckpointBook:
             if key in self._reserved or any(c.name == name for c in mine):
                 raise CheckpointExistsError(f"checkpoint {name!r} exists: delete it first or choose another name")
             pending = [b for (o, _), b in self._reserved.items() if o == owner]
-            refusals = Refusals(CheckpointQuotaError, CheckpointTooLargeError, CheckpointSavesPendingError)
-            refuse_count_past(len(mine), len(pending), self.max_count, refusals, what="checkpoint(s)", remedy=DELETE)
+            refuse_count_past(
+                len(mine), len(pending), self.max_count, QUOTA_REFUSALS, what="checkpoint(s)", remedy=DELETE
+            )
             refuse_past(
                 sum(c.bytes for c in mine),
                 sum(pending),
                 expected_bytes,
                 self.max_bytes,
-                refusals,
+                QUOTA_REFUSALS,
                 holding="this client's checkpoints",
                 limit=f"its quota of {self.max_bytes / 2**20:.0f} MiB",
                 remedy=DELETE,
