@@ -135,13 +135,25 @@ def fetch(ns: str, url: str) -> str:
 
 
 def until_up(ns: str, url: str) -> str:
-    """``fetch`` until the server answers (a web server just started), at most 10 s."""
+    """``fetch`` until the server answers, at most 10 s: a web server just started, or a replica's first
+    connection on a busy CI machine (what must be reachable is retried; what must not be is fetched once)."""
     for _ in range(20):
         page = fetch(ns, url)
         if not page.startswith("unreachable"):
             return page
         time.sleep(0.5)
     return page
+
+
+def why_unreachable(ns: str) -> str:
+    """What a failed positive fetch needs to be told apart: forwarding, routes, neighbours and the tables."""
+    forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+    parts = [f"ip_forward={forward}"]
+    for argv in (("ip", "-n", ns, "route"), ("ip", "-n", ns, "neigh"), ("ip", "route", "get", INTERNET),
+                 ("ip", "neigh"), ("nft", "list", "tables")):  # fmt: skip
+        p = sh(*argv, check=False)
+        parts.append(f"$ {' '.join(argv)}\n{(p.stdout + p.stderr).strip()}")
+    return "\n".join(parts)
 
 
 @dataclass
@@ -216,8 +228,8 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
 def test_nat_reaches_the_internet_but_not_the_host_or_another_replica(lab: Lab) -> None:
     (r1, ip1), (r2, ip2) = lab.replicas.items()
-    page = fetch(r1, f"http://{INTERNET}:{WEB_PORT}/")
-    assert "Directory listing" in page, page
+    page = until_up(r1, f"http://{INTERNET}:{WEB_PORT}/")
+    assert "Directory listing" in page, f"{page}\n{why_unreachable(r1)}"
     gateway = lab.policy.gateway
     assert fetch(r1, f"http://{gateway}:{lab.agent_port}/").startswith("unreachable")  # the host's services
     assert fetch(r1, f"http://{UPLINK_HOST}:{lab.agent_port}/").startswith("unreachable")  # by any host address
@@ -254,7 +266,7 @@ def mac_of(ns: str) -> str:
 def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab) -> None:
     (r1, ip1), (r2, ip2) = lab.replicas.items()
     site = f"http://{INTERNET}:{WEB_PORT}/"
-    assert "Directory listing" in fetch(r1, site) and "Directory listing" in fetch(r2, site)
+    assert "Directory listing" in until_up(r1, site) and "Directory listing" in until_up(r2, site)
     claim(r1, ip2)  # r2's address on r1's own MAC
     assert fetch(r1, site).startswith("unreachable")
     claim(r1, ip2, mac_of(r2))  # r2's address and MAC: still r1's port
@@ -273,7 +285,8 @@ def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab
 @pytest.mark.parametrize("lab", [f"proxy=http://{INTERNET}:{WEB_PORT}"], indirect=True)
 def test_proxy_mode_reaches_only_the_proxy(lab: Lab) -> None:
     (r1, _), _ = lab.replicas.items()
-    assert "Directory listing" in fetch(r1, f"http://{INTERNET}:{WEB_PORT}/")  # the proxy's address and port
+    page = until_up(r1, f"http://{INTERNET}:{WEB_PORT}/")  # the proxy's address and port
+    assert "Directory listing" in page, f"{page}\n{why_unreachable(r1)}"
     other = subprocess.Popen(
         ["ip", "netns", "exec", lab.internet, sys.executable, "-m", "http.server", "8200", "-b", INTERNET],
         stdout=subprocess.DEVNULL,
