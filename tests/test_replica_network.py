@@ -224,6 +224,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
 
 @pytest.mark.system
 @pytest.mark.slow
+@pytest.mark.machine_lab  # ip_forward, bridges and nftables are the machine's: CI runs it alone
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
 def test_nat_reaches_the_internet_but_not_the_host_or_another_replica(lab: Lab) -> None:
@@ -261,6 +262,7 @@ def mac_of(ns: str) -> str:
 
 
 @pytest.mark.system
+@pytest.mark.machine_lab  # ip_forward, bridges and nftables are the machine's: CI runs it alone
 @needs_net_admin
 @pytest.mark.parametrize("lab", ["nat"], indirect=True)
 def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab) -> None:
@@ -281,6 +283,7 @@ def test_a_replica_that_takes_another_ones_address_or_mac_sends_nothing(lab: Lab
 
 
 @pytest.mark.system
+@pytest.mark.machine_lab  # ip_forward, bridges and nftables are the machine's: CI runs it alone
 @needs_net_admin
 @pytest.mark.parametrize("lab", [f"proxy=http://{INTERNET}:{WEB_PORT}"], indirect=True)
 def test_proxy_mode_reaches_only_the_proxy(lab: Lab) -> None:
@@ -328,6 +331,7 @@ def internet() -> Iterator[str]:
 
 @pytest.mark.vm
 @pytest.mark.slow
+@pytest.mark.machine_lab  # ip_forward, bridges and nftables are the machine's: CI runs it alone
 @needs_net_admin
 def test_a_replica_on_the_office_image_reaches_the_internet_and_not_the_host(
     internet: str, office_image: GoldenImage
