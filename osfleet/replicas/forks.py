@@ -208,6 +208,7 @@ class Forks:
                 self.root.mkdir(parents=True, exist_ok=True)
                 directory.mkdir()
                 private_dir(directory, self.virt.qemu_ids())  # a tenant's disk and memory
+            disks = self.image_disks(parent)  # before the parent pauses: a chain that lost a layer is refused
             started = time.monotonic()
             mapped = self._ram_file(parent.domain)
             paused, stopped_at = self._live_save(parent, directory, stream, in_place=batch is not None)
@@ -225,7 +226,7 @@ class Forks:
                 "stream_bytes": stream.stat().st_size,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "depth": self.depth(parent) + 1,
-                "disks": self.image_disks(parent),
+                "disks": disks,
             }
             why_not = self._template_unavailable(mapped)
             if batch is not None:
@@ -277,7 +278,18 @@ class Forks:
         any child starts): the golden disk is the one file of a chain replaced under the same name, the other layers
         are the fork's own. Recorded by the nearest state the parent's chain goes through (a fork's or the image's
         saved state: the bytes it was restored on, which a rebuild since does not change), else the image's disk as
-        it is now (a cold-booted parent)."""
+        it is now (a cold-booted parent).
+
+        A layer that is gone (the saved state the parent was restored from, removed because its image changed while
+        the parent ran) is refused: the parent keeps running on the open file, but no child could open the chain,
+        and the image's disk as it is now would be recorded for bytes the parent never ran on."""
+        for layer in parent.layers:
+            if not Path(layer).exists():
+                raise StateImageChangedError(
+                    f"replica {parent.id} cannot be forked: a layer of its disk is gone ({layer}), as when the saved"
+                    " state it was restored from was removed because its image changed; reset it (it then runs on"
+                    " the image as it is now) and fork again"
+                )
         for layer in parent.layers:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 disks = json.loads((Path(layer).parent / META).read_text()).get("disks")

@@ -137,6 +137,7 @@ def test_a_fork_records_the_image_disk_its_parent_was_restored_on(host: ReplicaH
     state_dir = host.settings.states_dir / f"{host.image.name}-abc"
     state_dir.mkdir(parents=True)
     (state_dir / "meta.json").write_text(json.dumps({"image": host.image.name, "disks": restored_on}))
+    (state_dir / "disk.qcow2").write_bytes(b"")  # the state's layer (its content is never read here)
     rebuild(host.image.disk)
     parent = ReplicaRecord(
         id="r-warm",
@@ -146,3 +147,24 @@ def test_a_fork_records_the_image_disk_its_parent_was_restored_on(host: ReplicaH
     )
     assert host.forks.image_disks(parent) == restored_on != identity(host.image)
     assert host.forks.image_disks(cold) == identity(host.image)
+
+
+@unit
+def test_a_parent_whose_saved_state_was_removed_under_it_is_not_forked(host: ReplicaHost) -> None:
+    """The image rebuilt while a restored parent ran, and its saved state removed as stale (as a start or reset of
+    another replica does): the parent runs on the open files, but a fork would record the new disk for bytes the
+    parent never ran on, and its children could not open the chain. Refused before the parent pauses: 409."""
+    state_dir = host.settings.states_dir / f"{host.image.name}-gone"
+    parent = ReplicaRecord(
+        id="r-orphan",
+        image=host.image.name,
+        mode="snapshot",
+        layers=[str(state_dir / "disk.qcow2"), str(host.image.disk)],  # the state's folder is gone
+    )
+    with pytest.raises(StateImageChangedError) as refused:
+        host.forks.image_disks(parent)
+    assert f"replica r-orphan cannot be forked: a layer of its disk is gone ({state_dir / 'disk.qcow2'})" in str(
+        refused.value
+    )
+    assert str(refused.value).endswith("reset it (it then runs on the image as it is now) and fork again")
+    assert classify(refused.value) == (409, "conflict")
