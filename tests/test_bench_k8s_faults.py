@@ -5,11 +5,13 @@ pod, its table and its CLI's errors. The faults themselves need a k8s lab: ``tes
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 import urllib.error
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +22,7 @@ from osfleet.bench.k8s_faults import (
     is_ready,
     outcome,
     pod_processes,
+    ready_pods,
     restarts,
     retry_until,
     summarise,
@@ -172,3 +175,28 @@ def test_without_a_lab_the_command_says_what_to_run(tmp_path: Path, monkeypatch:
     assert out.output.strip().splitlines()[-1] == "osfleet: error: no k8s lab is up: osfleet lab k8s up"
     bad = CliRunner().invoke(cli, ["bench", "k8s-faults", "--timeout", "5"])
     assert bad.exit_code != 0 and "30<=x<=3600" in bad.output
+
+
+def test_a_fault_waits_for_its_pods_to_be_ready_and_says_so() -> None:
+    """After the agent pod's deletion the gateways may be out of their Service for a probe period or two: the next
+    fault waits for both (as CI once saw: 0 Ready when the gateway fault began), and gives up with the count."""
+
+    def pod(uid: str, ready: bool) -> dict[str, Any]:
+        return {"metadata": {"uid": uid}, "status": {"conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+    answers = iter(
+        [[pod("a", False), pod("b", False)], [pod("a", True), pod("b", False)], [pod("a", True), pod("b", True)]]
+    )
+    asked: list[list[str]] = []
+
+    def kubectl(args: list[str], **_: Any) -> str:
+        asked.append(args)
+        return json.dumps({"items": next(answers)})
+
+    said: list[str] = []
+    ready = ready_pods(kubectl, "app=g", 2, 30, said.append, "gateway")
+    assert [p["metadata"]["uid"] for p in ready] == ["a", "b"] and len(asked) == 3
+    assert said == ["  waiting for 2 Ready gateway pods (0 now, at most 30 s)"]  # once, not per poll
+    never = lambda args, **_: json.dumps({"items": [pod("a", True)]})  # noqa: E731
+    with pytest.raises(OsfleetError, match=r"^1 Ready gateway pod\(s\) after 0 s; the stack runs 2$"):
+        ready_pods(never, "app=g", 2, 0, said.append, "gateway")

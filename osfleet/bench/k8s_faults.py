@@ -242,10 +242,28 @@ def fresh_step(url: str, token: str, context: ssl.SSLContext, replica_id: str, l
         raise exc.reason if isinstance(exc.reason, BaseException) else exc from None
 
 
+def ready_pods(kubectl: Kubectl, selector: str, count: int, timeout: float, say: Say, what: str) -> list[dict]:
+    """Wait until ``count`` pods of ``selector`` are Ready: a fault is injected into a steady stack only. After the
+    agent pod's deletion the gateways are out of their Service until their health polls see the new agent and the
+    kubelet's next probe says so (periods of seconds), which an episode through the Service may well beat."""
+    start = time.monotonic()
+    said = False
+    while True:
+        ready = [p for p in pods(kubectl, selector) if is_ready(p)]
+        if len(ready) >= count:
+            return ready
+        if time.monotonic() - start >= timeout:
+            raise OsfleetError(f"{len(ready)} Ready {what} pod(s) after {timeout:.0f} s; the stack runs {count}")
+        if not said:
+            say(f"  waiting for {count} Ready {what} pods ({len(ready)} now, at most {timeout:.0f} s)")
+            said = True
+        time.sleep(1.0)
+
+
 def gateway_killed(d: Deployed, kubectl: Kubectl, held: Any, timeout: float, say: Say) -> dict:
-    gateways = [p for p in pods(kubectl, GATEWAY) if is_ready(p)]
-    if len(gateways) < 2:
-        raise OsfleetError(f"{len(gateways)} Ready gateway pod(s); the stack runs 2")
+    waited = time.monotonic()
+    gateways = ready_pods(kubectl, GATEWAY, 2, timeout, say, "gateway")
+    waited_s = round(time.monotonic() - waited, 2)
     victim = gateways[0]
     name, uid, before = victim["metadata"]["name"], victim["metadata"]["uid"], restarts(victim)
     pids = pod_processes(uid, ("osfleet", "fleet", "serve"))
@@ -261,7 +279,7 @@ def gateway_killed(d: Deployed, kubectl: Kubectl, held: Any, timeout: float, say
     say(f"  SIGKILL to gateway pod {name}'s process {pids[0]}")
     killed_at = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
-    row: dict[str, Any] = {"pod": name}
+    row: dict[str, Any] = {"pod": name, "waited_for_ready_gateways_seconds": waited_s}
     try:
         while time.monotonic() - killed_at < timeout:
             back = {p["metadata"]["uid"]: p for p in pods(kubectl, GATEWAY)}.get(uid)
