@@ -432,6 +432,8 @@ class Sandbox:
                 chunk = conn.recv(65536)
             except TimeoutError:
                 return reply, None
+            except OSError:  # reset: the zygote died with bytes of ours unread (the job): as its end of file
+                chunk = b""
             if not chunk:
                 if reply is None:
                     raise SandboxError("the evaluation sandbox went away during an evaluation")
